@@ -1,0 +1,11 @@
+"""gpupool: pooling for NumPy arrays (CPU) and CuPy arrays (CUDA kernels).
+
+The backend follows the input: a NumPy array runs on the CPU and returns NumPy, a CuPy array
+runs on its GPU and returns CuPy. ``import gpupool`` needs neither CuPy nor a GPU.
+"""
+from .ops import (adaptive_avg_pool, adaptive_max_pool, avg_pool, global_avg_pool,
+                  global_max_pool, lp_pool, max_pool, max_unpool)
+
+__version__ = "0.1.0"
+__all__ = ["max_pool", "avg_pool", "lp_pool", "global_avg_pool", "global_max_pool",
+           "adaptive_avg_pool", "adaptive_max_pool", "max_unpool"]

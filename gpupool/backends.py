@@ -1,0 +1,46 @@
+"""Backend selection by array type, through a registry of (op, backend) -> implementation.
+
+A NumPy array (or a plain list/tuple) runs on the ``numpy`` backend; a CuPy array on the
+``cupy`` backend. Backend modules register their implementations when first imported, so CuPy
+is imported only when a CuPy array arrives: ``import gpupool`` needs neither CuPy nor a GPU.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+import numpy as np
+
+_MODULES = {"numpy": "gpupool.numpy_backend", "cupy": "gpupool.cuda_backend"}
+_REGISTRY: dict[tuple[str, str], Callable] = {}
+
+
+def register(op: str, backend: str) -> Callable:
+    """Decorator: make ``func`` the implementation of ``op`` on ``backend``."""
+    def wrap(func: Callable) -> Callable:
+        _REGISTRY[(op, backend)] = func
+        return func
+    return wrap
+
+
+def implementation(op: str, backend: str) -> Callable:
+    if (op, backend) not in _REGISTRY:
+        importlib.import_module(_MODULES[backend])
+    return _REGISTRY[(op, backend)]
+
+
+def is_cupy_array(x) -> bool:
+    return type(x).__module__.split(".")[0] == "cupy" and hasattr(x, "__cuda_array_interface__")
+
+
+def as_array(func: str, x, name: str = "x"):
+    """Return ``(array, backend, xp)``; plain sequences become NumPy arrays."""
+    if isinstance(x, np.ndarray):
+        return x, "numpy", np
+    if is_cupy_array(x):
+        import cupy
+        return x, "cupy", cupy
+    if isinstance(x, (list, tuple)):
+        return np.asarray(x), "numpy", np
+    raise TypeError(f"gpupool.{func}: {name} must be a NumPy or CuPy array (or a list), "
+                    f"got {type(x).__module__}.{type(x).__name__}")

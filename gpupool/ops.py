@@ -1,0 +1,168 @@
+"""The public pooling functions: validate through :mod:`gpupool.spec`, then run the backend
+that matches the input's array type (NumPy in -> NumPy out, CuPy in -> CuPy out)."""
+from __future__ import annotations
+
+from typing import Any, Sequence, Union
+
+from . import spec as S
+from .backends import as_array, implementation
+
+Size = Union[int, Sequence[int]]
+Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]
+
+
+def _result(func: str, out, shape, dtype, x, xp):
+    """The array to write into: ``out`` after checks, else a fresh one."""
+    if out is None:
+        return xp.empty(shape, dtype=dtype)
+    if type(out) is not type(x):
+        raise ValueError(f"gpupool.{func}: out is a {type(out).__module__}.{type(out).__name__}; "
+                         f"expected the input's array type {type(x).__module__}.{type(x).__name__}")
+    S.check_out(func, out.shape, out.dtype.name, shape, dtype.name)
+    if not out.flags.c_contiguous or not getattr(out.flags, "writeable", True):
+        raise ValueError(f"gpupool.{func}: out must be a writeable C-contiguous array")
+    if xp.may_share_memory(out, x):
+        raise ValueError(f"gpupool.{func}: out must not overlap the input")
+    return out
+
+
+def _run(func: str, family: str, x, backend, xp, spec, out, indices_needed: bool = False):
+    result = _result(func, out, spec.out_shape, x.dtype, x, xp)
+    indices = xp.empty(spec.out_shape, dtype=xp.int64) if indices_needed else None
+    if result.size:
+        implementation(family, backend)(x, spec, result, indices)
+    return (result, indices) if indices_needed else result
+
+
+def max_pool(x: Any, kernel_size: Size, stride: Size | None = None, padding: Padding = 0,
+             dilation: Size = 1, ceil_mode: bool = False, *, return_indices: bool = False,
+             layout: str = "NCHW", out: Any = None):
+    """Max over each window; padded taps never win.
+
+    ``len(kernel_size)`` spatial dims (an int means 2), every dim before them is a plane dim
+    (NHWC: channels last, spatial dims just before). NaN propagates; ties keep the first
+    position; a window with no valid tap gives -inf (the dtype minimum for integers) and index
+    -1. With ``return_indices`` also returns int64 flat row-major positions inside each input
+    plane (PyTorch convention). Float and integer dtypes.
+
+    >>> max_pool(np.arange(16.).reshape(1, 1, 4, 4), 2)
+    array([[[[ 5.,  7.], [13., 15.]]]])
+    """
+    x, backend, xp = as_array("max_pool", x)
+    spec = S.window_spec("max_pool", "max", x.shape, x.dtype.name, kernel_size, stride, padding,
+                         dilation, ceil_mode, layout, return_indices=return_indices)
+    return _run("max_pool", "window", x, backend, xp, spec, out, spec.return_indices)
+
+
+def avg_pool(x: Any, kernel_size: Size, stride: Size | None = None, padding: Padding = 0,
+             ceil_mode: bool = False, count_include_pad: bool = False,
+             divisor_override: int | None = None, *, dilation: Size = 1, layout: str = "NCHW",
+             out: Any = None):
+    """Mean over each window.
+
+    The divisor is the number of valid taps (``count_include_pad=False``, the default, as
+    ONNX/TensorFlow; PyTorch's default is True), or the taps inside input + explicit padding
+    but never the ceil-mode overhang (``True``), or ``divisor_override``. An empty window gives
+    0. Float dtypes only (float16 accumulates in float32).
+
+    >>> avg_pool(np.arange(16.).reshape(1, 1, 4, 4), 2)
+    array([[[[ 2.5,  4.5], [10.5, 12.5]]]])
+    """
+    x, backend, xp = as_array("avg_pool", x)
+    spec = S.window_spec("avg_pool", "avg", x.shape, x.dtype.name, kernel_size, stride, padding,
+                         dilation, ceil_mode, layout, count_include_pad=count_include_pad,
+                         divisor_override=divisor_override)
+    return _run("avg_pool", "window", x, backend, xp, spec, out)
+
+
+def lp_pool(x: Any, p: float, kernel_size: Size, stride: Size | None = None,
+            padding: Padding = 0, dilation: Size = 1, ceil_mode: bool = False, *,
+            layout: str = "NCHW", out: Any = None):
+    """``(sum |x|**p) ** (1/p)`` over the valid taps of each window (ONNX LpPool; PyTorch
+    omits the abs). ``p`` is a finite real > 0. Float dtypes only.
+
+    >>> lp_pool(np.array([[[3., -4.]]]), 2, (2,))
+    array([[[5.]]])
+    """
+    x, backend, xp = as_array("lp_pool", x)
+    spec = S.window_spec("lp_pool", "lp", x.shape, x.dtype.name, kernel_size, stride, padding,
+                         dilation, ceil_mode, layout, p=p)
+    return _run("lp_pool", "window", x, backend, xp, spec, out)
+
+
+def global_avg_pool(x: Any, *, spatial_dims: int = 2, layout: str = "NCHW", out: Any = None):
+    """Mean over the last ``spatial_dims`` spatial dims; they are kept with size 1.
+
+    >>> global_avg_pool(np.ones((2, 3, 7, 7), np.float32)).shape
+    (2, 3, 1, 1)
+    """
+    x, backend, xp = as_array("global_avg_pool", x)
+    spec = S.global_spec("global_avg_pool", "avg", x.shape, x.dtype.name, spatial_dims, layout)
+    return _run("global_avg_pool", "adaptive", x, backend, xp, spec, out)
+
+
+def global_max_pool(x: Any, *, spatial_dims: int = 2, layout: str = "NCHW", out: Any = None):
+    """Max over the spatial dims (NaN propagates); they are kept with size 1.
+
+    >>> global_max_pool(np.arange(8.).reshape(1, 2, 2, 2))
+    array([[[[3.]], [[7.]]]])
+    """
+    x, backend, xp = as_array("global_max_pool", x)
+    spec = S.global_spec("global_max_pool", "max", x.shape, x.dtype.name, spatial_dims, layout)
+    return _run("global_max_pool", "adaptive", x, backend, xp, spec, out)
+
+
+def adaptive_avg_pool(x: Any, output_size: Size, *, layout: str = "NCHW", out: Any = None):
+    """Mean over adaptive windows: output i spans ``[floor(i*I/O), ceil((i+1)*I/O))``.
+
+    >>> adaptive_avg_pool(np.arange(6.).reshape(1, 1, 6), (2,))
+    array([[[1., 4.]]])
+    """
+    x, backend, xp = as_array("adaptive_avg_pool", x)
+    spec = S.adaptive_spec("adaptive_avg_pool", "avg", x.shape, x.dtype.name, output_size, layout)
+    return _run("adaptive_avg_pool", "adaptive", x, backend, xp, spec, out)
+
+
+def adaptive_max_pool(x: Any, output_size: Size, *, return_indices: bool = False,
+                      layout: str = "NCHW", out: Any = None):
+    """Max over adaptive windows (as :func:`adaptive_avg_pool`), optionally with indices
+    (as :func:`max_pool`).
+
+    >>> adaptive_max_pool(np.arange(6.).reshape(1, 1, 6), (2,))
+    array([[[2., 5.]]])
+    """
+    x, backend, xp = as_array("adaptive_max_pool", x)
+    spec = S.adaptive_spec("adaptive_max_pool", "max", x.shape, x.dtype.name, output_size,
+                           layout, return_indices=return_indices)
+    return _run("adaptive_max_pool", "adaptive", x, backend, xp, spec, out, spec.return_indices)
+
+
+def max_unpool(x: Any, indices: Any, kernel_size: Size, stride: Size | None = None,
+               padding: Padding = 0, output_size: Sequence[int] | None = None, *,
+               layout: str = "NCHW", out: Any = None):
+    """Scatter ``x`` into zeros at ``indices`` (flat positions in each output plane, as
+    returned by :func:`max_pool`). Output spatial size ``(I-1)*s - pb - pe + k`` or
+    ``output_size`` (spatial dims or the full shape). An index outside the plane raises
+    ``ValueError``; on the GPU that check costs one device-to-host sync. Where indices repeat,
+    which value lands is unspecified.
+
+    >>> y, i = max_pool(np.arange(4.).reshape(1, 1, 2, 2), 2, return_indices=True)
+    >>> max_unpool(y, i, 2)
+    array([[[[0., 0.], [0., 3.]]]])
+    """
+    func = "max_unpool"
+    x, backend, xp = as_array(func, x)
+    indices, ibackend, _ = as_array(func, indices, "indices")
+    if ibackend != backend:
+        raise TypeError(f"gpupool.{func}: indices is a {ibackend} array but x is a {backend} array")
+    spec = S.unpool_spec(func, x.shape, x.dtype.name, indices.shape, indices.dtype.name,
+                         kernel_size, stride, padding, output_size, layout)
+    if indices.size:
+        low, high = int(indices.min()), int(indices.max())
+        if low < 0 or high >= spec.plane_size:
+            raise ValueError(f"gpupool.{func}: indices span [{low}, {high}], outside the output "
+                             f"plane [0, {spec.plane_size}) of spatial size {spec.out_spatial}")
+    result = _result(func, out, spec.out_shape, x.dtype, x, xp)
+    if result.size:
+        implementation("unpool", backend)(x, spec, result, indices)
+    return result

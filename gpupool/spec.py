@@ -1,0 +1,318 @@
+"""Pooling semantics: argument validation, padding rules and output shapes.
+
+Pure Python (no NumPy, no CuPy). Every public op normalises its arguments here into a frozen,
+hashable spec; the backends take that spec and nothing else, and the CUDA backend uses it as
+its kernel-cache key. Every error a user can trigger is raised here, so it is the same on every
+backend.
+
+Shape conventions (``nd`` spatial dims):
+  * ``layout="NCHW"``: ``x.shape == lead + spatial``; every leading dim is a plane dim.
+  * ``layout="NHWC"``: ``x.shape == lead + spatial + (C,)``.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+
+LAYOUTS = ("NCHW", "NHWC")
+FLOAT_DTYPES = ("float16", "float32", "float64")
+INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64")
+PADDING_STRINGS = ("valid", "same", "same_lower")
+
+
+def _fail(func: str, message: str, exc: type = ValueError):
+    raise exc(f"gpupool.{func}: {message}")
+
+
+def _is_int(v) -> bool:
+    """A Python or NumPy integer (not a bool)."""
+    if isinstance(v, bool):
+        return False
+    try:
+        operator.index(v)
+    except TypeError:
+        return False
+    return getattr(v, "ndim", 0) == 0
+
+
+def _int_tuple(func: str, name: str, value, nd: int, minimum: int) -> tuple[int, ...]:
+    """An int or a length-``nd`` sequence of ints, each >= ``minimum``."""
+    if _is_int(value):
+        values = (int(value),) * nd
+    elif isinstance(value, (tuple, list)) and all(_is_int(v) for v in value):
+        values = tuple(int(v) for v in value)
+        if len(values) != nd:
+            _fail(func, f"{name}={value!r} has {len(values)} entries, expected {nd} "
+                        f"(one per spatial dim)")
+    else:
+        _fail(func, f"{name}={value!r} must be an int or a tuple of {nd} ints", TypeError)
+    if any(v < minimum for v in values):
+        _fail(func, f"{name}={value!r} must be >= {minimum} in every dim")
+    return values
+
+
+def spatial_rank(func: str, size) -> int:
+    """Spatial rank implied by a kernel or output size: its length when a sequence, else 2."""
+    if isinstance(size, (tuple, list)):
+        if len(size) == 0:
+            _fail(func, f"kernel/output size {size!r} must not be empty")
+        return len(size)
+    if _is_int(size):
+        return 2
+    _fail(func, f"size {size!r} must be an int or a tuple of ints", TypeError)
+
+
+def check_layout(func: str, layout) -> str:
+    if layout not in LAYOUTS:
+        _fail(func, f"layout={layout!r} is not one of {LAYOUTS}")
+    return layout
+
+
+def check_dtype(func: str, dtype: str, *, integers: bool) -> str:
+    """Float dtypes always; integer dtypes only where ``integers`` (max family)."""
+    if dtype in FLOAT_DTYPES or (integers and dtype in INT_DTYPES):
+        return dtype
+    if dtype in INT_DTYPES:
+        _fail(func, f"dtype {dtype} is not supported: average/Lp pooling of integer data needs "
+                    f"a scale, use gpupool.quantized", TypeError)
+    allowed = FLOAT_DTYPES + (INT_DTYPES if integers else ())
+    _fail(func, f"dtype {dtype} is not supported (supported: {', '.join(allowed)})", TypeError)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Where the plane, spatial and channel dims of an input sit."""
+
+    func: str
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str
+    nd: int
+
+    @property
+    def lead(self) -> tuple[int, ...]:
+        return self.shape[:len(self.shape) - self.nd - (self.layout == "NHWC")]
+
+    @property
+    def spatial(self) -> tuple[int, ...]:
+        start = len(self.lead)
+        return self.shape[start:start + self.nd]
+
+    @property
+    def channels(self) -> int:
+        """Size of the trailing channel dim for NHWC; 1 for NCHW."""
+        return self.shape[-1] if self.layout == "NHWC" else 1
+
+    @property
+    def batch(self) -> int:
+        """Number of leading (plane) positions: prod(lead)."""
+        return math.prod(self.lead)
+
+    @property
+    def planes(self) -> int:
+        """Independent spatial planes: prod(lead) * channels."""
+        return self.batch * self.channels
+
+    def with_spatial(self, spatial: tuple[int, ...]) -> tuple[int, ...]:
+        tail = (self.channels,) if self.layout == "NHWC" else ()
+        return self.lead + tuple(spatial) + tail
+
+
+def geometry(func: str, shape, dtype: str, layout, nd: int, *, integers: bool,
+             allow_empty_spatial: bool = False) -> Geometry:
+    """Validate rank, layout and dtype of an input of ``shape``."""
+    layout = check_layout(func, layout)
+    check_dtype(func, dtype, integers=integers)
+    shape = tuple(int(s) for s in shape)
+    need = nd + (layout == "NHWC")
+    if len(shape) < need:
+        _fail(func, f"input of shape {shape} has rank {len(shape)}; {nd} spatial dims in layout "
+                    f"{layout} need rank >= {need}")
+    g = Geometry(func, shape, dtype, layout, nd)
+    if not allow_empty_spatial and any(s == 0 for s in g.spatial):
+        _fail(func, f"input of shape {shape} has an empty spatial dim {g.spatial}")
+    return g
+
+
+def resolve_padding(func: str, padding, nd: int, spatial, kernel, stride, dilation
+                    ) -> tuple[tuple[int, int], ...]:
+    """Per spatial dim (begin, end) pads from any accepted padding form."""
+    if isinstance(padding, str):
+        mode = padding.lower()
+        if mode not in PADDING_STRINGS:
+            _fail(func, f"padding={padding!r} is not one of {PADDING_STRINGS}")
+        if mode == "valid":
+            return ((0, 0),) * nd
+        pads = []
+        for i, k, s, d in zip(spatial, kernel, stride, dilation):
+            out = -(-i // s)
+            total = max((out - 1) * s + d * (k - 1) + 1 - i, 0)
+            small, large = total // 2, total - total // 2
+            pads.append((small, large) if mode == "same" else (large, small))
+        return tuple(pads)
+    if isinstance(padding, (tuple, list)) and padding and all(
+            isinstance(p, (tuple, list)) for p in padding):
+        if len(padding) != nd or any(len(p) != 2 for p in padding):
+            _fail(func, f"padding={padding!r} must hold {nd} (begin, end) pairs")
+        flat = _int_tuple(func, "padding", [v for p in padding for v in p], 2 * nd, 0)
+        return tuple((flat[2 * i], flat[2 * i + 1]) for i in range(nd))
+    sym = _int_tuple(func, "padding", padding, nd, 0)
+    return tuple((p, p) for p in sym)
+
+
+def output_length(size: int, kernel: int, stride: int, pad: tuple[int, int], dilation: int,
+                  ceil_mode: bool) -> int:
+    """Pooled length of one dim (PyTorch ``pooling_output_shape_pad_lr``)."""
+    begin, end = pad
+    span = size + begin + end - dilation * (kernel - 1) - 1 + (stride - 1 if ceil_mode else 0)
+    out = span // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + begin:
+        out -= 1
+    return out
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """A sliding-window pooling (max, avg, lp) fully resolved."""
+
+    geom: Geometry
+    op: str  # "max" | "avg" | "lp"
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    pads: tuple[tuple[int, int], ...]
+    ceil_mode: bool
+    out_spatial: tuple[int, ...]
+    return_indices: bool = False
+    count_include_pad: bool = False
+    divisor_override: int | None = None
+    p: float | None = None
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return self.geom.with_spatial(self.out_spatial)
+
+
+def window_spec(func: str, op: str, shape, dtype: str, kernel_size, stride, padding, dilation,
+                ceil_mode, layout, *, return_indices=False, count_include_pad=False,
+                divisor_override=None, p=None) -> WindowSpec:
+    nd = spatial_rank(func, kernel_size)
+    g = geometry(func, shape, dtype, layout, nd, integers=(op == "max"))
+    kernel = _int_tuple(func, "kernel_size", kernel_size, nd, 1)
+    stride = kernel if stride is None else _int_tuple(func, "stride", stride, nd, 1)
+    dilation = _int_tuple(func, "dilation", dilation, nd, 1)
+    pads = resolve_padding(func, padding, nd, g.spatial, kernel, stride, dilation)
+    if not isinstance(ceil_mode, bool):
+        _fail(func, f"ceil_mode={ceil_mode!r} must be a bool", TypeError)
+    if divisor_override is not None:
+        if not _is_int(divisor_override) or int(divisor_override) < 1:
+            _fail(func, f"divisor_override={divisor_override!r} must be a positive int or None")
+        divisor_override = int(divisor_override)
+    if p is not None:
+        if not isinstance(p, (int, float)) or isinstance(p, bool) or not (
+                0 < p < math.inf):
+            _fail(func, f"p={p!r} must be a finite real number > 0")
+        p = float(p)
+    out = tuple(output_length(*a, ceil_mode) for a in zip(g.spatial, kernel, stride, pads, dilation))
+    if any(o < 1 for o in out):
+        _fail(func, f"computed output size {out} is too small (input {g.spatial}, kernel_size "
+                    f"{kernel}, stride {stride}, padding {pads}, dilation {dilation})")
+    return WindowSpec(g, op, kernel, stride, dilation, pads, ceil_mode, out,
+                      bool(return_indices), bool(count_include_pad), divisor_override, p)
+
+
+@dataclass(frozen=True)
+class AdaptiveSpec:
+    """Adaptive (and global) pooling: window i spans [floor(i*I/O), ceil((i+1)*I/O))."""
+
+    geom: Geometry
+    op: str  # "max" | "avg"
+    out_spatial: tuple[int, ...]
+    return_indices: bool = False
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return self.geom.with_spatial(self.out_spatial)
+
+    @property
+    def is_global(self) -> bool:
+        return all(o == 1 for o in self.out_spatial)
+
+
+def adaptive_window(i: int, size: int, out: int) -> tuple[int, int]:
+    """[start, end) of adaptive window ``i`` along a dim of ``size`` pooled to ``out``."""
+    return (i * size) // out, -((-(i + 1) * size) // out)
+
+
+def adaptive_spec(func: str, op: str, shape, dtype: str, output_size, layout, *,
+                  return_indices=False) -> AdaptiveSpec:
+    nd = spatial_rank(func, output_size)
+    g = geometry(func, shape, dtype, layout, nd, integers=(op == "max"))
+    out = _int_tuple(func, "output_size", output_size, nd, 1)
+    return AdaptiveSpec(g, op, out, bool(return_indices))
+
+
+def global_spec(func: str, op: str, shape, dtype: str, spatial_dims, layout) -> AdaptiveSpec:
+    if not _is_int(spatial_dims) or int(spatial_dims) < 1:
+        _fail(func, f"spatial_dims={spatial_dims!r} must be a positive int")
+    nd = int(spatial_dims)
+    g = geometry(func, shape, dtype, layout, nd, integers=(op == "max"))
+    return AdaptiveSpec(g, op, (1,) * nd)
+
+
+@dataclass(frozen=True)
+class UnpoolSpec:
+    """Scatter of pooled values into zeros at per-plane flat indices."""
+
+    geom: Geometry  # geometry of the pooled input
+    out_spatial: tuple[int, ...]
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return self.geom.with_spatial(self.out_spatial)
+
+    @property
+    def plane_size(self) -> int:
+        return math.prod(self.out_spatial)
+
+
+def unpool_spec(func: str, shape, dtype: str, indices_shape, indices_dtype: str, kernel_size,
+                stride, padding, output_size, layout) -> UnpoolSpec:
+    nd = spatial_rank(func, kernel_size)
+    g = geometry(func, shape, dtype, layout, nd, integers=True)
+    if tuple(indices_shape) != g.shape:
+        _fail(func, f"indices shape {tuple(indices_shape)} != input shape {g.shape}")
+    if indices_dtype not in INT_DTYPES:
+        _fail(func, f"indices dtype {indices_dtype} must be an integer dtype (int64)", TypeError)
+    kernel = _int_tuple(func, "kernel_size", kernel_size, nd, 1)
+    stride = kernel if stride is None else _int_tuple(func, "stride", stride, nd, 1)
+    if output_size is None:
+        if isinstance(padding, str) and padding.lower() in ("same", "same_lower"):
+            _fail(func, f"padding={padding!r} depends on the unknown unpooled size; pass "
+                        f"output_size instead")
+        pads = resolve_padding(func, padding, nd, g.spatial, kernel, stride, (1,) * nd)
+        out = tuple((i - 1) * s - b - e + k
+                    for i, s, (b, e), k in zip(g.spatial, stride, pads, kernel))
+        if any(o < 1 for o in out):
+            _fail(func, f"computed output size {out} is too small (input {g.spatial}, "
+                        f"kernel_size {kernel}, stride {stride}, padding {pads})")
+    else:
+        if not isinstance(output_size, (tuple, list)):
+            _fail(func, f"output_size={output_size!r} must be a tuple", TypeError)
+        sizes = tuple(output_size)
+        if len(sizes) == len(g.shape):
+            full = g.with_spatial(tuple(sizes[len(g.lead):len(g.lead) + nd]))
+            if tuple(sizes) != full:
+                _fail(func, f"output_size={output_size!r} disagrees with the input's "
+                            f"non-spatial dims {g.shape}")
+            sizes = sizes[len(g.lead):len(g.lead) + nd]
+        out = _int_tuple(func, "output_size", sizes, nd, 1)
+    return UnpoolSpec(g, out)
+
+
+def check_out(func: str, out_shape, out_dtype, expected_shape, expected_dtype) -> None:
+    """``out=`` must match the result's shape and dtype exactly."""
+    if tuple(out_shape) != tuple(expected_shape) or out_dtype != expected_dtype:
+        _fail(func, f"out has shape {tuple(out_shape)} and dtype {out_dtype}; expected shape "
+                    f"{tuple(expected_shape)} and dtype {expected_dtype}")
