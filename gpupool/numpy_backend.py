@@ -1,0 +1,326 @@
+"""NumPy backend: vectorised pooling on the CPU.
+
+Every op works on a canonical view ``(B, *spatial)`` (NCHW) or ``(B, *spatial, C)`` (NHWC),
+so spatial axes are always ``1..nd``. Python loops run over window taps only, never over
+output elements; values-only max, avg and lp are separable and reduce one spatial axis at a
+time. No padded copy is made: each tap's output range is clipped to the taps that land inside
+the input. Blocks of planes sized to stay in cache run on a thread pool (NumPy ufuncs release
+the GIL).
+"""
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .backends import register
+from .spec import AdaptiveSpec, UnpoolSpec, WindowSpec, adaptive_window
+
+BLOCK_BYTES = 1 << 20  # input bytes per work item: fits a core's L2
+_WORKERS = max(1, min(os.cpu_count() or 1, 8))
+_pool: ThreadPoolExecutor | None = None
+
+
+def _canonical(a, geom):
+    """Reshape to ``(B, *spatial)`` or ``(B, *spatial, C)``; a view whenever possible."""
+    tail = (geom.channels,) if geom.layout == "NHWC" else ()
+    return a.reshape((geom.batch,) + tuple(a.shape[len(geom.lead):len(geom.lead) + geom.nd]) + tail)
+
+
+def _in_blocks(func, n_items: int, item_bytes: int) -> None:
+    """Call ``func(start, stop)`` over ``[0, n_items)`` in cache-sized blocks, in parallel."""
+    global _pool
+    per_block = max(1, BLOCK_BYTES // max(item_bytes, 1))
+    if n_items > per_block * _WORKERS * 4:
+        per_block = max(per_block, -(-n_items // (_WORKERS * 16)))
+    bounds = [(i, min(i + per_block, n_items)) for i in range(0, n_items, per_block)]
+    if len(bounds) == 1 or _WORKERS == 1:
+        for start, stop in bounds:
+            func(start, stop)
+        return
+    if _pool is None:
+        _pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="gpupool")
+    for future in [_pool.submit(func, start, stop) for start, stop in bounds]:
+        future.result()
+
+
+def _accumulator(dtype) -> np.dtype:
+    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+
+
+def _lowest(dtype):
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+def _tap_range(size: int, out: int, stride: int, offset: int) -> tuple[int, int]:
+    """Outputs ``o`` in [lo, hi) whose tap ``o*stride + offset`` lies in [0, size)."""
+    lo = max(0, -(offset // stride))
+    hi = min(out, (size - 1 - offset) // stride + 1)
+    return lo, max(lo, hi)
+
+
+def _slice_along(axis: int, sl: slice) -> tuple:
+    return (slice(None),) * axis + (sl,)
+
+
+def _window_taps(size, out, kernel, stride, pad_begin, dilation):
+    """Per tap t: (output slice, input slice) along one dim, skipping taps that miss the input."""
+    taps = []
+    for t in range(kernel):
+        offset = t * dilation - pad_begin
+        lo, hi = _tap_range(size, out, stride, offset)
+        if lo < hi:
+            start = lo * stride + offset
+            taps.append((t, slice(lo, hi), slice(start, start + (hi - lo - 1) * stride + 1, stride)))
+    return taps
+
+
+def _reduce_axis(cur, axis, taps, out_len, combine, init, dtype):
+    """Combine the taps of one dim into a new array whose ``axis`` has ``out_len`` entries."""
+    shape = list(cur.shape)
+    shape[axis] = out_len
+    full = [tap for tap in taps if tap[1].stop - tap[1].start == out_len]
+    res = None
+    if full:
+        _, _, src = full[0]
+        res = np.array(cur[_slice_along(axis, src)], dtype=dtype, copy=True)
+        rest = [tap for tap in taps if tap is not full[0]]
+    else:
+        res = np.full(shape, init, dtype=dtype)
+        rest = taps
+    for _, dst, src in rest:
+        view = res[_slice_along(axis, dst)]
+        combine(view, cur[_slice_along(axis, src)], out=view)
+    return res
+
+
+def _valid_counts(spec: WindowSpec, include_pad: bool):
+    """Divisor per output position, shape ``out_spatial``: product of per-dim tap counts."""
+    counts = np.ones((), dtype=np.float64)
+    for a, (size, out, k, s, (pb, pe), d) in enumerate(zip(
+            spec.geom.spatial, spec.out_spatial, spec.kernel, spec.stride, spec.pads,
+            spec.dilation)):
+        pos = np.arange(out)[:, None] * s - pb + np.arange(k)[None, :] * d
+        high = size + pe if include_pad else size
+        low = -pb if include_pad else 0
+        per_dim = ((pos >= low) & (pos < high)).sum(axis=1).astype(np.float64)
+        counts = np.multiply.outer(counts, per_dim)
+    return counts
+
+
+def _separable_window(xb, spec: WindowSpec, dtype):
+    """Values-only window reduction of a block, one spatial axis at a time."""
+    op = spec.op
+    if op == "max":
+        combine, init, cur = np.maximum, _lowest(dtype), xb
+    else:
+        combine, init = np.add, 0
+        cur = xb.astype(dtype, copy=False)
+        if op == "lp":
+            cur = np.abs(cur)
+            if spec.p != 1.0:
+                cur = cur * cur if spec.p == 2.0 else np.power(cur, dtype.type(spec.p))
+    for a in range(spec.geom.nd):
+        taps = _window_taps(spec.geom.spatial[a], spec.out_spatial[a], spec.kernel[a],
+                            spec.stride[a], spec.pads[a][0], spec.dilation[a])
+        cur = _reduce_axis(cur, a + 1, taps, spec.out_spatial[a], combine, init, dtype)
+    return cur
+
+
+def _expand(per_plane, geom):
+    """Broadcast an ``out_spatial`` array against a canonical block."""
+    return per_plane[..., None] if geom.layout == "NHWC" else per_plane
+
+
+def _max_with_indices(xb, spec_geom, taps_per_dim, values, indices):
+    """Scan window taps row-major: take a tap if it is the window's first valid tap, is
+    greater than the running max, or is NaN (PyTorch ``v > m || isnan(v)``)."""
+    nd = spec_geom.nd
+    plane_strides = [math.prod(spec_geom.spatial[a + 1:]) for a in range(nd)]
+    nhwc = spec_geom.layout == "NHWC"
+    values[...] = _lowest(values.dtype)
+    indices[...] = -1
+    is_float = values.dtype.kind == "f"
+    for combo in np.ndindex(*[len(t) for t in taps_per_dim]):
+        dst = (slice(None),)
+        src = (slice(None),)
+        pos = np.zeros((), dtype=np.int64)
+        for a, j in enumerate(combo):
+            positions, dsl, ssl = taps_per_dim[a][j]
+            dst += (dsl,)
+            src += (ssl,)
+            pos = np.add.outer(pos, positions[dsl] * plane_strides[a])
+        if nhwc:
+            pos = pos[..., None]
+        v = xb[src]
+        m = values[dst]
+        i = indices[dst]
+        take = (v > m) | (i < 0)
+        if is_float:
+            take |= np.isnan(v)
+        np.copyto(m, v, where=take)
+        np.copyto(i, np.broadcast_to(pos, i.shape), where=take)
+
+
+def _window_indexed_taps(spec: WindowSpec):
+    """Per dim, per valid tap: (input position of each output, output slice, input slice)."""
+    per_dim = []
+    for a in range(spec.geom.nd):
+        size, out, k = spec.geom.spatial[a], spec.out_spatial[a], spec.kernel[a]
+        s, pb, d = spec.stride[a], spec.pads[a][0], spec.dilation[a]
+        taps = []
+        for t, dsl, ssl in _window_taps(size, out, k, s, pb, d):
+            positions = np.arange(out, dtype=np.int64) * s - pb + t * d
+            taps.append((positions, dsl, ssl))
+        per_dim.append(taps)
+    return per_dim
+
+
+@register("window", "numpy")
+def window(x, spec: WindowSpec, out, indices) -> None:
+    geom = spec.geom
+    xc, oc = _canonical(x, geom), _canonical(out, geom)
+    plane_bytes = x.itemsize * math.prod(geom.spatial) * geom.channels
+    if indices is not None:
+        ic = _canonical(indices, geom)
+        taps = _window_indexed_taps(spec)
+
+        def block(b0, b1):
+            _max_with_indices(xc[b0:b1], geom, taps, oc[b0:b1], ic[b0:b1])
+        _in_blocks(block, geom.batch, plane_bytes)
+        return
+
+    acc = x.dtype if spec.op == "max" else _accumulator(x.dtype)
+    scale = None
+    if spec.op == "avg":
+        divisor = (np.full(spec.out_spatial, float(spec.divisor_override))
+                   if spec.divisor_override else _valid_counts(spec, spec.count_include_pad))
+        with np.errstate(divide="ignore"):
+            scale = _expand(np.where(divisor > 0, 1.0 / divisor, 0.0).astype(acc), geom)
+
+    def block(b0, b1):
+        res = _separable_window(xc[b0:b1], spec, acc)
+        if spec.op == "avg":
+            res *= scale
+        elif spec.op == "lp":
+            if spec.p == 2.0:
+                np.sqrt(res, out=res)
+            elif spec.p != 1.0:
+                np.power(res, acc.type(1.0 / spec.p), out=res)
+        oc[b0:b1] = res
+    _in_blocks(block, geom.batch, plane_bytes)
+
+
+def _adaptive_taps(size: int, out: int):
+    """Per tap t: (clipped input positions, valid mask or None when every output has tap t)."""
+    bounds = np.array([adaptive_window(i, size, out) for i in range(out)], dtype=np.int64)
+    start, end = bounds[:, 0], bounds[:, 1]
+    taps = []
+    for t in range(int((end - start).max())):
+        pos = start + t
+        valid = pos < end
+        taps.append((np.minimum(pos, end - 1), None if valid.all() else valid))
+    return taps, (end - start)
+
+
+def _shape_mask(mask, ndim, axis):
+    shape = [1] * ndim
+    shape[axis] = mask.size
+    return mask.reshape(shape)
+
+
+@register("adaptive", "numpy")
+def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
+    geom = spec.geom
+    xc, oc = _canonical(x, geom), _canonical(out, geom)
+    spatial_axes = tuple(range(1, geom.nd + 1))
+    plane_bytes = x.itemsize * math.prod(geom.spatial) * geom.channels
+    if spec.is_global and indices is None:
+        def block(b0, b1):
+            xb = xc[b0:b1]
+            if spec.op == "max":
+                oc[b0:b1] = np.max(xb, axis=spatial_axes, keepdims=True)
+            else:
+                oc[b0:b1] = np.mean(xb, axis=spatial_axes, keepdims=True,
+                                    dtype=_accumulator(x.dtype))
+        _in_blocks(block, geom.batch, plane_bytes)
+        return
+    per_dim = [_adaptive_taps(i, o) for i, o in zip(geom.spatial, spec.out_spatial)]
+    if indices is not None:
+        ic = _canonical(indices, geom)
+
+        def block(b0, b1):
+            _adaptive_max_indices(xc[b0:b1], geom, per_dim, oc[b0:b1], ic[b0:b1])
+        _in_blocks(block, geom.batch, plane_bytes)
+        return
+    acc = x.dtype if spec.op == "max" else _accumulator(x.dtype)
+    scale = None
+    if spec.op == "avg":
+        counts = np.ones(())
+        for _, lengths in per_dim:
+            counts = np.multiply.outer(counts, lengths.astype(np.float64))
+        scale = _expand((1.0 / counts).astype(acc), geom)
+
+    def block(b0, b1):
+        cur = xc[b0:b1] if spec.op == "max" else xc[b0:b1].astype(acc, copy=False)
+        for a, (taps, _) in enumerate(per_dim):
+            axis = a + 1
+            res = None
+            for pos, valid in taps:
+                v = np.take(cur, pos, axis=axis)
+                if valid is not None:
+                    mask = _shape_mask(valid, v.ndim, axis)
+                    fill = _lowest(acc) if spec.op == "max" else 0
+                    v = np.where(mask, v, np.asarray(fill, dtype=acc))
+                if res is None:
+                    res = np.array(v, dtype=acc, copy=True)
+                elif spec.op == "max":
+                    np.maximum(res, v, out=res)
+                else:
+                    res += v
+            cur = res
+        if spec.op == "avg":
+            cur *= scale
+        oc[b0:b1] = cur
+    _in_blocks(block, geom.batch, plane_bytes)
+
+
+def _adaptive_max_indices(xb, geom, per_dim, values, indices):
+    """Adaptive max with indices: every tap combination, masked where outside the window."""
+    nd = geom.nd
+    plane_strides = [math.prod(geom.spatial[a + 1:]) for a in range(nd)]
+    nhwc = geom.layout == "NHWC"
+    values[...] = _lowest(values.dtype)
+    indices[...] = -1
+    is_float = values.dtype.kind == "f"
+    for combo in np.ndindex(*[len(taps) for taps, _ in per_dim]):
+        grids = []
+        valid = np.ones((), dtype=bool)
+        pos = np.zeros((), dtype=np.int64)
+        for a, t in enumerate(combo):
+            p, ok = per_dim[a][0][t]
+            grids.append(p)
+            valid = np.logical_and.outer(valid, np.ones(p.size, bool) if ok is None else ok)
+            pos = np.add.outer(pos, p * plane_strides[a])
+        index = (slice(None),) + np.ix_(*grids)
+        v = xb[index]
+        if nhwc:
+            valid, pos = valid[..., None], pos[..., None]
+        take = ((v > values) | (indices < 0)) & valid
+        if is_float:
+            take |= np.isnan(v) & valid
+        np.copyto(values, v, where=take)
+        np.copyto(indices, np.broadcast_to(pos, indices.shape), where=take)
+
+
+@register("unpool", "numpy")
+def unpool(x, spec: UnpoolSpec, out, indices) -> None:
+    geom = spec.geom
+    tail = (geom.channels,) if geom.layout == "NHWC" else ()
+    src = x.reshape((geom.batch, -1) + tail)
+    idx = indices.reshape((geom.batch, -1) + tail)
+    dst = out.reshape((geom.batch, spec.plane_size) + tail)
+    dst[...] = 0
+    np.put_along_axis(dst, idx.astype(np.intp, copy=False), src, axis=1)
