@@ -66,34 +66,76 @@ def _slice_along(axis: int, sl: slice) -> tuple:
 
 
 def _window_taps(size, out, kernel, stride, pad_begin, dilation):
-    """Per tap t: (output slice, input slice) along one dim, skipping taps that miss the input."""
+    """Per tap: (input offset, output slice, input slice) along one dim; taps that miss the
+    input entirely are left out."""
     taps = []
     for t in range(kernel):
         offset = t * dilation - pad_begin
         lo, hi = _tap_range(size, out, stride, offset)
         if lo < hi:
             start = lo * stride + offset
-            taps.append((t, slice(lo, hi), slice(start, start + (hi - lo - 1) * stride + 1, stride)))
+            taps.append((offset, slice(lo, hi), slice(start, start + (hi - lo - 1) * stride + 1, stride)))
     return taps
 
 
-def _reduce_axis(cur, axis, taps, out_len, combine, init, dtype):
-    """Combine the taps of one dim into a new array whose ``axis`` has ``out_len`` entries."""
-    shape = list(cur.shape)
-    shape[axis] = out_len
+def _reduce_axis(cur, axis, size, stride, taps, out_len, combine, init, dtype, dest=None):
+    """Combine the taps of one dim into ``dest`` (or a new array) whose ``axis`` has
+    ``out_len`` entries."""
+    shape = cur.shape[:axis] + (out_len,) + cur.shape[axis + 1:]
+    res = np.empty(shape, dtype) if dest is None else dest
+    rows = math.prod(cur.shape[:axis])
+    if size == out_len * stride and rows > 1 and len(taps) > 1 and cur.flags.c_contiguous:
+        _reduce_axis_flat(cur, axis, size, stride, taps, out_len, combine, res, rows)
+        return res
     full = [tap for tap in taps if tap[1].stop - tap[1].start == out_len]
-    res = None
-    if full:
-        _, _, src = full[0]
-        res = np.array(cur[_slice_along(axis, src)], dtype=dtype, copy=True)
+    rest = taps
+    if len(full) >= 2:
+        combine(cur[_slice_along(axis, full[0][2])], cur[_slice_along(axis, full[1][2])], out=res)
+        rest = [tap for tap in taps if tap is not full[0] and tap is not full[1]]
+    elif full:
+        np.copyto(res, cur[_slice_along(axis, full[0][2])])
         rest = [tap for tap in taps if tap is not full[0]]
     else:
-        res = np.full(shape, init, dtype=dtype)
-        rest = taps
+        res.fill(init)
     for _, dst, src in rest:
         view = res[_slice_along(axis, dst)]
         combine(view, cur[_slice_along(axis, src)], out=view)
     return res
+
+
+def _reduce_axis_flat(cur, axis, size, stride, taps, out_len, combine, res, rows):
+    """``_reduce_axis`` when ``size == out_len * stride``: output row r, column o of every tap
+    reads flat input row ``(r*out_len + o)*stride + offset``, so each tap is ONE strided ufunc
+    call over the whole block instead of one per short row. Columns where some tap falls
+    outside its row are computed apart first and written back last."""
+    inner = math.prod(cur.shape[axis + 1:])
+    src3 = cur.reshape(rows, size, inner)
+    res3 = res.reshape(rows, out_len, inner)
+    edges = {}
+    for o in range(out_len):
+        valid = [off for off, _, _ in taps if 0 <= o * stride + off < size]
+        if len(valid) < len(taps):
+            col = np.empty((rows, inner), res.dtype)
+            if valid:
+                np.copyto(col, src3[:, o * stride + valid[0]])
+                for off in valid[1:]:
+                    combine(col, src3[:, o * stride + off], out=col)
+            else:
+                col.fill(0 if combine is np.add else _lowest(res.dtype))
+            edges[o] = col
+    flat_in = src3.reshape(rows * size, inner)
+    flat_out = res3.reshape(rows * out_len, inner)
+    n = rows * out_len
+    for i, (off, _, _) in enumerate(taps):
+        lo = max(0, -(off // stride))
+        hi = min(n, (rows * size - 1 - off) // stride + 1)
+        src = flat_in[lo * stride + off:(hi - 1) * stride + off + 1:stride]
+        if i == 0:
+            np.copyto(flat_out[lo:hi], src)
+        else:
+            combine(flat_out[lo:hi], src, out=flat_out[lo:hi])
+    for o, col in edges.items():
+        res3[:, o] = col
 
 
 def _valid_counts(spec: WindowSpec, include_pad: bool):
@@ -110,22 +152,24 @@ def _valid_counts(spec: WindowSpec, include_pad: bool):
     return counts
 
 
-def _separable_window(xb, spec: WindowSpec, dtype):
-    """Values-only window reduction of a block, one spatial axis at a time."""
-    op = spec.op
-    if op == "max":
+def _separable_window(xb, spec: WindowSpec, dtype, dest=None):
+    """Values-only window reduction of a block, one spatial axis at a time; the last axis is
+    written into ``dest`` when given."""
+    if spec.op == "max":
         combine, init, cur = np.maximum, _lowest(dtype), xb
     else:
         combine, init = np.add, 0
         cur = xb.astype(dtype, copy=False)
-        if op == "lp":
+        if spec.op == "lp":
             cur = np.abs(cur)
             if spec.p != 1.0:
                 cur = cur * cur if spec.p == 2.0 else np.power(cur, dtype.type(spec.p))
-    for a in range(spec.geom.nd):
-        taps = _window_taps(spec.geom.spatial[a], spec.out_spatial[a], spec.kernel[a],
-                            spec.stride[a], spec.pads[a][0], spec.dilation[a])
-        cur = _reduce_axis(cur, a + 1, taps, spec.out_spatial[a], combine, init, dtype)
+    nd = spec.geom.nd
+    for a in range(nd):
+        size, out, stride = spec.geom.spatial[a], spec.out_spatial[a], spec.stride[a]
+        taps = _window_taps(size, out, spec.kernel[a], stride, spec.pads[a][0], spec.dilation[a])
+        cur = _reduce_axis(cur, a + 1, size, stride, taps, out, combine, init, dtype,
+                           dest if a == nd - 1 else None)
     return cur
 
 
@@ -171,8 +215,8 @@ def _window_indexed_taps(spec: WindowSpec):
         size, out, k = spec.geom.spatial[a], spec.out_spatial[a], spec.kernel[a]
         s, pb, d = spec.stride[a], spec.pads[a][0], spec.dilation[a]
         taps = []
-        for t, dsl, ssl in _window_taps(size, out, k, s, pb, d):
-            positions = np.arange(out, dtype=np.int64) * s - pb + t * d
+        for offset, dsl, ssl in _window_taps(size, out, k, s, pb, d):
+            positions = np.arange(out, dtype=np.int64) * s + offset
             taps.append((positions, dsl, ssl))
         per_dim.append(taps)
     return per_dim
@@ -201,7 +245,8 @@ def window(x, spec: WindowSpec, out, indices) -> None:
             scale = _expand(np.where(divisor > 0, 1.0 / divisor, 0.0).astype(acc), geom)
 
     def block(b0, b1):
-        res = _separable_window(xc[b0:b1], spec, acc)
+        direct = oc.dtype == acc
+        res = _separable_window(xc[b0:b1], spec, acc, oc[b0:b1] if direct else None)
         if spec.op == "avg":
             res *= scale
         elif spec.op == "lp":
@@ -209,7 +254,8 @@ def window(x, spec: WindowSpec, out, indices) -> None:
                 np.sqrt(res, out=res)
             elif spec.p != 1.0:
                 np.power(res, acc.type(1.0 / spec.p), out=res)
-        oc[b0:b1] = res
+        if not direct:
+            oc[b0:b1] = res
     _in_blocks(block, geom.batch, plane_bytes)
 
 
