@@ -157,15 +157,16 @@ def _reduce_axis_flat(cur, axis, plan: _AxisPlan, combine, init, res, rows):
     if inner == 1 and stride > 1:
         _dense_then_subsample(flat_in[:, 0], flat_out[:, 0], stride, plan.taps, combine)
     else:
-        n = rows * out_len
-        for i, (off, _, _) in enumerate(plan.taps):
-            lo = max(0, -(off // stride))
-            hi = min(n, (rows * size - 1 - off) // stride + 1)
-            src = flat_in[lo * stride + off:(hi - 1) * stride + off + 1:stride]
-            if i == 0:
-                np.copyto(flat_out[lo:hi], src)
-            else:
-                combine(flat_out[lo:hi], src, out=flat_out[lo:hi])
+        # outputs where some tap would leave the flat buffer are edge columns: skip them
+        offsets = [off for off, _, _ in plan.taps]
+        lo = max(0, -(min(offsets) // stride))
+        hi = min(rows * out_len, (rows * size - 1 - max(offsets)) // stride + 1)
+        if lo < hi:
+            src = [flat_in[lo * stride + off:(hi - 1) * stride + off + 1:stride] for off in offsets]
+            dst = flat_out[lo:hi]
+            combine(src[0], src[1], out=dst)
+            for tap in src[2:]:
+                combine(dst, tap, out=dst)
     for o, col in edges:
         res3[:, o] = col
 
