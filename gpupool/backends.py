@@ -44,3 +44,14 @@ def as_array(func: str, x, name: str = "x"):
         return np.asarray(x), "numpy", np
     raise TypeError(f"gpupool.{func}: {name} must be a NumPy or CuPy array (or a list), "
                     f"got {type(x).__module__}.{type(x).__name__}")
+
+
+_DTYPE_NAMES: dict = {}
+
+
+def dtype_name(dtype) -> str:
+    """``dtype.name``, cached: NumPy computes it in Python (about 6 us a call)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype.name
+    return name

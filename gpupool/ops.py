@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence, Union
 
 from . import spec as S
-from .backends import as_array, implementation
+from .backends import as_array, dtype_name, implementation
 
 Size = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]
@@ -18,7 +18,7 @@ def _result(func: str, out, shape, dtype, x, xp):
     if type(out) is not type(x):
         raise ValueError(f"gpupool.{func}: out is a {type(out).__module__}.{type(out).__name__}; "
                          f"expected the input's array type {type(x).__module__}.{type(x).__name__}")
-    S.check_out(func, out.shape, out.dtype.name, shape, dtype.name)
+    S.check_out(func, out.shape, dtype_name(out.dtype), shape, dtype_name(dtype))
     if not out.flags.c_contiguous or not getattr(out.flags, "writeable", True):
         raise ValueError(f"gpupool.{func}: out must be a writeable C-contiguous array")
     if xp.may_share_memory(out, x):
@@ -49,7 +49,7 @@ def max_pool(x: Any, kernel_size: Size, stride: Size | None = None, padding: Pad
     array([[[[ 5.,  7.], [13., 15.]]]])
     """
     x, backend, xp = as_array("max_pool", x)
-    spec = S.window_spec("max_pool", "max", x.shape, x.dtype.name, kernel_size, stride, padding,
+    spec = S.window_spec("max_pool", "max", x.shape, dtype_name(x.dtype), kernel_size, stride, padding,
                          dilation, ceil_mode, layout, return_indices=return_indices)
     return _run("max_pool", "window", x, backend, xp, spec, out, spec.return_indices)
 
@@ -69,7 +69,7 @@ def avg_pool(x: Any, kernel_size: Size, stride: Size | None = None, padding: Pad
     array([[[[ 2.5,  4.5], [10.5, 12.5]]]])
     """
     x, backend, xp = as_array("avg_pool", x)
-    spec = S.window_spec("avg_pool", "avg", x.shape, x.dtype.name, kernel_size, stride, padding,
+    spec = S.window_spec("avg_pool", "avg", x.shape, dtype_name(x.dtype), kernel_size, stride, padding,
                          dilation, ceil_mode, layout, count_include_pad=count_include_pad,
                          divisor_override=divisor_override)
     return _run("avg_pool", "window", x, backend, xp, spec, out)
@@ -85,7 +85,7 @@ def lp_pool(x: Any, p: float, kernel_size: Size, stride: Size | None = None,
     array([[[5.]]])
     """
     x, backend, xp = as_array("lp_pool", x)
-    spec = S.window_spec("lp_pool", "lp", x.shape, x.dtype.name, kernel_size, stride, padding,
+    spec = S.window_spec("lp_pool", "lp", x.shape, dtype_name(x.dtype), kernel_size, stride, padding,
                          dilation, ceil_mode, layout, p=p)
     return _run("lp_pool", "window", x, backend, xp, spec, out)
 
@@ -97,7 +97,7 @@ def global_avg_pool(x: Any, *, spatial_dims: int = 2, layout: str = "NCHW", out:
     (2, 3, 1, 1)
     """
     x, backend, xp = as_array("global_avg_pool", x)
-    spec = S.global_spec("global_avg_pool", "avg", x.shape, x.dtype.name, spatial_dims, layout)
+    spec = S.global_spec("global_avg_pool", "avg", x.shape, dtype_name(x.dtype), spatial_dims, layout)
     return _run("global_avg_pool", "adaptive", x, backend, xp, spec, out)
 
 
@@ -108,7 +108,7 @@ def global_max_pool(x: Any, *, spatial_dims: int = 2, layout: str = "NCHW", out:
     array([[[[3.]], [[7.]]]])
     """
     x, backend, xp = as_array("global_max_pool", x)
-    spec = S.global_spec("global_max_pool", "max", x.shape, x.dtype.name, spatial_dims, layout)
+    spec = S.global_spec("global_max_pool", "max", x.shape, dtype_name(x.dtype), spatial_dims, layout)
     return _run("global_max_pool", "adaptive", x, backend, xp, spec, out)
 
 
@@ -119,7 +119,7 @@ def adaptive_avg_pool(x: Any, output_size: Size, *, layout: str = "NCHW", out: A
     array([[[1., 4.]]])
     """
     x, backend, xp = as_array("adaptive_avg_pool", x)
-    spec = S.adaptive_spec("adaptive_avg_pool", "avg", x.shape, x.dtype.name, output_size, layout)
+    spec = S.adaptive_spec("adaptive_avg_pool", "avg", x.shape, dtype_name(x.dtype), output_size, layout)
     return _run("adaptive_avg_pool", "adaptive", x, backend, xp, spec, out)
 
 
@@ -132,7 +132,7 @@ def adaptive_max_pool(x: Any, output_size: Size, *, return_indices: bool = False
     array([[[2., 5.]]])
     """
     x, backend, xp = as_array("adaptive_max_pool", x)
-    spec = S.adaptive_spec("adaptive_max_pool", "max", x.shape, x.dtype.name, output_size,
+    spec = S.adaptive_spec("adaptive_max_pool", "max", x.shape, dtype_name(x.dtype), output_size,
                            layout, return_indices=return_indices)
     return _run("adaptive_max_pool", "adaptive", x, backend, xp, spec, out, spec.return_indices)
 
@@ -155,7 +155,7 @@ def max_unpool(x: Any, indices: Any, kernel_size: Size, stride: Size | None = No
     indices, ibackend, _ = as_array(func, indices, "indices")
     if ibackend != backend:
         raise TypeError(f"gpupool.{func}: indices is a {ibackend} array but x is a {backend} array")
-    spec = S.unpool_spec(func, x.shape, x.dtype.name, indices.shape, indices.dtype.name,
+    spec = S.unpool_spec(func, x.shape, dtype_name(x.dtype), indices.shape, dtype_name(indices.dtype),
                          kernel_size, stride, padding, output_size, layout)
     if indices.size:
         low, high = int(indices.min()), int(indices.max())

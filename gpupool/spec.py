@@ -11,6 +11,7 @@ Shape conventions (``nd`` spatial dims):
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from dataclasses import dataclass
@@ -80,6 +81,21 @@ def check_dtype(func: str, dtype: str, *, integers: bool) -> str:
     _fail(func, f"dtype {dtype} is not supported (supported: {', '.join(allowed)})", TypeError)
 
 
+def memoized(build):
+    """Cache a spec builder on its arguments: a warm call skips validation. Arguments that
+    are not hashable (lists) just bypass the cache."""
+    cached = functools.lru_cache(maxsize=1024, typed=True)(build)
+
+    @functools.wraps(build)
+    def wrapper(*args, **kwargs):
+        try:
+            hash((args, tuple(kwargs.items())))
+        except TypeError:
+            return build(*args, **kwargs)
+        return cached(*args, **kwargs)
+    return wrapper
+
+
 @dataclass(frozen=True)
 class Geometry:
     """Where the plane, spatial and channel dims of an input sit."""
@@ -90,26 +106,26 @@ class Geometry:
     layout: str
     nd: int
 
-    @property
+    @functools.cached_property
     def lead(self) -> tuple[int, ...]:
         return self.shape[:len(self.shape) - self.nd - (self.layout == "NHWC")]
 
-    @property
+    @functools.cached_property
     def spatial(self) -> tuple[int, ...]:
         start = len(self.lead)
         return self.shape[start:start + self.nd]
 
-    @property
+    @functools.cached_property
     def channels(self) -> int:
         """Size of the trailing channel dim for NHWC; 1 for NCHW."""
         return self.shape[-1] if self.layout == "NHWC" else 1
 
-    @property
+    @functools.cached_property
     def batch(self) -> int:
         """Number of leading (plane) positions: prod(lead)."""
         return math.prod(self.lead)
 
-    @property
+    @functools.cached_property
     def planes(self) -> int:
         """Independent spatial planes: prod(lead) * channels."""
         return self.batch * self.channels
@@ -189,11 +205,12 @@ class WindowSpec:
     divisor_override: int | None = None
     p: float | None = None
 
-    @property
+    @functools.cached_property
     def out_shape(self) -> tuple[int, ...]:
         return self.geom.with_spatial(self.out_spatial)
 
 
+@memoized
 def window_spec(func: str, op: str, shape, dtype: str, kernel_size, stride, padding, dilation,
                 ceil_mode, layout, *, return_indices=False, count_include_pad=False,
                 divisor_override=None, p=None) -> WindowSpec:
@@ -231,11 +248,11 @@ class AdaptiveSpec:
     out_spatial: tuple[int, ...]
     return_indices: bool = False
 
-    @property
+    @functools.cached_property
     def out_shape(self) -> tuple[int, ...]:
         return self.geom.with_spatial(self.out_spatial)
 
-    @property
+    @functools.cached_property
     def is_global(self) -> bool:
         return all(o == 1 for o in self.out_spatial)
 
@@ -245,6 +262,7 @@ def adaptive_window(i: int, size: int, out: int) -> tuple[int, int]:
     return (i * size) // out, -((-(i + 1) * size) // out)
 
 
+@memoized
 def adaptive_spec(func: str, op: str, shape, dtype: str, output_size, layout, *,
                   return_indices=False) -> AdaptiveSpec:
     nd = spatial_rank(func, output_size)
@@ -253,6 +271,7 @@ def adaptive_spec(func: str, op: str, shape, dtype: str, output_size, layout, *,
     return AdaptiveSpec(g, op, out, bool(return_indices))
 
 
+@memoized
 def global_spec(func: str, op: str, shape, dtype: str, spatial_dims, layout) -> AdaptiveSpec:
     if not _is_int(spatial_dims) or int(spatial_dims) < 1:
         _fail(func, f"spatial_dims={spatial_dims!r} must be a positive int")
@@ -268,15 +287,16 @@ class UnpoolSpec:
     geom: Geometry  # geometry of the pooled input
     out_spatial: tuple[int, ...]
 
-    @property
+    @functools.cached_property
     def out_shape(self) -> tuple[int, ...]:
         return self.geom.with_spatial(self.out_spatial)
 
-    @property
+    @functools.cached_property
     def plane_size(self) -> int:
         return math.prod(self.out_spatial)
 
 
+@memoized
 def unpool_spec(func: str, shape, dtype: str, indices_shape, indices_dtype: str, kernel_size,
                 stride, padding, output_size, layout) -> UnpoolSpec:
     nd = spatial_rank(func, kernel_size)
