@@ -48,6 +48,7 @@ def _in_blocks(func, n_items: int, item_bytes: int) -> None:
 
 
 def _accumulator(dtype) -> np.dtype:
+    """Working dtype: float16 runs in float32 (exact for max; NumPy has no fast float16 loops)."""
     return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
 
 
@@ -207,7 +208,7 @@ def _separable_window(xb, spec: WindowSpec, dtype, dest=None):
     """Values-only window reduction of a block, one spatial axis at a time; the last axis is
     written into ``dest`` when given."""
     if spec.op == "max":
-        combine, init, cur = np.maximum, _lowest(dtype), xb
+        combine, init, cur = np.maximum, _lowest(dtype), xb.astype(dtype, copy=False)
     else:
         combine, init = np.add, 0
         cur = xb.astype(dtype, copy=False)
@@ -286,7 +287,7 @@ def window(x, spec: WindowSpec, out, indices) -> None:
         _in_blocks(block, geom.batch, plane_bytes)
         return
 
-    acc = x.dtype if spec.op == "max" else _accumulator(x.dtype)
+    acc = _accumulator(x.dtype)
     scale = None
     if spec.op == "avg":
         divisor = (np.full(spec.out_spatial, float(spec.divisor_override))
@@ -356,7 +357,7 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
             _adaptive_max_indices(xc[b0:b1], geom, per_dim, oc[b0:b1], ic[b0:b1])
         _in_blocks(block, geom.batch, plane_bytes)
         return
-    acc = x.dtype if spec.op == "max" else _accumulator(x.dtype)
+    acc = _accumulator(x.dtype)
     scale = None
     if spec.op == "avg":
         counts = np.ones(())
@@ -365,7 +366,7 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
         scale = _expand((1.0 / counts).astype(acc), geom)
 
     def block(b0, b1):
-        cur = xc[b0:b1] if spec.op == "max" else xc[b0:b1].astype(acc, copy=False)
+        cur = xc[b0:b1].astype(acc, copy=False)
         for a, (taps, _) in enumerate(per_dim):
             axis = a + 1
             res = None
