@@ -33,8 +33,15 @@ def _canonical(a, geom):
 
 
 def _in_blocks(func, n_items: int, item_bytes: int) -> None:
-    """Call ``func(start, stop)`` over ``[0, n_items)`` in cache-sized blocks, in parallel."""
+    """Call ``func(start, stop)`` over ``[0, n_items)`` in cache-sized blocks, in parallel.
+    Floating-point warnings are silenced: inf - inf gives NaN, as on the GPU."""
     global _pool
+    inner = func
+
+    def func(start, stop):
+        with np.errstate(all="ignore"):
+            inner(start, stop)
+
     per_block = max(1, BLOCK_BYTES // max(item_bytes, 1))
     bounds = [(i, min(i + per_block, n_items)) for i in range(0, n_items, per_block)]
     if len(bounds) == 1 or _WORKERS == 1 or n_items * item_bytes < PARALLEL_BYTES:

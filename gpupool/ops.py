@@ -163,6 +163,8 @@ def max_unpool(x: Any, indices: Any, kernel_size: Size, stride: Size | None = No
             raise ValueError(f"gpupool.{func}: indices span [{low}, {high}], outside the output "
                              f"plane [0, {spec.plane_size}) of spatial size {spec.out_spatial}")
     result = _result(func, out, spec.out_shape, x.dtype, x, xp)
+    if out is not None and xp.may_share_memory(out, indices):
+        raise ValueError(f"gpupool.{func}: out must not overlap indices")
     if result.size:
         implementation("unpool", backend)(x, spec, result, indices)
     return result

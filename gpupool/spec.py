@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import operator
 from dataclasses import dataclass
 
@@ -81,18 +82,31 @@ def check_dtype(func: str, dtype: str, *, integers: bool) -> str:
     _fail(func, f"dtype {dtype} is not supported (supported: {', '.join(allowed)})", TypeError)
 
 
+def _typed_key(value):
+    """A cache key that tells ``2`` from ``2.0`` and ``True`` at any depth."""
+    if isinstance(value, (tuple, list)):
+        return type(value), tuple(_typed_key(v) for v in value)
+    return type(value), value
+
+
 def memoized(build):
-    """Cache a spec builder on its arguments: a warm call skips validation. Arguments that
-    are not hashable (lists) just bypass the cache."""
-    cached = functools.lru_cache(maxsize=1024, typed=True)(build)
+    """Cache a spec builder on its arguments (keyed with their types, at any depth), so a
+    warm call skips validation; unhashable arguments just bypass the cache."""
+    cache: dict = {}
 
     @functools.wraps(build)
     def wrapper(*args, **kwargs):
         try:
-            hash((args, tuple(kwargs.items())))
+            key = _typed_key(args), _typed_key(tuple(sorted(kwargs.items())))
+            hash(key)
         except TypeError:
             return build(*args, **kwargs)
-        return cached(*args, **kwargs)
+        spec = cache.get(key)
+        if spec is None:
+            if len(cache) >= 1024:
+                cache.clear()
+            spec = cache[key] = build(*args, **kwargs)
+        return spec
     return wrapper
 
 
@@ -220,14 +234,15 @@ def window_spec(func: str, op: str, shape, dtype: str, kernel_size, stride, padd
     stride = kernel if stride is None else _int_tuple(func, "stride", stride, nd, 1)
     dilation = _int_tuple(func, "dilation", dilation, nd, 1)
     pads = resolve_padding(func, padding, nd, g.spatial, kernel, stride, dilation)
-    if not isinstance(ceil_mode, bool):
+    if type(ceil_mode).__name__ not in ("bool", "bool_"):
         _fail(func, f"ceil_mode={ceil_mode!r} must be a bool", TypeError)
+    ceil_mode = bool(ceil_mode)
     if divisor_override is not None:
         if not _is_int(divisor_override) or int(divisor_override) < 1:
             _fail(func, f"divisor_override={divisor_override!r} must be a positive int or None")
         divisor_override = int(divisor_override)
     if p is not None:
-        if not isinstance(p, (int, float)) or isinstance(p, bool) or not (
+        if not isinstance(p, numbers.Real) or type(p).__name__ in ("bool", "bool_") or not (
                 0 < p < math.inf):
             _fail(func, f"p={p!r} must be a finite real number > 0")
         p = float(p)
@@ -304,7 +319,8 @@ def unpool_spec(func: str, shape, dtype: str, indices_shape, indices_dtype: str,
     if tuple(indices_shape) != g.shape:
         _fail(func, f"indices shape {tuple(indices_shape)} != input shape {g.shape}")
     if indices_dtype not in INT_DTYPES:
-        _fail(func, f"indices dtype {indices_dtype} must be an integer dtype (int64)", TypeError)
+        _fail(func, f"indices dtype {indices_dtype} is not supported: use int64 (as max_pool "
+                    f"returns)", TypeError)
     kernel = _int_tuple(func, "kernel_size", kernel_size, nd, 1)
     stride = kernel if stride is None else _int_tuple(func, "stride", stride, nd, 1)
     if output_size is None:

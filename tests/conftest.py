@@ -1,0 +1,120 @@
+"""Shared test setup: one test body runs on every backend.
+
+* ``backend`` fixture, parametrized over ``numpy`` and ``cupy``; the CuPy case carries the
+  ``gpu`` marker and is skipped when CuPy cannot be imported or no CUDA device is usable.
+* Every test marked ``gpu`` is skipped on a machine without a usable device.
+* Hypothesis runs derandomized, without an example database and without deadlines, so CI is
+  deterministic.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+sys.path.insert(0, os.path.dirname(__file__))  # tests/reference.py, whatever the import mode
+
+settings.register_profile(
+    "gpupool", derandomize=True, database=None, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("GPUPOOL_HYPOTHESIS_PROFILE", "gpupool"))
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_unusable_reason() -> str | None:
+    """None when CuPy imports and sees at least one CUDA device, else why not."""
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a broken CUDA install
+        return f"CuPy not importable ({type(exc).__name__}: {exc})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return f"no usable CUDA device ({type(exc).__name__}: {exc})"
+    return None if count > 0 else "no CUDA device"
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    reason = gpu_unusable_reason()
+    if reason is not None:
+        skip = pytest.mark.skip(reason=f"gpu test skipped: {reason}")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
+def to_numpy(a):
+    """A NumPy copy-or-view of a NumPy or CuPy array (or a scalar)."""
+    if type(a).__module__.split(".")[0] == "cupy":
+        return a.get()
+    return np.asarray(a)
+
+
+class Backend:
+    """Array helpers for one backend, so that test bodies never name NumPy or CuPy."""
+
+    def __init__(self, name: str, xp):
+        self.name = name
+        self.xp = xp
+
+    def __repr__(self) -> str:
+        return f"Backend({self.name})"
+
+    def to_backend(self, a, dtype=None):
+        """A C-contiguous array of this backend holding the values of ``a``."""
+        a = np.asarray(a, dtype=dtype, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
+        return self.xp.asarray(a)
+
+    @staticmethod
+    def to_numpy(a):
+        return to_numpy(a)
+
+    def empty(self, shape, dtype):
+        return self.xp.empty(shape, dtype=dtype)
+
+    def full(self, shape, value, dtype):
+        return self.xp.full(shape, value, dtype=dtype)
+
+    def is_native(self, a) -> bool:
+        """``a`` is an array of this backend (NumPy in -> NumPy out, CuPy in -> CuPy out)."""
+        return isinstance(a, self.xp.ndarray)
+
+    def relayout(self, a, mode: str):
+        """Same values as ``a``, in another memory layout, built on this backend.
+
+        ``C``: contiguous; ``F``: Fortran order; ``strided``: a step-2 slice of the last axis of
+        a larger buffer; ``reversed``: a negative-stride view; ``transposed``: a transposed view
+        of a contiguous array with the axes swapped back.
+        """
+        xp = self.xp
+        if mode == "C":
+            return a
+        if mode == "F":
+            return xp.asfortranarray(a)
+        if mode == "strided":
+            buf = xp.zeros(a.shape[:-1] + (2 * a.shape[-1],), dtype=a.dtype)
+            buf[..., ::2] = a
+            return buf[..., ::2]
+        if mode == "reversed":
+            return xp.ascontiguousarray(a[..., ::-1])[..., ::-1]
+        if mode == "transposed":
+            return xp.ascontiguousarray(a.T).T
+        raise AssertionError(mode)
+
+
+@pytest.fixture(scope="session",
+                params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
+def backend(request) -> Backend:
+    if request.param == "numpy":
+        return Backend("numpy", np)
+    reason = gpu_unusable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    import cupy
+    return Backend("cupy", cupy)

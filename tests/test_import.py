@@ -1,0 +1,30 @@
+"""``import gpupool`` needs neither CuPy nor a GPU."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import gpupool
+
+
+def test_import_and_pool_numpy_without_cupy():
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["cupy"] = None  # any "import cupy" now raises ImportError
+        import numpy as np
+        import gpupool
+        y = gpupool.max_pool(np.arange(16.0).reshape(1, 1, 4, 4), 2)
+        assert y.tolist() == [[[[5.0, 7.0], [13.0, 15.0]]]], y
+        y = gpupool.avg_pool(np.ones((2, 4, 4, 3), np.float32), 2, layout="NHWC")
+        assert y.shape == (2, 2, 2, 3)
+        assert sys.modules["cupy"] is None
+        print("ok")
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(gpupool.__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
