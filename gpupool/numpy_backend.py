@@ -236,34 +236,31 @@ def _expand(per_plane, geom):
     return per_plane[..., None] if geom.layout == "NHWC" else per_plane
 
 
-def _max_with_indices(xb, spec_geom, taps_per_dim, values, indices):
-    """Scan window taps row-major: take a tap if it is the window's first valid tap, is
-    greater than the running max, or is NaN (PyTorch ``v > m || isnan(v)``)."""
-    nd = spec_geom.nd
-    plane_strides = [math.prod(spec_geom.spatial[a + 1:]) for a in range(nd)]
-    nhwc = spec_geom.layout == "NHWC"
-    values[...] = _lowest(values.dtype)
+def _argmax_taps(xb, geom, taps_per_dim, maxima, indices):
+    """Indices of the window maxima already computed in ``maxima``, PyTorch's rule
+    (``v > m || isnan(v)`` scanning taps row-major from the first valid tap): the first tap
+    equal to the max, or the last NaN tap where the max is NaN; -1 for an empty window.
+    Taps are scanned in reverse with unconditional overwrites, so the first match wins with
+    two array passes per tap."""
+    plane_strides = [math.prod(geom.spatial[a + 1:]) for a in range(geom.nd)]
     indices[...] = -1
-    is_float = values.dtype.kind == "f"
-    for combo in np.ndindex(*[len(t) for t in taps_per_dim]):
-        dst = (slice(None),)
-        src = (slice(None),)
-        pos = np.zeros((), dtype=np.int64)
+
+    def tap_views(combo):
+        dst, src, pos = (slice(None),), (slice(None),), np.zeros((), dtype=np.int64)
         for a, j in enumerate(combo):
             positions, dsl, ssl = taps_per_dim[a][j]
-            dst += (dsl,)
-            src += (ssl,)
+            dst, src = dst + (dsl,), src + (ssl,)
             pos = np.add.outer(pos, positions[dsl] * plane_strides[a])
-        if nhwc:
-            pos = pos[..., None]
-        v = xb[src]
-        m = values[dst]
-        i = indices[dst]
-        take = (v > m) | (i < 0)
-        if is_float:
-            take |= np.isnan(v)
-        np.copyto(m, v, where=take)
-        np.copyto(i, np.broadcast_to(pos, i.shape), where=take)
+        return dst, xb[src], (pos[..., None] if geom.layout == "NHWC" else pos)
+
+    combos = list(np.ndindex(*[len(t) for t in taps_per_dim]))
+    for combo in reversed(combos):
+        dst, v, pos = tap_views(combo)
+        np.copyto(indices[dst], pos, where=v == maxima[dst])
+    if maxima.dtype.kind == "f" and np.isnan(maxima).any():
+        for combo in combos:
+            dst, v, pos = tap_views(combo)
+            np.copyto(indices[dst], pos, where=np.isnan(v))
 
 
 def _window_indexed_taps(spec: WindowSpec):
@@ -290,7 +287,9 @@ def window(x, spec: WindowSpec, out, indices) -> None:
         taps = _window_indexed_taps(spec)
 
         def block(b0, b1):
-            _max_with_indices(xc[b0:b1], geom, taps, oc[b0:b1], ic[b0:b1])
+            maxima = _separable_window(xc[b0:b1], spec, _accumulator(x.dtype))
+            _argmax_taps(xc[b0:b1], geom, taps, maxima, ic[b0:b1])
+            oc[b0:b1] = maxima
         _in_blocks(block, geom.batch, plane_bytes)
         return
 
