@@ -5,7 +5,9 @@ runs on its GPU and returns CuPy. ``import gpupool`` needs neither CuPy nor a GP
 """
 from .ops import (adaptive_avg_pool, adaptive_max_pool, avg_pool, global_avg_pool,
                   global_max_pool, lp_pool, max_pool, max_unpool)
+from . import quantized
+from .planner import explain
 
 __version__ = "0.1.0"
 __all__ = ["max_pool", "avg_pool", "lp_pool", "global_avg_pool", "global_max_pool",
-           "adaptive_avg_pool", "adaptive_max_pool", "max_unpool"]
+           "adaptive_avg_pool", "adaptive_max_pool", "max_unpool", "quantized", "explain"]

@@ -1,0 +1,370 @@
+"""CUDA backend: CuPy arrays in, CUDA kernels from ``kernels_cu/`` compiled with NVRTC.
+
+Imported lazily by :mod:`gpupool.backends` when the first CuPy array arrives.
+
+* Kernel source: ``gpupool/kernels_cu/`` inside an installed wheel, else ``<repo>/kernels_cu/``
+  of a source checkout. Each family's ``.cu`` has ``#include "common.cuh"`` inlined by
+  :func:`read_source`, so CuPy's on-disk kernel cache keys on the full text.
+* Every static choice (element type, index type, layout, specialised window size, lanes) is a
+  template argument: a kernel is one ``name_expression``, compiled once per (device, file,
+  name expression) by :func:`load_module` (memoized per device), never on a warm call.
+  :func:`instantiations` lists every name expression the runtime can ask for; the NVRTC test
+  compiles exactly that list.
+* Launch plans come from :mod:`gpupool.planner`; the per-spec launch steps (kernel objects,
+  grid, block, scalar arguments) are cached per (spec, device), so a warm call only checks
+  contiguity, allocates scratch when a two-pass reduction needs it and launches.
+* Launches go to CuPy's current stream; nothing synchronises, nothing is copied to the host
+  (the one exception: window and adaptive pooling with more than 3 spatial dims, which the
+  kernels do not cover, run on the NumPy backend through a host round trip).
+* Non-contiguous inputs are first copied with ``cupy.ascontiguousarray`` (on the current
+  stream); the kernels assume C-contiguous input (NCHW: planes of ``prod(spatial)``; NHWC:
+  rows of ``prod(spatial) * C``).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import re
+from pathlib import Path
+
+import cupy
+import numpy as np
+
+from . import planner
+from .backends import dtype_name, register
+from .spec import FLOAT_DTYPES, INT_DTYPES, AdaptiveSpec, UnpoolSpec, WindowSpec
+
+#: dtype name -> C type of the kernels (the only dtypes the kernels are instantiated for).
+CTYPES = {
+    "float16": "__half", "float32": "float", "float64": "double",
+    "int8": "signed char", "uint8": "unsigned char", "int16": "short", "int32": "int",
+    "int64": "long long",
+}
+#: unsigned word moved by max_unpool for each element size.
+WORDS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
+#: accumulator dtype of the reductions (Num<T>::acc in common.cuh).
+ACC = {"float16": "float32", "float32": "float32", "float64": "float64"}
+INDEX_TYPES = ("int", "long long")
+#: NVRTC options the backend compiles with (CuPy adds its own include paths and -arch).
+OPTIONS = ("--std=c++17",)
+
+FAMILY_FILES = {
+    "max_pool": "max_pool.cu", "max_pool_indices": "max_pool.cu", "max_unpool": "max_pool.cu",
+    "avg_pool": "avg_pool.cu", "lp_pool": "avg_pool.cu",
+    "adaptive_max": "adaptive_pool.cu", "adaptive_max_indices": "adaptive_pool.cu",
+    "adaptive_avg": "adaptive_pool.cu",
+    "global_lanes": "global_pool.cu", "global_block": "global_pool.cu",
+    "global_channels": "global_pool.cu",
+}
+
+
+def ctype(dtype: str) -> str:
+    """C type of a dtype name; ``TypeError`` before anything is compiled if unsupported."""
+    try:
+        return CTYPES[dtype]
+    except KeyError:
+        raise TypeError(f"gpupool (cuda): dtype {dtype} has no CUDA kernel "
+                        f"(supported: {', '.join(CTYPES)})") from None
+
+
+def _acc(dtype: str) -> str:
+    return ACC.get(dtype, dtype)
+
+
+def _bool(b) -> str:
+    return "true" if b else "false"
+
+
+# ----------------------------------------------------------------- source and compilation
+def kernel_dir() -> Path:
+    """Directory holding ``common.cuh`` and the ``.cu`` files: the installed wheel's
+    ``gpupool/kernels_cu`` first, else the source checkout's ``kernels_cu``."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "kernels_cu", here.parent / "kernels_cu"):
+        if (candidate / "common.cuh").is_file():
+            return candidate
+    raise FileNotFoundError(f"gpupool: CUDA kernel sources not found next to {here} "
+                            f"(expected gpupool/kernels_cu or kernels_cu/ in the checkout)")
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+
+
+@functools.lru_cache(maxsize=None)
+def read_source(source_files: tuple[str, ...], defines: tuple[tuple[str, str], ...] = ()) -> str:
+    """The text NVRTC compiles: ``#define``s, then each file with its quoted includes
+    (resolved in :func:`kernel_dir`) inlined once."""
+    root = kernel_dir()
+    seen: set[str] = set()
+
+    def expand(name: str) -> str:
+        if name in seen:
+            return ""
+        seen.add(name)
+        text = (root / name).read_text()
+        return _INCLUDE.sub(lambda m: expand(m.group(1)), text)
+
+    head = "".join(f"#define {k} {v}\n" for k, v in defines)
+    return head + "\n".join(expand(f) for f in source_files)
+
+
+@cupy.memoize(for_each_device=True)
+def load_module(source_files: tuple[str, ...], name_expressions: tuple[str, ...],
+                defines: tuple[tuple[str, str], ...] = ()) -> cupy.RawModule:
+    """A ``RawModule`` of ``source_files`` (see :func:`read_source`) with the template
+    instantiations ``name_expressions``; memoized per device. Reusable by other kernel
+    families (e.g. quantized pooling): pass its own ``.cu`` files."""
+    return cupy.RawModule(code=read_source(tuple(source_files), tuple(defines)),
+                          options=OPTIONS, name_expressions=tuple(name_expressions))
+
+
+@cupy.memoize(for_each_device=True)
+def kernel(source_file: str, name_expression: str) -> cupy.RawKernel:
+    """The compiled kernel ``name_expression`` of ``source_file`` on the current device
+    (compiled on first use, then memoized)."""
+    return load_module((source_file,), (name_expression,)).get_function(name_expression)
+
+
+# ----------------------------------------------------------------- name expressions
+def window_name(kernel_base: str, dtype: str, itype: str, k: int, nhwc: bool) -> str:
+    return f"{kernel_base}<{ctype(dtype)}, {itype}, {k}, {_bool(nhwc)}>"
+
+
+def adaptive_name(kernel_base: str, dtype: str, itype: str, nhwc: bool) -> str:
+    return f"{kernel_base}<{ctype(dtype)}, {itype}, {_bool(nhwc)}>"
+
+
+def global_name(kernel_base: str, is_max: bool, tin: str, tout: str, itype: str,
+                lanes: int | None = None) -> str:
+    tail = f", {lanes}" if kernel_base == "global_lanes" else ""
+    return f"{kernel_base}<{_bool(is_max)}, {ctype(tin)}, {ctype(tout)}, {itype}{tail}>"
+
+
+def unpool_name(itemsize: int, indices_dtype: str, itype: str) -> str:
+    return f"max_unpool<{WORDS[itemsize]}, {ctype(indices_dtype)}, {itype}>"
+
+
+def instantiations() -> list[tuple[str, str]]:
+    """Every (source file, name expression) the runtime can request."""
+    out = []
+    ks = (0,) + planner.SPECIALISED_K
+    for itype in INDEX_TYPES:
+        for nhwc in (False, True):
+            for dtype in CTYPES:
+                for base in ("max_pool", "max_pool_indices"):
+                    out += [(FAMILY_FILES[base], window_name(base, dtype, itype, k, nhwc))
+                            for k in ks]
+                for base in ("adaptive_max", "adaptive_max_indices"):
+                    out.append((FAMILY_FILES[base], adaptive_name(base, dtype, itype, nhwc)))
+            for dtype in FLOAT_DTYPES:
+                for base in ("avg_pool", "lp_pool"):
+                    out += [(FAMILY_FILES[base], window_name(base, dtype, itype, k, nhwc))
+                            for k in ks]
+                out.append((FAMILY_FILES["adaptive_avg"],
+                            adaptive_name("adaptive_avg", dtype, itype, nhwc)))
+        for op in ("max", "avg"):
+            for dtype in (CTYPES if op == "max" else FLOAT_DTYPES):
+                for tin, tout in _global_type_pairs(op, dtype):
+                    for base in ("global_block", "global_channels"):
+                        out.append((FAMILY_FILES[base],
+                                    global_name(base, op == "max", tin, tout, itype)))
+                    for lanes in planner.LANE_WIDTHS:
+                        out.append((FAMILY_FILES["global_lanes"],
+                                    global_name("global_lanes", op == "max", tin, tout, itype,
+                                                lanes)))
+        for size in WORDS:
+            for idt in INT_DTYPES:
+                out.append((FAMILY_FILES["max_unpool"], unpool_name(size, idt, itype)))
+    return list(dict.fromkeys(out))
+
+
+def _partial_dtype(op: str, dtype: str) -> str:
+    """Dtype of the per-chunk partials of a split global reduction."""
+    return dtype if op == "max" else _acc(dtype)
+
+
+def _global_type_pairs(op: str, dtype: str) -> list[tuple[str, str]]:
+    """(Tin, Tout) pairs of the global kernels: one pass, first pass, second pass."""
+    part = _partial_dtype(op, dtype)
+    return list(dict.fromkeys([(dtype, dtype), (dtype, part), (part, dtype)]))
+
+
+# ----------------------------------------------------------------- launch preparation
+@functools.lru_cache(maxsize=None)
+def device_info(device_id: int) -> planner.DeviceInfo:
+    p = cupy.cuda.runtime.getDeviceProperties(device_id)
+    name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
+    return planner.DeviceInfo(
+        name=name, sm_count=int(p["multiProcessorCount"]),
+        max_threads_per_block=int(p["maxThreadsPerBlock"]),
+        max_threads_per_sm=int(p["maxThreadsPerMultiProcessor"]),
+        smem_per_block=int(p.get("sharedMemPerBlockOptin", p["sharedMemPerBlock"])),
+        smem_per_sm=int(p.get("sharedMemPerMultiprocessor", p["sharedMemPerBlock"])),
+        l2_bytes=int(p.get("l2CacheSize", 0)))
+
+
+def _itype_scalar(itype: str):
+    return np.int32 if itype == "int" else np.int64
+
+
+def _geo_args(spec, it, windowed: bool) -> tuple:
+    """Scalars of GP_GEO_PARAMS but the last (rows): planes, chans, in D/H/W, out D/H/W,
+    then kernel, stride, pad begin and dilation (zeros for adaptive) for a window or adaptive
+    spec."""
+    g = spec.geom
+    nhwc = g.layout == "NHWC"
+    planes = g.batch if nhwc else g.planes
+    idd, ih, iw = planner._canonical3(g.spatial, 1)
+    od, oh, ow = planner._canonical3(spec.out_spatial, 1)
+    sizes = tuple(it(v) for v in (planes, g.channels if nhwc else 1, idd, ih, iw, od, oh, ow))
+    if windowed:
+        small = (planner._canonical3(spec.kernel, 1) + planner._canonical3(spec.stride, 1)
+                 + planner._canonical3(tuple(pb for pb, _ in spec.pads), 0)
+                 + planner._canonical3(spec.dilation, 1))
+    else:
+        small = (0,) * 12
+    return sizes + tuple(np.int32(v) for v in small)
+
+
+class _Step:
+    """One prepared launch: kernel, grid, block, and the argument tuple with the arrays
+    named by ``io`` ("x", "out", "indices", "partial") put in front of ``scalars``."""
+
+    __slots__ = ("fn", "grid", "block", "io", "scalars")
+
+    def __init__(self, fn, grid, block, io, scalars):
+        self.fn, self.grid, self.block, self.io, self.scalars = fn, grid, block, io, scalars
+
+    def __call__(self, arrays: dict) -> None:
+        self.fn(self.grid, self.block, tuple(arrays[k] for k in self.io) + self.scalars)
+
+
+@functools.lru_cache(maxsize=1024)
+def prepared(spec, device_id: int, indices_dtype: str = "int64"
+             ) -> tuple[tuple[_Step, ...], tuple | None]:
+    """Launch steps of ``spec`` on ``device_id`` and the (size, dtype) of scratch partials
+    (None when a single pass). Compiles the kernels it needs (once per device).
+    ``indices_dtype``: dtype of an unpool's indices (not part of UnpoolSpec)."""
+    pl = planner.plan(spec, device_info(device_id))
+    itype = pl.index_type
+    it = _itype_scalar(itype)
+    g = spec.geom
+    nhwc = g.layout == "NHWC"
+    steps = []
+    scratch = None
+    if pl.family in ("window", "adaptive"):
+        la = pl.launches[0]
+        geo = _geo_args(spec, it, pl.family == "window") + (np.int32(la.rows),)
+        if pl.family == "window":
+            name = window_name(la.kernel, g.dtype, itype, planner.static_window(spec), nhwc)
+            extra = ()
+            if spec.op == "avg":
+                pe = planner._canonical3(tuple(e for _, e in spec.pads), 0)
+                extra = tuple(np.int32(v) for v in pe) + (
+                    np.int32(spec.count_include_pad), np.int32(spec.divisor_override or 0))
+            elif spec.op == "lp":
+                extra = (np.dtype(_acc(g.dtype)).type(spec.p),)
+        else:
+            name = adaptive_name(la.kernel, g.dtype, itype, nhwc)
+            extra = ()
+        io = ("x", "out", "indices") if la.kernel.endswith("_indices") else ("x", "out")
+        fn = kernel(FAMILY_FILES[la.kernel], name)
+        steps.append(_Step(fn, la.grid, la.block, io, geo + extra))
+    elif pl.family == "global":
+        op, dtype = spec.op, g.dtype
+        is_max = op == "max"
+        seglen = math.prod(g.spatial)
+        part = _partial_dtype(op, dtype)
+        acc_t = np.dtype(_acc(dtype)).type
+        part_acc_t = np.dtype(_acc(part)).type
+        inv = 1.0 / seglen
+        first = pl.launches[0]
+        two = len(pl.launches) > 1
+        tout = part if two else dtype
+        scale = acc_t(1.0 if two else inv)
+        if first.kernel == "global_lanes":
+            lanes = first.get("lanes")
+            name = global_name("global_lanes", is_max, dtype, tout, itype, lanes)
+            scalars = (it(g.planes), it(seglen), scale)
+        elif first.kernel == "global_block":
+            name = global_name("global_block", is_max, dtype, tout, itype)
+            scalars = (it(g.planes), it(seglen), it(first.get("nchunks")),
+                       it(first.get("chunklen")), scale)
+        else:
+            name = global_name("global_channels", is_max, dtype, tout, itype)
+            scalars = (it(g.batch), it(seglen), it(g.channels), it(first.get("nchunks")),
+                       it(first.get("chunklen")), scale)
+        fn = kernel(FAMILY_FILES[first.kernel], name)
+        steps.append(_Step(fn, first.grid, first.block, ("x", "partial" if two else "out"),
+                           scalars))
+        if two:
+            second = pl.launches[1]
+            nchunks = first.get("nchunks")
+            scratch = ((g.planes * nchunks), part)
+            if second.kernel == "global_lanes":
+                name = global_name("global_lanes", is_max, part, dtype, itype, 32)
+                scalars = (it(g.planes), it(nchunks), part_acc_t(inv))
+            else:
+                name = global_name("global_channels", is_max, part, dtype, itype)
+                scalars = (it(g.batch), it(nchunks), it(g.channels), it(1), it(nchunks),
+                           part_acc_t(inv))
+            fn = kernel(FAMILY_FILES[second.kernel], name)
+            steps.append(_Step(fn, second.grid, second.block, ("partial", "out"), scalars))
+    else:  # unpool
+        la = pl.launches[0]
+        n = math.prod(g.shape)
+        sin = math.prod(g.spatial)
+        name = unpool_name(np.dtype(g.dtype).itemsize, indices_dtype, itype)
+        steps.append(_Step(kernel(FAMILY_FILES["max_unpool"], name), la.grid, la.block,
+                           ("x", "indices", "out"),
+                           (it(n), it(sin), it(spec.plane_size), it(g.channels))))
+    return tuple(steps), scratch
+
+
+def _contiguous(a):
+    return a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
+
+
+def _run(x, spec, out, indices, indices_dtype: str = "int64") -> None:
+    device_id = cupy.cuda.runtime.getDevice()
+    steps, scratch = prepared(spec, device_id, indices_dtype)
+    arrays = {"x": _contiguous(x), "out": out, "indices": indices}
+    if scratch is not None:
+        arrays["partial"] = cupy.empty(scratch[0], dtype=scratch[1])
+    for step in steps:
+        step(arrays)
+
+
+def _host_fallback(family: str, x, spec, out, indices) -> None:
+    """More than 3 spatial dims: the NumPy backend through a host round trip (synchronises)."""
+    from . import numpy_backend  # noqa: F401  (registers the numpy implementations)
+    from .backends import implementation
+    xh = cupy.asnumpy(x)
+    oh = np.empty(out.shape, dtype=out.dtype)
+    ih = None if indices is None else np.empty(indices.shape, dtype=indices.dtype)
+    implementation(family, "numpy")(xh, spec, oh, ih)
+    out.set(oh)
+    if indices is not None:
+        indices.set(ih)
+
+
+@register("window", "cupy")
+def window(x, spec: WindowSpec, out, indices) -> None:
+    if spec.geom.nd > 3:
+        _host_fallback("window", x, spec, out, indices)
+        return
+    _run(x, spec, out, indices)
+
+
+@register("adaptive", "cupy")
+def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
+    if spec.geom.nd > 3 and not (spec.is_global and indices is None):
+        _host_fallback("adaptive", x, spec, out, indices)
+        return
+    _run(x, spec, out, indices)
+
+
+@register("unpool", "cupy")
+def unpool(x, spec: UnpoolSpec, out, indices) -> None:
+    out.fill(0)
+    _run(x, spec, out, _contiguous(indices), dtype_name(indices.dtype))

@@ -1,0 +1,388 @@
+"""Launch planner of the CUDA backend: from a spec and the device's properties, how to cut the
+work into blocks. Pure Python (no NumPy, no CuPy), so it is unit-tested on the CPU and
+:func:`explain` works on a machine without a GPU.
+
+Rules, in order (the tiling plan this project started from):
+
+1. Split across the ``N*C`` planes only: planes go on the grid's y (and z past 65535), and one
+   column of blocks covers a whole plane, each thread computing several outputs.
+2. If that cannot fill the GPU (too few planes, or planes too large for one block column),
+   split the plane's output rows too, the outermost dim first (D, then H: the rows are
+   ``(d, h)`` pairs in row-major order, so chunks cut D before H), keeping W whole (a warp
+   spans consecutive ``w``; W is cut only into block-wide pieces when wider than a block).
+3. Chunks are *aligned* when windows do not overlap and there is no padding (each chunk reads
+   only its own input rows); otherwise each chunk reads a *halo* of input rows shared with its
+   neighbour. The chunk's input footprint must fit the block's share of the SM's on-chip memory
+   (L1/shared, where the overlapping rows are re-read from); while it does not, the chunk shrinks.
+
+Global pooling is a segmented reduction instead: several tiny planes per warp (a group of
+``L`` lanes per plane, e.g. 16 lanes for 7x7), one block per large plane, and large planes
+split in chunks with a second pass over the partials when there are too few planes to fill the
+GPU. NHWC launches put threads along the channels (contiguous), with planes being batch rows.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+from . import spec as S
+
+INT32_LIMIT = 2**31 - 1
+GRID_YZ_MAX = 65535
+BLOCK_THREADS = 256
+MAX_ROWS = 4  # outputs per thread along rows (several independent loads in flight)
+SPECIALISED_K = (2, 3)  # window sizes compiled as template constants (H and W equal)
+LANE_WIDTHS = (4, 8, 16, 32)  # lanes per segment of the small-plane global reduction
+SMALL_SEGMENT = 1024  # global: planes up to this many elements use lane groups
+MIN_CHUNK = 4096  # global: smallest chunk of a split plane (elements)
+MAX_CHUNKS = 1024  # global: most chunks per plane (the second pass is one warp per plane)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the planner needs to know about a GPU."""
+
+    name: str = "NVIDIA H100 (assumed: no GPU queried)"
+    sm_count: int = 132
+    max_threads_per_block: int = 1024
+    max_threads_per_sm: int = 2048
+    smem_per_block: int = 227 * 1024
+    smem_per_sm: int = 228 * 1024
+    l2_bytes: int = 50 * 2**20
+
+
+H100 = DeviceInfo()
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: the kernel template's base name, grid and block, outputs per thread,
+    and kernel-specific integers (``extra``, as sorted (name, value) pairs)."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    rows: int = 1
+    extra: tuple[tuple[str, int], ...] = ()
+
+    def get(self, name: str) -> int:
+        return dict(self.extra)[name]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The chosen launches for one spec on one device, with the reasons in words."""
+
+    family: str  # "window" | "adaptive" | "global" | "unpool"
+    index_type: str  # "int" | "long long"
+    launches: tuple[Launch, ...]
+    words: tuple[str, ...] = field(default=())
+
+    def __str__(self) -> str:
+        return "\n".join(self.words)
+
+
+def _pow2ceil(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _plane_grid(planes: int) -> tuple[int, int]:
+    """Grid (y, z) covering ``planes``: y up to 65535, z for the rest."""
+    if planes <= GRID_YZ_MAX:
+        return planes, 1
+    z = _cdiv(planes, GRID_YZ_MAX)
+    if z > GRID_YZ_MAX:
+        raise ValueError(f"gpupool: {planes} planes exceed the CUDA grid ({GRID_YZ_MAX}**2)")
+    return GRID_YZ_MAX, z
+
+
+def _canonical3(values, fill):
+    """Pad a per-dim tuple of 1-3 spatial dims to (D, H, W)."""
+    values = tuple(values)
+    return (fill,) * (3 - len(values)) + values
+
+
+def static_window(spec: S.WindowSpec) -> int:
+    """The window size compiled as a template constant (H and W both equal it), else 0."""
+    if spec.geom.nd < 2 or spec.geom.nd > 3:
+        return 0
+    kh, kw = spec.kernel[-2:]
+    return kh if kh == kw and kh in SPECIALISED_K else 0
+
+
+def index_type(spec) -> str:
+    """``int`` when every offset the kernels form fits in int32, else ``long long``."""
+    g = spec.geom
+    x_elems = math.prod(g.shape)
+    out_elems = math.prod(spec.out_shape)
+    span = max(x_elems, out_elems)
+    if isinstance(spec, S.WindowSpec):
+        span += max(o * s + (k - 1) * d + pb + pe + 1 for o, s, k, d, (pb, pe) in zip(
+            spec.out_spatial, spec.stride, spec.kernel, spec.dilation, spec.pads))
+    elif isinstance(spec, S.AdaptiveSpec):
+        span = max([span] + [(o + 1) * i + o for i, o in zip(g.spatial, spec.out_spatial)])
+        # global reductions: a chunk end may reach twice a plane's length, and lane-group
+        # thread ids reach 32 per plane
+        span = max(span, 2 * x_elems, 32 * g.planes + BLOCK_THREADS)
+    else:  # unpool: the grid-stride loop may step past n once
+        span += BLOCK_THREADS * 32 * 1024
+    return "int" if span <= INT32_LIMIT else "long long"
+
+
+def _fill_target(device: DeviceInfo, threads: int) -> int:
+    """Blocks for one full wave of resident blocks on every SM."""
+    return device.sm_count * max(1, device.max_threads_per_sm // threads)
+
+
+def _footprint(spec, rows_per_block: int, tx: int, itemsize: int, out_dhw, in_dhw) -> int:
+    """Input bytes one block of a window launch reads (its rows plus halo; NCHW)."""
+    kd, kh, kw = _canonical3(spec.kernel, 1)
+    sd, sh, sw = _canonical3(spec.stride, 1)
+    dd, dh, dw = _canonical3(spec.dilation, 1)
+    od, oh, ow = out_dhw
+    idd, ih, iw = in_dhw
+    cols = min(iw, (tx - 1) * sw + (kw - 1) * dw + 1)
+    if rows_per_block <= oh:
+        in_rows = min(ih, (rows_per_block - 1) * sh + (kh - 1) * dh + 1) * kd
+    else:
+        slices = _cdiv(rows_per_block, oh)
+        in_rows = min(idd, (slices - 1) * sd + (kd - 1) * dd + 1) * ih
+    return in_rows * cols * itemsize
+
+
+def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list) -> Plan:
+    """Window and adaptive launches (rules 1-3 of the module docstring)."""
+    g = spec.geom
+    nd = g.nd
+    itemsize = _ITEMSIZE[g.dtype]
+    out_dhw = _canonical3(spec.out_spatial, 1)
+    in_dhw = _canonical3(g.spatial, 1)
+    od, oh, ow = out_dhw
+    nhwc = g.layout == "NHWC"
+    if nhwc:
+        planes, units = g.batch, od * oh * ow
+        tx = min(_pow2ceil(g.channels), 64)
+        n_x = _cdiv(g.channels, tx)
+        unit_name = "output positions"
+    else:
+        planes, units = g.planes, od * oh
+        tx = min(_pow2ceil(ow), 128)
+        n_x = _cdiv(ow, tx)
+        unit_name = "output rows"
+    ty = max(1, min(BLOCK_THREADS // tx, _pow2ceil(units)))
+    target = _fill_target(device, tx * ty)
+    overlap = any((k - 1) * d + 1 > s for k, d, s in zip(
+        getattr(spec, "kernel", ()), getattr(spec, "dilation", ()), getattr(spec, "stride", ())))
+    padded = any(pb or pe for pb, pe in getattr(spec, "pads", ()))
+
+    def fits(rows, ty_):
+        if nhwc or family != "window":
+            return True
+        resident = max(1, device.max_threads_per_sm // (tx * ty_))
+        budget = device.smem_per_sm // resident
+        return _footprint(spec, rows * ty_, tx, itemsize, out_dhw, in_dhw) <= budget
+
+    rows_whole = _cdiv(units, ty)
+    if rows_whole <= MAX_ROWS and planes * n_x >= target and fits(rows_whole, ty):
+        rows, chunks = rows_whole, 1
+        words.append(f"split: across the {planes} planes only (grid y/z); one block column "
+                     f"covers a whole plane, {rows} {unit_name.split()[-1]} per thread")
+    else:
+        rows = 1
+        for cand in range(min(MAX_ROWS, rows_whole), 0, -1):
+            if planes * n_x * _cdiv(units, ty * cand) >= target and fits(cand, ty):
+                rows = cand
+                break
+        while ty > 1 and tx * ty > 64 and (
+                planes * n_x * _cdiv(units, ty * rows) < target or not fits(rows, ty)):
+            ty //= 2
+        chunks = _cdiv(units, ty * rows)
+        per_block = ty * rows
+        if nhwc:
+            cut = f"{chunks} chunks of {per_block} {unit_name} (D, then H, then W order)"
+        elif od > 1 and per_block >= oh:
+            cut = f"{chunks} chunks of {per_block} {unit_name} (D cut first: {per_block // oh} D slices each)"
+        else:
+            dims = "D and H" if od > 1 else ("H" if nd >= 2 else "the single row")
+            cut = f"{chunks} chunks of {per_block} {unit_name} (cutting {dims}; W kept whole)"
+        why = ("too few planes to fill the GPU" if planes * n_x < target
+               else "planes too large for one block column")
+        words.append(f"split: {planes} planes (grid y/z) x {cut}: {why}")
+        if family == "window" and not nhwc and chunks > 1:
+            if overlap or padded:
+                kh, dh, sh = _canonical3(spec.kernel, 1)[1], _canonical3(spec.dilation, 1)[1], \
+                    _canonical3(spec.stride, 1)[1]
+                halo = max(0, (kh - 1) * dh + 1 - sh)
+                words.append(f"chunks: with halo ({halo} input rows shared between neighbouring "
+                             f"chunks{', padding at the plane edges' if padded else ''})")
+            else:
+                words.append("chunks: aligned (windows do not overlap and there is no padding)")
+    if family == "window" and not nhwc:
+        fp = _footprint(spec, rows * ty, tx, itemsize, out_dhw, in_dhw)
+        words.append(f"block input footprint: {fp} bytes (fits the block's on-chip share)")
+    grid_yz = _plane_grid(planes)
+    grid = (n_x * chunks, grid_yz[0], grid_yz[1])
+    if grid[0] > INT32_LIMIT:
+        raise ValueError(f"gpupool: grid x {grid[0]} exceeds the CUDA limit")
+    words.append(f"launch: {kernel} grid {grid} block ({tx}, {ty}, 1), {rows} outputs per "
+                 f"thread, threads along {'channels' if nhwc else 'W'}")
+    return Plan(family, index_type(spec), (Launch(kernel, grid, (tx, ty, 1), rows),),
+                tuple(words))
+
+
+_ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
+             "int32": 4, "int64": 8}
+
+
+def _global(spec: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
+    g = spec.geom
+    seglen = math.prod(g.spatial)
+    launches = []
+    if g.layout == "NHWC":
+        nb, chans = g.batch, g.channels
+        tx = min(_pow2ceil(chans), 64)
+        ty = max(1, min(BLOCK_THREADS // tx, _pow2ceil(seglen)))
+        n_x = _cdiv(chans, tx)
+        target = _fill_target(device, tx * ty)
+        nchunks = 1
+        if nb * n_x < target and seglen > ty * 8:
+            nchunks = min(MAX_CHUNKS, _cdiv(target, nb * n_x), _cdiv(seglen, ty * 8))
+        chunklen = _cdiv(seglen, nchunks)
+        nchunks = _cdiv(seglen, chunklen)
+        yz = _plane_grid(nb * nchunks)
+        launches.append(Launch("global_channels", (n_x, yz[0], yz[1]), (tx, ty, 1), 1,
+                               (("chunklen", chunklen), ("nchunks", nchunks),
+                                ("partial", int(nchunks > 1)))))
+        words.append(f"segmented reduction over channels-last planes: {nb} batch rows x "
+                     f"{chans} channels, threads along channels, {ty} threads per channel "
+                     f"over {seglen} positions")
+        if nchunks > 1:
+            ty2 = max(1, min(BLOCK_THREADS // tx, _pow2ceil(nchunks)))
+            yz2 = _plane_grid(nb)
+            launches.append(Launch("global_channels", (n_x, yz2[0], yz2[1]), (tx, ty2, 1), 1,
+                                   (("chunklen", nchunks), ("nchunks", 1), ("partial", 0),
+                                    ("second", 1))))
+            words.append(f"split: positions cut in {nchunks} chunks of {chunklen} (too few "
+                         f"batch rows to fill the GPU); a second pass reduces the partials")
+    else:
+        planes = g.planes
+        if seglen <= SMALL_SEGMENT:
+            lanes = min(32, max(4, _pow2ceil(_cdiv(seglen, 4))))
+            per_block = BLOCK_THREADS // lanes
+            launches.append(Launch("global_lanes", (_cdiv(planes, per_block), 1, 1),
+                                   (BLOCK_THREADS, 1, 1), 1, (("lanes", lanes),)))
+            words.append(f"segmented reduction: {planes} planes of {seglen} elements, "
+                         f"{lanes} lanes per plane ({32 // lanes} planes per warp), warp "
+                         f"shuffles")
+        else:
+            target = _fill_target(device, BLOCK_THREADS)
+            nchunks = 1
+            if planes < target:
+                nchunks = min(MAX_CHUNKS, _cdiv(target, planes), max(1, seglen // MIN_CHUNK))
+            chunklen = _cdiv(seglen, nchunks)
+            nchunks = _cdiv(seglen, chunklen)
+            if planes * nchunks > INT32_LIMIT:
+                raise ValueError("gpupool: too many planes for one launch")
+            launches.append(Launch("global_block", (planes * nchunks, 1, 1),
+                                   (BLOCK_THREADS, 1, 1), 1,
+                                   (("chunklen", chunklen), ("nchunks", nchunks),
+                                    ("partial", int(nchunks > 1)))))
+            words.append(f"segmented reduction: {planes} planes of {seglen} elements, one "
+                         f"block of {BLOCK_THREADS} threads per plane"
+                         + (f" chunk: each plane cut in {nchunks} chunks of {chunklen} (too "
+                            f"few planes to fill the GPU), a second pass reduces the partials "
+                            f"with 32 lanes per plane" if nchunks > 1 else ""))
+            if nchunks > 1:
+                launches.append(Launch("global_lanes", (_cdiv(planes, BLOCK_THREADS // 32), 1, 1),
+                                       (BLOCK_THREADS, 1, 1), 1,
+                                       (("lanes", 32), ("second", 1), ("seglen", nchunks))))
+    for la in launches:
+        words.append(f"launch: {la.kernel} grid {la.grid} block {la.block}")
+    return Plan("global", index_type(spec), tuple(launches), tuple(words))
+
+
+def _unpool(spec: S.UnpoolSpec, device: DeviceInfo, words: list) -> Plan:
+    n = math.prod(spec.geom.shape)
+    blocks = max(1, min(_cdiv(n, BLOCK_THREADS), device.sm_count * 32))
+    words.append(f"scatter: zero-fill the output, then {n} elements in a grid-stride loop "
+                 f"over {blocks} blocks of {BLOCK_THREADS}")
+    return Plan("unpool", index_type(spec),
+                (Launch("max_unpool", (blocks, 1, 1), (BLOCK_THREADS, 1, 1)),), tuple(words))
+
+
+@functools.lru_cache(maxsize=1024)
+def plan(spec, device: DeviceInfo | None = None) -> Plan:
+    """The launch plan of ``spec`` (a WindowSpec, AdaptiveSpec or UnpoolSpec) on ``device``
+    (default: an H100's properties)."""
+    device = device or H100
+    g = spec.geom
+    words = [f"device: {device.name} ({device.sm_count} SMs)",
+             f"input: {g.shape} {g.dtype} {g.layout}, {g.planes} planes of {g.spatial}"
+             + (" (channels innermost)" if g.layout == "NHWC" else "")]
+    if isinstance(spec, S.UnpoolSpec):
+        p = _unpool(spec, device, words)
+    elif isinstance(spec, S.AdaptiveSpec) and spec.is_global and not spec.return_indices:
+        p = _global(spec, device, words)
+    elif g.nd > 3:
+        raise ValueError(f"gpupool: the CUDA window kernels take 1-3 spatial dims, got {g.nd}")
+    elif isinstance(spec, S.AdaptiveSpec):
+        kernel = {"max": "adaptive_max_indices" if spec.return_indices else "adaptive_max",
+                  "avg": "adaptive_avg"}[spec.op]
+        p = _tiled(spec, device, "adaptive", kernel, words)
+    else:
+        kernel = {"max": "max_pool_indices" if spec.return_indices else "max_pool",
+                  "avg": "avg_pool", "lp": "lp_pool"}[spec.op]
+        k = static_window(spec)
+        if k:
+            words.append(f"window {k}x{k} compiled as a template constant")
+        p = _tiled(spec, device, "window", kernel, words)
+    words = list(p.words) + [f"index arithmetic: {'32' if p.index_type == 'int' else '64'}-bit"]
+    return Plan(p.family, p.index_type, p.launches, tuple(words))
+
+
+_OPS = {
+    "max_pool": ("window", "max"), "avg_pool": ("window", "avg"), "lp_pool": ("window", "lp"),
+    "adaptive_max_pool": ("adaptive", "max"), "adaptive_avg_pool": ("adaptive", "avg"),
+    "global_max_pool": ("global", "max"), "global_avg_pool": ("global", "avg"),
+    "max_unpool": ("unpool", None),
+}
+
+
+def explain(op: str, shape, kernel_size=None, stride=None, padding=0, dilation=1,
+            ceil_mode: bool = False, *, output_size=None, p: float | None = None,
+            count_include_pad: bool = False, divisor_override: int | None = None,
+            return_indices: bool = False, spatial_dims: int = 2, dtype: str = "float32",
+            layout: str = "NCHW", device: DeviceInfo | None = None) -> str:
+    """How the CUDA backend would run ``op`` on an input of ``shape``, in words.
+
+    Arguments mirror the public op of the same name (``op`` is its name, e.g. ``"max_pool"``);
+    ``device`` defaults to an H100's properties, so this works without a GPU. Raises what the
+    op would raise for invalid arguments.
+
+    >>> print(explain("max_pool", (64, 64, 112, 112), 3, 2, 1))  # doctest: +ELLIPSIS
+    device: ...
+    """
+    if op not in _OPS:
+        raise ValueError(f"gpupool.explain: unknown op {op!r} (one of {sorted(_OPS)})")
+    family, kind = _OPS[op]
+    if family == "window":
+        sp = S.window_spec(op, kind, tuple(shape), dtype, kernel_size, stride, padding,
+                           dilation, ceil_mode, layout, return_indices=return_indices,
+                           count_include_pad=count_include_pad,
+                           divisor_override=divisor_override, p=p if kind == "lp" else None)
+        if kind == "lp" and p is None:
+            raise ValueError("gpupool.explain: lp_pool needs p")
+    elif family == "adaptive":
+        sp = S.adaptive_spec(op, kind, tuple(shape), dtype, output_size, layout,
+                             return_indices=return_indices)
+    elif family == "global":
+        sp = S.global_spec(op, kind, tuple(shape), dtype, spatial_dims, layout)
+    else:
+        sp = S.unpool_spec(op, tuple(shape), dtype, tuple(shape), "int64", kernel_size, stride,
+                           padding, output_size, layout)
+    return f"{op}: output {sp.out_shape}\n" + str(plan(sp, device))

@@ -1,0 +1,84 @@
+"""NumPy backend of :mod:`gpupool.quantized`: integer arithmetic only.
+
+Window sums reuse the float backend's separable tap loops in an int32/int64 working dtype;
+adaptive sums are differences of prefix sums. :func:`requantize` applies the host table of
+:func:`gpupool.quantized.requant_table` exactly as the CUDA kernels do.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .backends import implementation, register
+from .numpy_backend import _canonical, _expand, _in_blocks, _separable_window
+from .quantized import HEAD, LEVELS, AvgPlan
+from .spec import AdaptiveSpec, WindowSpec, adaptive_window
+
+
+def requantize(acc, rows, plan: AvgPlan, out) -> None:
+    """``out = saturate(zp_out + sign(acc) * f(|acc|))`` through the plan's table (int64
+    throughout; ``rows`` broadcasts against ``acc``)."""
+    table = plan.table
+    x = np.abs(acc, dtype=np.int64)
+    np.minimum(x, table[rows, 2], out=x)
+    shift = table[rows, 1]
+    v = x * table[rows, 0]
+    v += (np.int64(1) << shift) >> 1
+    v >>= shift
+    np.clip(v, 0, LEVELS, out=v)
+    base = rows * np.int64(table.shape[1]) + HEAD + v
+    flat = table.reshape(-1)
+    v += flat[base + 1] <= x
+    v -= flat[base] > x
+    np.negative(v, out=v, where=acc < 0)
+    v += plan.zp_out
+    np.clip(v, plan.qmin, plan.qmax, out=v)
+    out[...] = v
+
+
+@register("qmax_window", "numpy")
+def qmax_window(x, spec: WindowSpec, out) -> None:
+    implementation("window", "numpy")(x, spec, out, None)  # integer max: exact as it is
+
+
+@register("qavg_window", "numpy")
+def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
+    geom = spec.geom
+    xc, oc = _canonical(x, geom), _canonical(out, geom)
+    acc_dtype = np.dtype(plan.acc_dtype)
+    rows = _expand(plan.rows, geom)
+    zp_counts = _expand(plan.counts * acc_dtype.type(plan.zp_in), geom)
+
+    def block(b0, b1):
+        acc = _separable_window(xc[b0:b1], spec, acc_dtype)  # sum of the codes
+        acc -= zp_counts
+        requantize(acc, rows, plan, oc[b0:b1])
+    _in_blocks(block, geom.batch, x.itemsize * math.prod(geom.spatial) * geom.channels)
+
+
+@register("qavg_adaptive", "numpy")
+def qavg_adaptive(x, spec: AdaptiveSpec, out, plan: AvgPlan) -> None:
+    geom = spec.geom
+    xc, oc = _canonical(x, geom), _canonical(out, geom)
+    rows = _expand(plan.rows, geom)
+    zp_counts = _expand(plan.counts.astype(np.int64) * plan.zp_in, geom)
+    axes = tuple(range(1, geom.nd + 1))
+    bounds = [np.array([adaptive_window(i, size, o) for i in range(o)], dtype=np.intp)
+              for size, o in zip(geom.spatial, spec.out_spatial)]
+
+    def block(b0, b1):
+        cur = xc[b0:b1]
+        if spec.is_global:
+            acc = np.sum(cur, axis=axes, dtype=np.int64, keepdims=True)
+        else:  # window sum = difference of prefix sums, one axis at a time
+            for axis, b in zip(axes, bounds):
+                prefix = np.cumsum(cur, axis=axis, dtype=np.int64)
+                pad = [(0, 0)] * prefix.ndim
+                pad[axis] = (1, 0)
+                prefix = np.pad(prefix, pad)
+                cur = np.take(prefix, b[:, 1], axis=axis) - np.take(prefix, b[:, 0], axis=axis)
+            acc = cur
+        acc -= zp_counts
+        requantize(acc, rows, plan, oc[b0:b1])
+    _in_blocks(block, geom.batch, x.itemsize * math.prod(geom.spatial) * geom.channels)

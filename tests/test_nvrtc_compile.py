@@ -1,0 +1,68 @@
+"""Every CUDA kernel instantiation the runtime can request compiles with NVRTC, for sm_80 and
+sm_90, with no error and no warning. Needs CuPy and its NVRTC library, not a GPU.
+
+The options are the ones ``cupy.RawModule`` uses at run time: CuPy's own include paths and
+``--std=c++17`` (``cupy._core.core.assemble_cupy_compiler_options``), the backend's OPTIONS,
+``-arch=sm_XX`` and ``--device-as-default-execution-space`` (added by CuPy's NVRTC path when
+jitify is off, the RawModule default). The source is the same text (``read_source``) and the
+name expressions the same list (``instantiations``) the runtime uses. ``compile_using_nvrtc``
+itself asks the driver for the device's architecture, so the test drives CuPy's NVRTC program
+wrapper directly with an explicit architecture.
+"""
+from __future__ import annotations
+
+import io
+from collections import defaultdict
+
+import pytest
+
+pytestmark = pytest.mark.nvrtc
+
+cupy = pytest.importorskip("cupy")
+
+from cupy._core import core as _core  # noqa: E402
+from cupy.cuda import compiler  # noqa: E402
+
+from gpupool import cuda_backend  # noqa: E402
+
+ARCHS = ("80", "90")
+
+
+def _by_file():
+    files = defaultdict(list)
+    for source_file, name in cuda_backend.instantiations():
+        files[source_file].append(name)
+    return dict(files)
+
+
+def _options(arch: str) -> tuple[str, ...]:
+    return _core.assemble_cupy_compiler_options(cuda_backend.OPTIONS) + (
+        f"-arch=sm_{arch}", "--device-as-default-execution-space")
+
+
+def test_instantiation_list_covers_every_family():
+    files = _by_file()
+    assert set(files) == {"max_pool.cu", "avg_pool.cu", "adaptive_pool.cu", "global_pool.cu"}
+    names = [n for ns in files.values() for n in ns]
+    assert len(names) == len(set(names))
+    for prefix in ("max_pool<", "max_pool_indices<", "max_unpool<", "avg_pool<", "lp_pool<",
+                   "adaptive_max<", "adaptive_max_indices<", "adaptive_avg<", "global_lanes<",
+                   "global_block<", "global_channels<"):
+        assert any(n.startswith(prefix) for n in names), prefix
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("source_file", sorted(_by_file()))
+def test_compiles_without_warnings(source_file, arch):
+    names = _by_file()[source_file]
+    source = cuda_backend.read_source((source_file,))
+    program = compiler._NVRTCProgram(source, source_file, name_expressions=names,
+                                     method="cubin")
+    log = io.StringIO()
+    try:
+        cubin, mapping = program.compile(_options(arch), log)
+    except compiler.CompileException as exc:
+        pytest.fail(f"NVRTC failed on {source_file} for sm_{arch}:\n{exc}")
+    assert not log.getvalue().strip(), f"NVRTC warnings for {source_file} sm_{arch}:\n{log.getvalue()}"
+    assert cubin and set(mapping) == set(names)
+    assert all(mapping[n] for n in names)

@@ -1,0 +1,203 @@
+"""CPU unit tests of the CUDA launch planner (pure Python: no CuPy, no GPU)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gpupool import planner
+from gpupool import spec as S
+from gpupool.planner import H100, DeviceInfo, explain, plan
+
+SMALL_GPU = DeviceInfo(name="test GPU", sm_count=4)
+
+
+def window(shape, k, s=None, p=0, d=1, *, op="max", dtype="float32", layout="NCHW", **kw):
+    return S.window_spec("max_pool", op, shape, dtype, k, s, p, d, False, layout, **kw)
+
+
+def covered_outputs(sp, launch):
+    """Outputs the grid/block/rows cover, per plane (NCHW: rows x W; NHWC: positions x C)."""
+    tx, ty, _ = launch.block
+    od, oh, ow = planner._canonical3(sp.out_spatial, 1)
+    if sp.geom.layout == "NHWC":
+        n_x = -(-sp.geom.channels // tx)
+        chunks = launch.grid[0] // n_x
+        return chunks * ty * launch.rows, n_x * tx
+    n_x = -(-ow // tx)
+    chunks = launch.grid[0] // n_x
+    return chunks * ty * launch.rows, n_x * tx
+
+
+@pytest.mark.parametrize("shape,k,s,p,layout", [
+    ((64, 64, 112, 112), 3, 2, 1, "NCHW"),
+    ((1, 1, 4000, 3000), 2, 2, 0, "NCHW"),
+    ((2, 3, 7), (3,), 1, 1, "NCHW"),
+    ((8, 64, 32, 112, 112), (2, 2, 2), 2, 0, "NCHW"),
+    ((128, 112, 112, 64), 3, 2, 1, "NHWC"),
+    ((1, 9, 9, 3), 2, 1, 0, "NHWC"),
+    ((70000, 5, 5), 2, 1, 0, "NCHW"),
+])
+@pytest.mark.parametrize("device", [H100, SMALL_GPU])
+def test_window_plan_covers_every_output(shape, k, s, p, layout, device):
+    sp = window(shape, k, s, p, layout=layout)
+    pl = plan(sp, device)
+    assert pl.family == "window" and len(pl.launches) == 1
+    la = pl.launches[0]
+    tx, ty, tz = la.block
+    assert tz == 1 and tx * ty <= 256 and la.rows >= 1
+    units, cols = covered_outputs(sp, la)
+    od, oh, ow = planner._canonical3(sp.out_spatial, 1)
+    if layout == "NHWC":
+        assert units >= od * oh * ow and cols >= sp.geom.channels
+        planes = sp.geom.batch
+    else:
+        assert units >= od * oh and cols >= ow
+        planes = sp.geom.planes
+        # no wasted block rows: the last chunk holds at least one row
+        assert units - ty * la.rows < od * oh
+    assert la.grid[1] <= 65535 and la.grid[2] <= 65535
+    assert la.grid[1] * la.grid[2] >= planes
+    assert la.grid[1] * (la.grid[2] - 1) < planes
+
+
+def test_many_planes_split_across_planes_only():
+    sp = window((512, 512, 14, 14), 2, 2)
+    pl = plan(sp, H100)
+    la = pl.launches[0]
+    assert la.grid[0] == 1  # one block column per plane
+    assert any("across the 262144 planes only" in w for w in pl.words)
+
+
+def test_few_planes_split_spatial_dims():
+    sp = window((1, 2, 512, 512), 3, 1, 1)
+    pl = plan(sp, H100)
+    la = pl.launches[0]
+    assert la.grid[0] > 1
+    assert la.grid[0] * la.grid[1] >= 2  # more blocks than planes
+    assert any("too few planes" in w for w in pl.words)
+    assert any("halo" in w for w in pl.words)
+
+
+def test_aligned_chunks_without_overlap_or_padding():
+    pl = plan(window((1, 1, 1024, 1024), 2, 2), H100)
+    assert any("aligned" in w for w in pl.words)
+    pl = plan(window((1, 1, 1024, 1024), 3, 2), H100)
+    assert any("halo" in w for w in pl.words)
+
+
+def test_3d_chunks_cut_depth_before_height():
+    sp = window((1, 1, 64, 8, 8), (1, 1, 1), 1)
+    pl = plan(sp, H100)
+    assert any("D cut first" in w or "D and H" in w for w in pl.words)
+
+
+def test_planes_beyond_grid_y_go_to_z():
+    sp = window((3, 40000, 4, 4), 2, 2)
+    la = plan(sp, H100).launches[0]
+    assert la.grid[1] == 65535 and la.grid[2] == 2
+
+
+def test_nhwc_threads_along_channels():
+    la = plan(window((2, 16, 16, 256), 2, 2, layout="NHWC"), H100).launches[0]
+    assert la.block[0] == 64
+    la = plan(window((2, 16, 16, 3), 2, 2, layout="NHWC"), H100).launches[0]
+    assert la.block[0] == 4
+
+
+@pytest.mark.parametrize("k,expected", [(3, 3), (2, 2), (5, 0), ((3, 2), 0), ((1, 3, 3), 3),
+                                        ((3,), 0)])
+def test_static_window(k, expected):
+    nd = len(k) if isinstance(k, tuple) else 2
+    shape = (1, 1) + (9,) * nd
+    assert planner.static_window(window(shape, k, 1)) == expected
+
+
+def test_index_type_32_and_64_bit():
+    assert plan(window((2, 3, 100, 100), 2), H100).index_type == "int"
+    big = window((1, 1, 2**16, 2**15 + 64), 2, 2, dtype="int8")
+    assert math.prod(big.geom.shape) > 2**31
+    assert plan(big, H100).index_type == "long long"
+    near = window((1, 1, 2**15, 2**16 - 4), 2, 2, dtype="int8")  # 2**31 - 2**17 elements
+    assert plan(near, H100).index_type == "int"
+
+
+def test_adaptive_index_type_counts_the_bound_product():
+    sp = S.adaptive_spec("adaptive_max_pool", "max", (1, 1, 60000, 1), "float32",
+                         (50000, 1), "NCHW")
+    assert plan(sp, H100).index_type == "long long"  # 50001 * 60000 > 2**31
+
+
+def test_global_small_planes_use_lane_groups():
+    sp = S.global_spec("global_avg_pool", "avg", (512, 2048, 7, 7), "float32", 2, "NCHW")
+    pl = plan(sp, H100)
+    (la,) = pl.launches
+    assert la.kernel == "global_lanes" and la.get("lanes") == 16
+    assert la.grid[0] * (256 // 16) >= 512 * 2048
+
+
+def test_global_large_planes_split_in_two_passes():
+    sp = S.global_spec("global_avg_pool", "avg", (1, 2, 4096, 4096), "float16", 2, "NCHW")
+    pl = plan(sp, H100)
+    first, second = pl.launches
+    assert first.kernel == "global_block" and first.get("partial") == 1
+    n, length = first.get("nchunks"), first.get("chunklen")
+    assert n * length >= 4096 * 4096 > (n - 1) * length
+    assert first.grid[0] == 2 * n
+    assert second.kernel == "global_lanes" and second.get("seglen") == n <= 1024
+
+
+def test_global_many_large_planes_one_pass():
+    sp = S.global_spec("global_max_pool", "max", (64, 256, 64, 64), "float32", 2, "NCHW")
+    (la,) = plan(sp, H100).launches
+    assert la.kernel == "global_block" and la.get("nchunks") == 1
+
+
+def test_global_nhwc_split():
+    sp = S.global_spec("global_max_pool", "max", (2, 1000, 1000, 3), "float32", 2, "NHWC")
+    first, second = plan(sp, H100).launches
+    assert first.kernel == second.kernel == "global_channels"
+    n = first.get("nchunks")
+    assert first.grid[1] * first.grid[2] >= 2 * n
+    assert second.get("chunklen") == n
+
+
+def test_global_with_indices_is_tiled():
+    sp = S.adaptive_spec("adaptive_max_pool", "max", (2, 3, 5, 5), "float32", (1, 1), "NCHW",
+                         return_indices=True)
+    pl = plan(sp, H100)
+    assert pl.family == "adaptive" and pl.launches[0].kernel == "adaptive_max_indices"
+
+
+def test_unpool_plan():
+    sp = S.unpool_spec("max_unpool", (2, 3, 4, 4), "float32", (2, 3, 4, 4), "int64", 2, None,
+                       0, None, "NCHW")
+    pl = plan(sp, H100)
+    assert pl.family == "unpool" and pl.launches[0].grid[0] >= 1
+
+
+def test_explain_reads_like_the_op():
+    text = explain("max_pool", (64, 64, 112, 112), kernel_size=3, stride=2, padding=1)
+    assert text.startswith("max_pool: output (64, 64, 56, 56)")
+    assert "H100" in text and "grid" in text and "32-bit" in text
+    text = explain("global_avg_pool", (8, 2048, 7, 7), dtype="float16")
+    assert "16 lanes per plane" in text
+    text = explain("adaptive_avg_pool", (1, 3, 10, 10), output_size=(3, 3), layout="NCHW")
+    assert "adaptive_avg" in text
+    text = explain("lp_pool", (1, 3, 10, 10), 2, p=2.0, device=SMALL_GPU)
+    assert "test GPU" in text
+
+
+def test_explain_raises_like_the_op():
+    with pytest.raises(ValueError, match="unknown op"):
+        explain("median_pool", (1, 1, 4, 4), 2)
+    with pytest.raises(ValueError):
+        explain("max_pool", (1, 1, 2, 2), 5)  # output too small
+    with pytest.raises(TypeError):
+        explain("avg_pool", (1, 1, 4, 4), 2, dtype="int8")
+
+
+def test_more_than_three_spatial_dims_not_planned():
+    sp = window((1, 1, 3, 3, 3, 3), (2, 2, 2, 2), 1)
+    with pytest.raises(ValueError, match="1-3 spatial dims"):
+        plan(sp, H100)

@@ -1,0 +1,625 @@
+"""Quantized (int8/uint8) pooling (issue 4) against an exact reference, tolerance 0.
+
+The reference takes the real-number definition literally: each code is the rational
+``Fraction(scale) * (q - zp)``, the average is a ``Fraction``, rounding and saturation are
+done on it with Python integers. Window enumeration comes from ``reference.py`` (which does
+not import gpupool). Every test takes the ``backend`` fixture, so NumPy and (with a GPU) CuPy
+run the same body against the same exact values, which makes them bit-identical.
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numpy.testing import assert_array_equal
+
+import reference as ref
+from gpupool import quantized as Q
+
+RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
+ROUNDINGS = ("half_away_from_zero", "half_to_even")
+# (scale, out_scale) pairs: equal, simple, 53-bit mantissas with no common factor, huge and tiny
+# ratios (everything saturates / everything rounds to zero), and ratios near the clamp bounds.
+HARD_SCALES = [
+    (0.05, None), (1.0, 1.0), (0.05, 0.07), (0.1, 0.3), (1 / 3, 1 / 7), (0.02, 0.0203),
+    (3.0, 2.0), (1.0, 6.0), (2.0 ** -20, 1.0), (1e-12, 3e-3), (7.0, 1e-9), (1e300, 1e-300),
+    (1e-300, 1e300), (5e-324, 1.0), (0.75, 1.5), (1.0, 255.0), (1.0, 2.0 ** -8 * 1.0000001),
+    (math.pi, math.e),
+]
+
+
+# ----------------------------------------------------------------------------- exact reference
+
+def exact_round(value: Fraction, rounding: str) -> int:
+    """``value`` rounded to an integer, ties as ``rounding`` says."""
+    floor, rest = divmod(value.numerator, value.denominator)  # value = floor + rest/den
+    if 2 * rest != value.denominator:
+        return floor + (2 * rest > value.denominator)
+    if rounding == "half_away_from_zero":
+        return floor + 1 if value > 0 else floor
+    return floor if floor % 2 == 0 else floor + 1
+
+
+def exact_average(codes, divisor, dtype, scale, zp, out_scale, zp_out, rounding) -> int:
+    """``saturate(zp_out + round(mean real value / out_scale))`` with the mean over ``divisor``."""
+    lo, hi = RANGES[dtype]
+    if divisor == 0:
+        return zp_out
+    real_sum = sum(Fraction(scale) * (q - zp) for q in codes)
+    v = exact_round(real_sum / (divisor * Fraction(out_scale)), rounding)
+    return min(max(zp_out + v, lo), hi)
+
+
+def ref_avg_pool(x, kernel, stride, padding, ceil_mode, cip, layout, scale, zp, out_scale,
+                 zp_out, rounding):
+    dtype = np.dtype(x.dtype).name
+    gen, lead, out_spatial = ref._windows(x, kernel, stride, padding, 1, ceil_mode, layout)
+    vals = [exact_average([v for v, _ in taps], in_padded if cip else len(taps), dtype, scale,
+                          zp, out_scale, zp_out, rounding) for taps, in_padded in gen]
+    return ref._unplanes(vals, lead, out_spatial, layout, np.int64)
+
+
+def ref_adaptive_avg_pool(x, output_size, layout, scale, zp, out_scale, zp_out, rounding):
+    dtype = np.dtype(x.dtype).name
+    res, lead, out_spatial = ref._adaptive(
+        x, output_size, layout,
+        lambda taps: exact_average([v for v, _ in taps], len(taps), dtype, scale, zp, out_scale,
+                                   zp_out, rounding))
+    return ref._unplanes(res, lead, out_spatial, layout, np.int64)
+
+
+# ----------------------------------------------------------------------------- strategies
+
+def zero_points(dtype):
+    lo, hi = RANGES[dtype]
+    return st.one_of(st.sampled_from([lo, hi, (lo + hi) // 2, 0 if lo < 0 else 128]),
+                     st.integers(lo, hi))
+
+
+@st.composite
+def quant_params(draw, dtype):
+    scale, out_scale = draw(st.sampled_from(HARD_SCALES))
+    zp = draw(zero_points(dtype))
+    explicit = out_scale is not None or draw(st.booleans())
+    return dict(scale=scale, zp=zp,
+                out_scale=out_scale if explicit else None,
+                out_zero_point=draw(zero_points(dtype)) if explicit else None,
+                rounding=draw(st.sampled_from(ROUNDINGS)))
+
+
+@st.composite
+def window_cases(draw):
+    nd = draw(st.integers(1, 3))
+    kernel = tuple(draw(st.integers(1, 5 if nd < 3 else 3)) for _ in range(nd))
+    stride = tuple(draw(st.integers(1, 3)) for _ in range(nd))
+    padding = draw(st.one_of(
+        st.just(tuple(draw(st.integers(0, k // 2)) for k in kernel)),
+        st.just(tuple((draw(st.integers(0, k)), draw(st.integers(0, k))) for k in kernel)),
+        st.sampled_from(["valid", "same", "same_lower"])))
+    limit = {1: 12, 2: 7, 3: 4}[nd]
+    spatial = tuple(draw(st.integers(k, k + limit)) for k in kernel)
+    dtype = draw(st.sampled_from(["int8", "uint8"]))
+    layout = draw(st.sampled_from(["NCHW", "NHWC"]))
+    lead = (draw(st.integers(1, 2)),) + ((draw(st.integers(1, 3)),) if layout == "NCHW" else ())
+    channels = (draw(st.integers(1, 5)),) if layout == "NHWC" else ()
+    return dict(shape=lead + spatial + channels, dtype=dtype, layout=layout, kernel=kernel,
+                stride=stride, padding=padding, ceil_mode=draw(st.booleans()),
+                cip=draw(st.booleans()), q=draw(quant_params(dtype)),
+                seed=draw(st.integers(0, 2 ** 32 - 1)))
+
+
+def codes(shape, dtype, seed):
+    lo, hi = RANGES[dtype]
+    return np.random.default_rng(seed).integers(lo, hi, size=shape, endpoint=True, dtype=dtype)
+
+
+def out_shape_ok(case):
+    """Skip geometries the spec rejects (an output size below one)."""
+    nd = len(case["kernel"])
+    spatial = case["shape"][-nd - 1:-1] if case["layout"] == "NHWC" else case["shape"][-nd:]
+    pads = ref.resolve_padding(case["padding"], spatial, case["kernel"], case["stride"], (1,) * nd)
+    return all(ref.output_length(i, k, s, p, 1, case["ceil_mode"]) >= 1
+               for i, k, s, p in zip(spatial, case["kernel"], case["stride"], pads))
+
+
+def check_q(backend, result, expected, dtype, scale, zp):
+    assert isinstance(result, Q.QArray)
+    assert backend.is_native(result.data), type(result.data)
+    a = backend.to_numpy(result.data)
+    assert a.dtype == np.dtype(dtype)
+    assert (result.scale, result.zero_point) == (scale, zp)
+    assert_array_equal(a.astype(np.int64), expected)
+
+
+# ----------------------------------------------------------------------------- property tests
+
+@settings(max_examples=120)
+@given(case=window_cases())
+def test_avg_pool_is_exact(backend, case):
+    if not out_shape_ok(case):
+        return
+    x, p = codes(case["shape"], case["dtype"], case["seed"]), case["q"]
+    qa = Q.QArray(backend.to_backend(x), p["scale"], p["zp"])
+    out = Q.avg_pool(qa, case["kernel"], case["stride"], case["padding"], case["ceil_mode"],
+                     case["cip"], out_scale=p["out_scale"], out_zero_point=p["out_zero_point"],
+                     rounding=p["rounding"], layout=case["layout"])
+    out_scale = p["scale"] if p["out_scale"] is None else p["out_scale"]
+    zp_out = p["zp"] if p["out_zero_point"] is None else p["out_zero_point"]
+    expected = ref_avg_pool(x, case["kernel"], case["stride"], case["padding"], case["ceil_mode"],
+                            case["cip"], case["layout"], p["scale"], p["zp"], out_scale, zp_out,
+                            p["rounding"])
+    check_q(backend, out, expected, case["dtype"], out_scale, zp_out)
+
+
+@settings(max_examples=60)
+@given(case=window_cases(), dilation=st.integers(1, 2))
+def test_max_pool_is_exact(backend, case, dilation):
+    nd = len(case["kernel"])
+    if not out_shape_ok(case) or isinstance(case["padding"], str):
+        return
+    dil = (dilation,) * nd
+    spatial = case["shape"][-nd - 1:-1] if case["layout"] == "NHWC" else case["shape"][-nd:]
+    pads = ref.resolve_padding(case["padding"], spatial, case["kernel"], case["stride"], dil)
+    if any(ref.output_length(i, k, s, pp, dilation, case["ceil_mode"]) < 1
+           for i, k, s, pp in zip(spatial, case["kernel"], case["stride"], pads)):
+        return
+    x, p = codes(case["shape"], case["dtype"], case["seed"]), case["q"]
+    qa = Q.QArray(backend.to_backend(x), p["scale"], p["zp"])
+    out = Q.max_pool(qa, case["kernel"], case["stride"], case["padding"], dil, case["ceil_mode"],
+                     layout=case["layout"])
+    expected, _ = ref.max_pool(x, case["kernel"], case["stride"], case["padding"], dil,
+                               case["ceil_mode"], case["layout"])
+    check_q(backend, out, expected, case["dtype"], p["scale"], p["zp"])
+
+
+@st.composite
+def adaptive_cases(draw):
+    nd = draw(st.integers(1, 3))
+    limit = {1: 20, 2: 9, 3: 5}[nd]
+    spatial = tuple(draw(st.integers(1, limit)) for _ in range(nd))
+    output = tuple(draw(st.integers(1, limit)) for _ in range(nd))
+    dtype = draw(st.sampled_from(["int8", "uint8"]))
+    layout = draw(st.sampled_from(["NCHW", "NHWC"]))
+    lead = (draw(st.integers(1, 2)),) + ((draw(st.integers(1, 3)),) if layout == "NCHW" else ())
+    channels = (draw(st.integers(1, 5)),) if layout == "NHWC" else ()
+    return dict(shape=lead + spatial + channels, output=output, dtype=dtype, layout=layout,
+                q=draw(quant_params(dtype)), seed=draw(st.integers(0, 2 ** 32 - 1)))
+
+
+@settings(max_examples=60)
+@given(case=adaptive_cases(), global_pool=st.booleans())
+def test_adaptive_and_global_avg_pool_are_exact(backend, case, global_pool):
+    x, p = codes(case["shape"], case["dtype"], case["seed"]), case["q"]
+    qa = Q.QArray(backend.to_backend(x), p["scale"], p["zp"])
+    kw = dict(out_scale=p["out_scale"], out_zero_point=p["out_zero_point"],
+              rounding=p["rounding"], layout=case["layout"])
+    nd = len(case["output"])
+    if global_pool:
+        out = Q.global_avg_pool(qa, spatial_dims=nd, **kw)
+        output = (1,) * nd
+    else:
+        out = Q.adaptive_avg_pool(qa, case["output"], **kw)
+        output = case["output"]
+    out_scale = p["scale"] if p["out_scale"] is None else p["out_scale"]
+    zp_out = p["zp"] if p["out_zero_point"] is None else p["out_zero_point"]
+    expected = ref_adaptive_avg_pool(x, output, case["layout"], p["scale"], p["zp"], out_scale,
+                                     zp_out, p["rounding"])
+    check_q(backend, out, expected, case["dtype"], out_scale, zp_out)
+
+
+# ----------------------------------------------------------------------------- the integer rule
+
+def _requantize_all(scale, out_scale, rounding, divisor, amax):
+    """Run the backend's integer requantizer on every accumulator in [-amax, amax]."""
+    from gpupool.quantized_numpy import requantize
+    table = Q.requant_table(scale, out_scale, rounding, [divisor], amax)
+    plan = Q.AvgPlan(None, 0, 0, -2 ** 40, 2 ** 40, "int64", None, None, table)
+    acc = np.arange(-amax, amax + 1, dtype=np.int64)
+    out = np.empty_like(acc)
+    requantize(acc, np.zeros((), np.int64), plan, out)
+    return acc, out
+
+
+@pytest.mark.parametrize("scale, out_scale", [(s, s if o is None else o) for s, o in HARD_SCALES])
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_requantizer_is_exact_for_every_accumulator(scale, out_scale, rounding):
+    """Exhaustive over |acc| <= 255 * taps for several divisors: the fixed-point multiplier
+    plus threshold correction equals round(acc * scale / (out_scale * d)) clamped to +-256."""
+    ratio = Fraction(scale) / Fraction(out_scale)
+    for divisor, taps in ((1, 1), (3, 9), (6, 9), (25, 25), (7, 49)):
+        acc, got = _requantize_all(scale, out_scale, rounding, divisor, 255 * taps)
+        c = ratio / divisor
+        expected = [max(-Q.LEVELS, min(Q.LEVELS, exact_round(a * c, rounding)))
+                    for a in acc.tolist()]
+        assert_array_equal(got, expected, err_msg=f"divisor {divisor}")
+
+
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_requantizer_random_ratios_near_ties(rounding):
+    """Ratios built so that many accumulators land exactly on (or one ulp off) a tie."""
+    rng = np.random.default_rng(4)
+    for _ in range(40):
+        d = int(rng.integers(1, 30))
+        num, den = int(rng.integers(1, 50)), int(rng.integers(1, 50))
+        out_scale = float(rng.uniform(1e-3, 1.0))
+        scale = float(np.nextafter(out_scale * num / den, rng.choice([0.0, np.inf])))
+        if rng.random() < 0.3:
+            scale = out_scale * 2.0 ** int(rng.integers(-3, 4))  # exact dyadic: real ties
+        ratio = Fraction(scale) / Fraction(out_scale)
+        acc, got = _requantize_all(scale, out_scale, rounding, d, 255 * d)
+        c = ratio / d
+        expected = [max(-Q.LEVELS, min(Q.LEVELS, exact_round(a * c, rounding)))
+                    for a in acc.tolist()]
+        assert_array_equal(got, expected, err_msg=f"{scale!r} / {out_scale!r} / {d}")
+
+
+def test_large_accumulators_take_int64_and_stay_exact():
+    """A window of 2**24 taps can overflow int32 (255 * 2**24 >= 2**31): int64 accumulator,
+    narrower multiplier, still exact."""
+    plan_big = Q._avg_plan(Q.S.global_spec("quantized.global_avg_pool", "max", (1, 1, 2 ** 24),
+                                           "uint8", 1, "NCHW"),
+                           "uint8", 1.0, 0, 1.0, 0, "half_away_from_zero")
+    assert plan_big.acc_dtype == "int64"
+    for scale, out_scale in ((1.0, 1.0), (0.05, 0.07), (1e-6, 1.0)):
+        for rounding in ROUNDINGS:
+            amax = 255 * 2 ** 24
+            table = Q.requant_table(scale, out_scale, rounding, [2 ** 24], amax)
+            from gpupool.quantized_numpy import requantize
+            plan = Q.AvgPlan(None, 0, 0, -2 ** 40, 2 ** 40, "int64", None, None, table)
+            rng = np.random.default_rng(1)
+            acc = np.concatenate([rng.integers(-amax, amax, 20000), [amax, -amax, 0]])
+            got = np.empty_like(acc)
+            requantize(acc, np.zeros((), np.int64), plan, got)
+            ratio = Fraction(scale) / Fraction(out_scale)
+            expected = [max(-Q.LEVELS, min(Q.LEVELS, exact_round(a * ratio / 2 ** 24, rounding)))
+                        for a in acc.tolist()]
+            assert_array_equal(got, expected)
+
+
+def test_fixed_point_multiplier_is_tflite_shaped():
+    table = Q.requant_table(0.05, 0.07, "half_away_from_zero", [1, 4, 9, 25], 255 * 25)
+    assert ((table[:, 0] >= 2 ** 30) & (table[:, 0] < 2 ** 31)).all()
+    assert (table[:, 1] > 0).all()
+
+
+# ----------------------------------------------------------------------------- examples
+
+def test_default_out_params_are_the_inputs_and_round_half_away(backend):
+    # window sums 1+2=3 -> 1.5 -> 2 ; -1-2 = -3 -> -1.5 -> -2 ; 5+6 = 11 -> 5.5 -> 6
+    x = backend.to_backend(np.array([[[1, 2, -1, -2, 5, 6]]], np.int8))
+    out = Q.avg_pool(Q.QArray(x, 0.25, 0), (2,))
+    assert backend.to_numpy(out.data).tolist() == [[[2, -2, 6]]]
+    assert (out.scale, out.zero_point) == (0.25, 0)
+    even = Q.avg_pool(Q.QArray(x, 0.25, 0), (2,), rounding="half_to_even")
+    assert backend.to_numpy(even.data).tolist() == [[[2, -2, 6]]]
+    x = backend.to_backend(np.array([[[1, 4, -1, -4, 0, 1]]], np.int8))  # 2.5, -2.5, 0.5
+    assert backend.to_numpy(Q.avg_pool(Q.QArray(x, 1.0), (2,)).data).tolist() == [[[3, -3, 1]]]
+    assert backend.to_numpy(Q.avg_pool(Q.QArray(x, 1.0), (2,), rounding="half_to_even")
+                            .data).tolist() == [[[2, -2, 0]]]
+
+
+def test_padding_is_zero_point_and_never_wins_max(backend):
+    x = backend.to_backend(np.array([[[10, 20]]], np.uint8))
+    qa = Q.QArray(x, 1.0, 200)  # every code is below the zero point
+    assert backend.to_numpy(Q.max_pool(qa, (3,), 1, 1).data).tolist() == [[[20, 20]]]
+    # count_include_pad: (10-200 + 20-200 + 0) / 3 = -123.33 -> -123 -> code 77
+    out = Q.avg_pool(qa, (3,), 1, 1, count_include_pad=True)
+    assert backend.to_numpy(out.data).tolist() == [[[77, 77]]]
+
+
+def test_saturation_and_asymmetric_out_zero_point(backend):
+    x = backend.to_backend(np.array([[[127, 127, -128, -128]]], np.int8))
+    out = Q.avg_pool(Q.QArray(x, 1.0, -10), (2,), out_scale=0.5, out_zero_point=20)
+    assert backend.to_numpy(out.data).tolist() == [[[127, -128]]]
+
+
+def test_empty_window_gives_the_zero_point_and_dtype_minimum(backend):
+    # padding 3 with kernel 2: the first window lies in the padding only
+    x = backend.to_backend(np.array([[[5, 6, 7]]], np.int8))
+    qa = Q.QArray(x, 1.0, 3)
+    avg = Q.avg_pool(qa, (2,), 2, ((3, 0),), out_zero_point=-7)
+    assert backend.to_numpy(avg.data).tolist()[0][0][0] == -7
+    mx = Q.max_pool(qa, (2,), 2, ((3, 0),))
+    assert backend.to_numpy(mx.data).tolist()[0][0][0] == -128
+
+
+def test_audit_style_cases(backend):
+    """The independent audit's rule (shared/gpu_audit.py quant_checks): default out params,
+    round half away, padding excluded, zp in [-20, 20] (int8) or [108, 148] (uint8)."""
+    r = np.random.default_rng(7)
+    for t in range(12):
+        dtype = (np.int8, np.uint8)[t % 2]
+        zp = int(r.integers(-20, 21)) + (128 if dtype == np.uint8 else 0)
+        k, s, p = int(r.choice([2, 3])), int(r.choice([1, 2])), int(r.choice([0, 1]))
+        shape = (int(r.integers(1, 3)), int(r.integers(1, 9)), int(r.integers(k, 20)),
+                 int(r.integers(k, 20)))
+        info = np.iinfo(dtype)
+        data = np.random.default_rng(t).integers(info.min, info.max + 1, size=shape).astype(dtype)
+        got = backend.to_numpy(Q.avg_pool(Q.QArray(backend.to_backend(data), 0.05, zp), k, s, p)
+                               .data).astype(np.int64)
+        xi = data.astype(np.int64) - zp
+        H, W = shape[2:]
+        Ho, Wo = (H + 2 * p - k) // s + 1, (W + 2 * p - k) // s + 1
+        expected = np.zeros(shape[:2] + (Ho, Wo), np.int64)
+        for i in range(Ho):
+            for j in range(Wo):
+                h0, w0 = i * s - p, j * s - p
+                win = xi[:, :, max(h0, 0):min(h0 + k, H), max(w0, 0):min(w0 + k, W)]
+                n = win.shape[2] * win.shape[3]
+                num = win.sum(axis=(2, 3))
+                expected[:, :, i, j] = np.where(num >= 0, (2 * num + n) // (2 * n),
+                                                -((-2 * num + n) // (2 * n)))
+        assert_array_equal(got, np.clip(expected + zp, info.min, info.max))
+
+
+def test_quantize_dequantize_round_trip(backend):
+    x = backend.to_backend(np.array([-1.0, -0.25, 0.25, 0.75, 1e9, -np.inf, 0.0]))
+    qa = Q.quantize(x, 0.5, 3, "int8")
+    assert backend.is_native(qa.data)
+    # half to even: -0.5 -> -0, 0.5 -> 0, 1.5 -> 2; saturation both ways
+    assert backend.to_numpy(qa.data).tolist() == [1, 3, 3, 5, 127, -128, 3]
+    back = Q.dequantize(qa)
+    assert backend.to_numpy(back).dtype == np.float32
+    assert backend.to_numpy(back).tolist() == [-1.0, 0.0, 0.0, 1.0, 62.0, -65.5, 0.0]
+    u = Q.quantize(backend.to_backend(np.array([-3.0, 300.0])), 1.0, 0, np.uint8)
+    assert backend.to_numpy(u.data).tolist() == [0, 255]
+
+
+def test_nhwc_matches_nchw(backend):
+    x = codes((2, 3, 7, 6), "uint8", 3)
+    qa = Q.QArray(backend.to_backend(x), 0.02, 131)
+    qh = Q.QArray(backend.to_backend(np.ascontiguousarray(np.moveaxis(x, 1, -1))), 0.02, 131)
+    for f in (lambda a, **kw: Q.avg_pool(a, 3, 2, 1, out_scale=0.03, **kw),
+              lambda a, **kw: Q.max_pool(a, 3, 2, 1, **kw),
+              lambda a, **kw: Q.adaptive_avg_pool(a, (3, 4), **kw),
+              lambda a, **kw: Q.global_avg_pool(a, **kw)):
+        a = backend.to_numpy(f(qa).data)
+        b = backend.to_numpy(f(qh, layout="NHWC").data)
+        assert_array_equal(np.moveaxis(b, -1, 1), a)
+
+
+# ----------------------------------------------------------------------------- CPU == GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_gpu_matches_cpu_bit_for_bit(dtype, layout):
+    import cupy
+    rng = np.random.default_rng(11)
+    shape = (3, 37, 29, 16)  # NHWC: C = 16 takes the __vmaxs4 path
+    x = codes(shape, dtype, 5)
+    lo, hi = RANGES[dtype]
+    for _ in range(6):
+        zp, zo = int(rng.integers(lo, hi + 1)), int(rng.integers(lo, hi + 1))
+        scale, out_scale = HARD_SCALES[int(rng.integers(len(HARD_SCALES)))]
+        kw = dict(out_scale=out_scale, out_zero_point=zo, layout=layout,
+                  rounding=ROUNDINGS[int(rng.integers(2))])
+        k, s, p = int(rng.integers(1, 6)), int(rng.integers(1, 4)), int(rng.integers(0, 3))
+        cases = [lambda a: Q.avg_pool(a, k, s, p, bool(rng.integers(2)), True, **kw),
+                 lambda a: Q.avg_pool(a, k, s, p, **kw),
+                 lambda a: Q.max_pool(a, k, s, p, layout=layout),
+                 lambda a: Q.global_avg_pool(a, **kw),
+                 lambda a: Q.adaptive_avg_pool(a, (5, 3), **kw)]
+        for f in cases:
+            state = rng.bit_generator.state
+            cpu = f(Q.QArray(x, scale, zp)).data
+            rng.bit_generator.state = state
+            gpu = f(Q.QArray(cupy.asarray(x), scale, zp)).data
+            assert_array_equal(cupy.asnumpy(gpu), cpu)
+
+
+@pytest.mark.gpu
+def test_gpu_global_pool_large_plane_and_views():
+    import cupy
+    x = codes((2, 3, 300, 301), "int8", 9)
+    qa_cpu = Q.QArray(x, 0.05, -3)
+    qa_gpu = Q.QArray(cupy.asarray(x)[:, ::2], 0.05, -3)  # a non-contiguous view
+    expected = Q.global_avg_pool(Q.QArray(np.ascontiguousarray(x[:, ::2]), 0.05, -3),
+                                 out_scale=0.01).data
+    assert_array_equal(cupy.asnumpy(Q.global_avg_pool(qa_gpu, out_scale=0.01).data), expected)
+    assert_array_equal(cupy.asnumpy(Q.max_pool(Q.QArray(cupy.asarray(x), 0.05, -3), 3, 1).data),
+                       Q.max_pool(qa_cpu, 3, 1).data)
+
+
+# ----------------------------------------------------------------------------- errors
+
+@pytest.fixture
+def qa():
+    return Q.QArray(np.zeros((1, 1, 4, 4), np.int8), 0.1, 0)
+
+
+@pytest.mark.parametrize("scale, exc", [(0.0, ValueError), (-1.0, ValueError),
+                                        (math.inf, ValueError), (math.nan, ValueError),
+                                        ("0.1", TypeError), (True, TypeError)])
+def test_bad_scale(scale, exc):
+    with pytest.raises(exc, match=r"gpupool\.quantized\.QArray: scale="):
+        Q.QArray(np.zeros(4, np.int8), scale)
+    with pytest.raises(exc, match=r"gpupool\.quantized\.avg_pool: out_scale="):
+        Q.avg_pool(Q.QArray(np.zeros((1, 4), np.int8), 1.0), (2,), out_scale=scale)
+    with pytest.raises(exc, match=r"gpupool\.quantized\.quantize: scale="):
+        Q.quantize(np.zeros(3), scale)
+
+
+@pytest.mark.parametrize("dtype", ["int16", "float32", "bool", "int32"])
+def test_bad_dtype(dtype):
+    with pytest.raises(TypeError, match=r"gpupool\.quantized\.QArray: dtype"):
+        Q.QArray(np.zeros(4, dtype), 1.0)
+    with pytest.raises(TypeError, match=r"gpupool\.quantized\.quantize: dtype"):
+        Q.quantize(np.zeros(4), 1.0, 0, dtype)
+
+
+@pytest.mark.parametrize("dtype, zp", [("int8", 128), ("int8", -129), ("uint8", -1),
+                                       ("uint8", 256)])
+def test_zero_point_out_of_range(dtype, zp):
+    with pytest.raises(ValueError, match=r"gpupool\.quantized\.QArray: zero_point=.*range"):
+        Q.QArray(np.zeros(4, dtype), 1.0, zp)
+    with pytest.raises(ValueError, match=r"gpupool\.quantized\.avg_pool: out_zero_point="):
+        Q.avg_pool(Q.QArray(np.zeros((1, 4), dtype), 1.0), (2,), out_zero_point=zp)
+
+
+def test_zero_point_must_be_an_int():
+    with pytest.raises(TypeError, match="zero_point=0.5 must be an int"):
+        Q.QArray(np.zeros(4, np.int8), 1.0, 0.5)
+
+
+@pytest.mark.parametrize("func", [
+    lambda qa, r: Q.avg_pool(qa, 2, rounding=r),
+    lambda qa, r: Q.global_avg_pool(qa, rounding=r),
+    lambda qa, r: Q.adaptive_avg_pool(qa, 2, rounding=r)])
+@pytest.mark.parametrize("rounding", ["half_up", "HALF_TO_EVEN", None])
+def test_bad_rounding(qa, func, rounding):
+    with pytest.raises(ValueError, match=r"gpupool\.quantized\.\w+: rounding="):
+        func(qa, rounding)
+
+
+def test_geometry_errors_name_the_quantized_function(qa):
+    with pytest.raises(ValueError, match=r"gpupool\.quantized\.avg_pool: kernel_size="):
+        Q.avg_pool(qa, 0)
+    with pytest.raises(ValueError, match=r"gpupool\.quantized\.max_pool: padding="):
+        Q.max_pool(qa, 2, padding="bogus")
+    with pytest.raises(ValueError, match=r"gpupool\.quantized\.adaptive_avg_pool: output_size="):
+        Q.adaptive_avg_pool(qa, (0, 1))
+    with pytest.raises(ValueError, match=r"gpupool\.quantized\.global_avg_pool: spatial_dims="):
+        Q.global_avg_pool(qa, spatial_dims=0)
+
+
+def test_not_a_qarray_and_nan_input():
+    with pytest.raises(TypeError, match=r"gpupool\.quantized\.max_pool: q must be"):
+        Q.max_pool(np.zeros((1, 1, 4, 4), np.int8), 2)
+    with pytest.raises(ValueError, match="NaN"):
+        Q.quantize(np.array([np.nan]), 1.0)
+
+
+# ----------------------------------------------------------------------------- onnxruntime
+
+def _ort_run(model_nodes, inputs, x):
+    ort = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    elem = TensorProto.INT8 if x.dtype == np.int8 else TensorProto.UINT8
+    graph = helper.make_graph(
+        model_nodes, "q", [helper.make_tensor_value_info("x", elem, list(x.shape))],
+        [helper.make_tensor_value_info("y", elem, None)], initializer=inputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def _report(request, capsys, message):
+    """Into the test log (past output capture) and the junit properties."""
+    with capsys.disabled():
+        print(f"\n{message}")
+    request.node.user_properties.append(("onnxruntime", message))
+
+
+def test_onnxruntime_qlinear_pools_report(request, capsys):
+    """Compare with com.microsoft QLinearAveragePool / QLinearGlobalAveragePool (float math
+    inside, so codes may differ by one at ties). Reported in the log, never a failure, except
+    for differences larger than one."""
+    pytest.importorskip("onnxruntime")
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(2)
+    totals = {"QLinearAveragePool": [0, 0, 0], "QLinearGlobalAveragePool": [0, 0, 0]}
+    for t in range(24):
+        dtype = ("int8", "uint8")[t % 2]
+        lo, hi = RANGES[dtype]
+        x = codes((2, 3, 11, 10), dtype, t)
+        scale, out_scale = float(rng.uniform(0.01, 0.2)), float(rng.uniform(0.01, 0.2))
+        if t % 3 == 0:
+            out_scale = scale
+        zp, zo = int(rng.integers(lo, hi + 1)), int(rng.integers(lo, hi + 1))
+        k, s, p = int(rng.integers(2, 4)), int(rng.integers(1, 3)), int(rng.integers(0, 2))
+        cip = bool(t % 4 == 1)
+        inits = [numpy_helper.from_array(np.array(scale, np.float32), "xs"),
+                 numpy_helper.from_array(np.array(zp, dtype), "xz"),
+                 numpy_helper.from_array(np.array(out_scale, np.float32), "ys"),
+                 numpy_helper.from_array(np.array(zo, dtype), "yz")]
+        # ONNX holds float32 scales: give gpupool the same values
+        scale32, out32 = float(np.float32(scale)), float(np.float32(out_scale))
+        qa = Q.QArray(x, scale32, zp)
+        for op in totals:
+            if op == "QLinearAveragePool":
+                node = helper.make_node(op, ["x", "xs", "xz", "ys", "yz"], ["y"],
+                                        domain="com.microsoft", kernel_shape=[k, k],
+                                        strides=[s, s], pads=[p] * 4, count_include_pad=int(cip))
+                ours = Q.avg_pool(qa, k, s, p, False, cip, out_scale=out32, out_zero_point=zo,
+                                  rounding="half_to_even").data
+            else:
+                node = helper.make_node(op, ["x", "xs", "xz", "ys", "yz"], ["y"],
+                                        domain="com.microsoft")
+                ours = Q.global_avg_pool(qa, out_scale=out32, out_zero_point=zo,
+                                         rounding="half_to_even").data
+            try:
+                theirs = _ort_run([node], inits, x)
+            except Exception as exc:  # an onnxruntime build without the contrib op or dtype
+                _report(request, capsys,
+                        f"onnxruntime {op} {dtype}: not run ({type(exc).__name__})")
+                continue
+            diff = np.abs(theirs.astype(np.int64) - ours.astype(np.int64))
+            totals[op][0] += diff.size
+            totals[op][1] += int((diff == 1).sum())
+            totals[op][2] += int((diff > 1).sum())
+    for op, (n, one, more) in totals.items():
+        _report(request, capsys,
+                f"onnxruntime {op} vs gpupool.quantized (half_to_even): {n} codes, "
+                f"{one} differ by one (ties, float rounding), {more} by more")
+        assert more == 0, f"{op}: {more} codes differ by more than one"
+
+
+# ----------------------------------------------------------------------------- NVRTC
+
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("arch", ["80", "90"])
+def test_quantized_kernels_compile_without_warnings(arch):
+    """Every quantized instantiation the runtime can request compiles for sm_80 / sm_90 with
+    the runtime's options (as tests/test_nvrtc_compile.py does for the float families)."""
+    import io
+    pytest.importorskip("cupy")
+    from cupy._core import core as _core
+    from cupy.cuda import compiler
+
+    from gpupool import cuda_backend, quantized_cuda
+    names = [n for f, n in quantized_cuda.instantiations() if f == quantized_cuda.SOURCE]
+    assert len(names) == len(set(names)) == len(quantized_cuda.instantiations())
+    source = cuda_backend.read_source((quantized_cuda.SOURCE,))
+    options = _core.assemble_cupy_compiler_options(cuda_backend.OPTIONS) + (
+        f"-arch=sm_{arch}", "--device-as-default-execution-space")
+    program = compiler._NVRTCProgram(source, quantized_cuda.SOURCE, name_expressions=names,
+                                     method="cubin")
+    log = io.StringIO()
+    try:
+        cubin, mapping = program.compile(options, log)
+    except compiler.CompileException as exc:
+        pytest.fail(f"NVRTC failed for sm_{arch}:\n{exc}")
+    assert not log.getvalue().strip(), log.getvalue()
+    assert cubin and set(mapping) == set(names) and all(mapping[n] for n in names)
+
+
+@pytest.mark.nvrtc
+def test_cuda_host_plans_name_instantiated_kernels():
+    """Host side of the CUDA path without a GPU: the word view of an NHWC max plans, and the
+    names the launchers build are in the compiled list."""
+    pytest.importorskip("cupy")
+    from gpupool import planner
+    from gpupool import quantized_cuda as QC
+    listed = set(QC.instantiations())
+    spec = Q._int_window_spec("max_pool", "max", (2, 5, 6, 8), "int8", 3, 1, 1, 1, False,
+                              "NHWC", False)
+    words = QC._word_spec(spec)
+    assert words.geom.channels == 2 and words.out_spatial == spec.out_spatial
+    pl = planner.plan(words)
+    assert (QC.SOURCE, QC.qmax_nhwc4_name("int8", pl.index_type,
+                                          planner.static_window(spec))) in listed
+    for dtype in ("int8", "uint8"):
+        for acc in ("int32", "int64"):
+            for nhwc in (False, True):
+                assert (QC.SOURCE, QC.qavg_global_name(dtype, acc, "int", nhwc)) in listed
+                assert (QC.SOURCE, QC.qavg_pool_name(dtype, acc, "long long", 3, nhwc)) in listed
