@@ -6,6 +6,7 @@ is imported only when a CuPy array arrives: ``import gpupool`` needs neither CuP
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 from typing import Callable
 
@@ -55,3 +56,9 @@ def dtype_name(dtype) -> str:
     if name is None:
         name = _DTYPE_NAMES[dtype] = dtype.name
     return name
+
+
+def device_scope(x, backend: str):
+    """Make the input's GPU the current device while an op runs (nothing for NumPy), so
+    results and launches land on the input's device."""
+    return x.device if backend == "cupy" else contextlib.nullcontext()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence, Union
 
 from . import spec as S
-from .backends import as_array, dtype_name, implementation
+from .backends import as_array, device_scope, dtype_name, implementation
 
 Size = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]
@@ -18,6 +18,8 @@ def _result(func: str, out, shape, dtype, x, xp):
     if type(out) is not type(x):
         raise ValueError(f"gpupool.{func}: out is a {type(out).__module__}.{type(out).__name__}; "
                          f"expected the input's array type {type(x).__module__}.{type(x).__name__}")
+    if getattr(out, "device", None) != getattr(x, "device", None):
+        raise ValueError(f"gpupool.{func}: out is on device {out.device}, the input on {x.device}")
     S.check_out(func, out.shape, dtype_name(out.dtype), shape, dtype_name(dtype))
     if not out.flags.c_contiguous or not getattr(out.flags, "writeable", True):
         raise ValueError(f"gpupool.{func}: out must be a writeable C-contiguous array")
@@ -27,10 +29,11 @@ def _result(func: str, out, shape, dtype, x, xp):
 
 
 def _run(func: str, family: str, x, backend, xp, spec, out, indices_needed: bool = False):
-    result = _result(func, out, spec.out_shape, x.dtype, x, xp)
-    indices = xp.empty(spec.out_shape, dtype=xp.int64) if indices_needed else None
-    if result.size:
-        implementation(family, backend)(x, spec, result, indices)
+    with device_scope(x, backend):
+        result = _result(func, out, spec.out_shape, x.dtype, x, xp)
+        indices = xp.empty(spec.out_shape, dtype=xp.int64) if indices_needed else None
+        if result.size:
+            implementation(family, backend)(x, spec, result, indices)
     return (result, indices) if indices_needed else result
 
 
@@ -162,9 +165,10 @@ def max_unpool(x: Any, indices: Any, kernel_size: Size, stride: Size | None = No
         if low < 0 or high >= spec.plane_size:
             raise ValueError(f"gpupool.{func}: indices span [{low}, {high}], outside the output "
                              f"plane [0, {spec.plane_size}) of spatial size {spec.out_spatial}")
-    result = _result(func, out, spec.out_shape, x.dtype, x, xp)
-    if out is not None and xp.may_share_memory(out, indices):
-        raise ValueError(f"gpupool.{func}: out must not overlap indices")
-    if result.size:
-        implementation("unpool", backend)(x, spec, result, indices)
+    with device_scope(x, backend):
+        result = _result(func, out, spec.out_shape, x.dtype, x, xp)
+        if out is not None and xp.may_share_memory(out, indices):
+            raise ValueError(f"gpupool.{func}: out must not overlap indices")
+        if result.size:
+            implementation("unpool", backend)(x, spec, result, indices)
     return result
