@@ -1,0 +1,503 @@
+"""Benchmark suite behind ``gpupool bench``: real layer shapes, gpupool against every baseline
+that is installed, all measured in one run next to the device's own copy bandwidth.
+
+GPU: CUDA-event timings (``cupyx.profiler.benchmark``), warm-up excluded, first call (compile
+included) reported apart, inputs of >= 256 MiB with ``--size large`` so repeats measure DRAM,
+not L2. CPU: ``time.perf_counter`` medians. Every case is checked against the NumPy backend (GPU)
+or PyTorch / onnxruntime (CPU) before it is timed. Baselines that are not installed are reported
+as missing. Heavy imports (torch, onnxruntime, matplotlib, tqdm) happen only here, lazily.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import gpupool
+
+LARGE_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    op: str  # max | avg | gavg | aavg | qmax | qavg
+    sample: tuple  # shape of one sample (N = 1); the leading N is prepended
+    dtype: str = "float32"
+    kernel: tuple = (2, 2)
+    stride: tuple | None = None
+    padding: int = 0
+    layout: str = "NCHW"
+    output_size: tuple = ()
+    batched: bool = True  # False: the seed documents' fixed shapes, no N
+
+    def shape(self, n: int) -> tuple:
+        return ((n,) + self.sample) if self.batched else self.sample
+
+
+SUITE = (
+    Case("resnet stem max 3x3 s2 p1", "max", (64, 112, 112), kernel=(3, 3), stride=(2, 2), padding=1),
+    Case("resnet stem max f16", "max", (64, 112, 112), "float16", (3, 3), (2, 2), 1),
+    Case("resnet stem max NHWC", "max", (112, 112, 64), kernel=(3, 3), stride=(2, 2), padding=1,
+         layout="NHWC"),
+    Case("vgg max 2x2 s2", "max", (64, 224, 224)),
+    Case("densenet avg 2x2 s2", "avg", (256, 56, 56)),
+    Case("inception avg 3x3 s1 p1", "avg", (192, 35, 35), kernel=(3, 3), stride=(1, 1), padding=1),
+    Case("inception avg NHWC", "avg", (35, 35, 192), kernel=(3, 3), stride=(1, 1), padding=1,
+         layout="NHWC"),
+    Case("resnet50 head global avg", "gavg", (2048, 7, 7)),
+    Case("resnet50 head global avg f16", "gavg", (2048, 7, 7), "float16"),
+    Case("adaptive avg 14->7", "aavg", (512, 14, 14), output_size=(7, 7)),
+    Case("3d max 2x2x2", "max", (64, 16, 56, 56), kernel=(2, 2, 2)),
+    Case("1d max 3 s2 p1", "max", (64, 8192), kernel=(3,), stride=(2,), padding=1),
+    Case("int8 max 2x2 s2", "qmax", (64, 112, 112), "int8"),
+    Case("int8 avg 2x2 s2", "qavg", (64, 112, 112), "int8"),
+    Case("seed [64,56,56] max 2x2 s2", "max", (64, 56, 56), batched=False),
+    Case("seed [64,56,56] avg 3x3 s2 p1", "avg", (64, 56, 56), kernel=(3, 3), stride=(2, 2),
+         padding=1, batched=False),
+    Case("seed [64,7,7] global avg", "gavg", (64, 7, 7), batched=False),
+)
+
+
+def batch_size(case: Case, size: str) -> int:
+    if size == "small":
+        return 4
+    per_sample = math.prod(case.sample) * np.dtype(case.dtype).itemsize
+    return max(1, -(-LARGE_BYTES // per_sample))
+
+
+# ----------------------------------------------------------------- gpupool calls
+def gpupool_call(case: Case, x):
+    """The gpupool function of ``case`` bound to input ``x`` (NumPy or CuPy)."""
+    kw = {"layout": case.layout}
+    if case.op == "max":
+        return lambda: gpupool.max_pool(x, case.kernel, case.stride, case.padding, **kw)
+    if case.op == "avg":
+        return lambda: gpupool.avg_pool(x, case.kernel, case.stride, case.padding, **kw)
+    if case.op == "gavg":
+        return lambda: gpupool.global_avg_pool(x, spatial_dims=len(case.kernel), **kw)
+    if case.op == "aavg":
+        return lambda: gpupool.adaptive_avg_pool(x, case.output_size, **kw)
+    q = gpupool.quantized.QArray(x, 0.05, 0)
+    f = gpupool.quantized.max_pool if case.op == "qmax" else gpupool.quantized.avg_pool
+    return lambda: f(q, case.kernel, case.stride, case.padding, layout=case.layout)
+
+
+def values(result):
+    """Host NumPy values of a gpupool result (array or QArray)."""
+    data = getattr(result, "data", result)
+    return data.get() if hasattr(data, "get") else np.asarray(data)
+
+
+def make_input(case: Case, n: int, xp=np):
+    rng = np.random.default_rng(0)
+    shape = case.shape(n)
+    if case.dtype == "int8":
+        host = rng.integers(-128, 128, size=shape, dtype=np.int8)
+    else:
+        host = rng.standard_normal(shape, dtype=np.float32).astype(case.dtype)
+    return xp.asarray(host)
+
+
+# ----------------------------------------------------------------- baselines
+def _torch():
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return None, None
+    return torch, F
+
+
+def torch_call(case: Case, x, device: str):
+    """PyTorch on the same data (NCHW logical tensor; channels_last for NHWC), or None."""
+    torch, F = _torch()
+    if torch is None or case.op in ("qmax", "qavg"):
+        return None
+    t = torch.as_tensor(x, device=device)
+    nd = len(case.kernel)
+    if case.layout == "NHWC":
+        t = t.permute(0, 3, 1, 2)  # a channels_last view: the same memory as x
+    if not case.batched:
+        t = t.unsqueeze(0)
+    if case.op == "max":
+        f = getattr(F, f"max_pool{nd}d")
+        k, s = (case.kernel[0], (case.stride or case.kernel)[0]) if nd == 1 else (case.kernel, case.stride)
+        return lambda: f(t, k, s, case.padding)
+    if case.op == "avg":
+        return lambda: F.avg_pool2d(t, case.kernel, case.stride, case.padding, count_include_pad=False)
+    if case.op == "gavg":
+        return lambda: F.adaptive_avg_pool2d(t, 1)
+    return lambda: F.adaptive_avg_pool2d(t, case.output_size)
+
+
+def onnxruntime_call(case: Case, x):
+    """onnxruntime CPU on the same data, or (None, reason)."""
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+    except ImportError:
+        return None, "not installed"
+    if case.layout == "NHWC":
+        return None, "no NHWC pooling op"
+    if case.op in ("aavg", "qavg"):
+        return None, "no such op"
+    nd = len(case.kernel)
+    shape = case.shape(x.shape[0] if case.batched else 0)
+    shape = shape if case.batched else (1,) + shape
+    elem = TensorProto.INT8 if case.dtype == "int8" else (
+        TensorProto.FLOAT16 if case.dtype == "float16" else TensorProto.FLOAT)
+    if case.op == "gavg":
+        node = helper.make_node("GlobalAveragePool", ["X"], ["Y"])
+    else:
+        attrs = dict(kernel_shape=list(case.kernel), strides=list(case.stride or case.kernel),
+                     pads=[case.padding] * (2 * nd))
+        node = helper.make_node("MaxPool" if case.op in ("max", "qmax") else "AveragePool",
+                                ["X"], ["Y"], **attrs)
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("X", elem, shape)],
+                              [helper.make_tensor_value_info("Y", elem, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = os.cpu_count() or 1
+    opts.inter_op_num_threads = 1
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), opts,
+                                    providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - an unsupported type is a missing baseline
+        return None, f"unsupported: {str(e)[:60]}"
+    feed = {"X": np.ascontiguousarray(x.reshape(shape))}
+    return (lambda: sess.run(None, feed)[0]), None
+
+
+def cupy_call(case: Case, x):
+    """Plain CuPy doing the same pooling: a reshape + reduction when k == s and there is no
+    padding, else a ``cupyx.scipy.ndimage`` filter + slicing; or (None, reason)."""
+    if case.layout != "NCHW" or case.op in ("qavg", "aavg"):
+        return None, "no plain-CuPy equivalent"
+    nd = len(case.kernel)
+    lead, spatial = x.shape[:-nd], x.shape[-nd:]
+    if case.op == "gavg":
+        return (lambda: x.mean(axis=tuple(range(-nd, 0)), keepdims=True)), None
+    k, s = case.kernel, case.stride or case.kernel
+    if k == s and case.padding == 0 and all(i % kk == 0 for i, kk in zip(spatial, k)):
+        split = lead + tuple(v for i, kk in zip(spatial, k) for v in (i // kk, kk))
+        axes = tuple(len(lead) + 2 * a + 1 for a in range(nd))
+        red = "max" if case.op in ("max", "qmax") else "mean"
+        return (lambda: getattr(x.reshape(split), red)(axis=axes)), None
+    from cupyx.scipy import ndimage
+    size = (1,) * len(lead) + k
+    filt = ndimage.maximum_filter if case.op in ("max", "qmax") else ndimage.uniform_filter
+    starts = tuple(kk // 2 - case.padding for kk in k)
+    sl = (Ellipsis,) + tuple(slice(max(st, 0), None, ss) for st, ss in zip(starts, s))
+    return (lambda: filt(x, size=size, mode="constant")[sl]), None
+
+
+# ----------------------------------------------------------------- timing
+def time_host(f, min_time=0.3, min_reps=5, max_reps=200) -> list[float]:
+    f()
+    times, start = [], time.perf_counter()
+    while len(times) < min_reps or (time.perf_counter() - start < min_time and len(times) < max_reps):
+        t = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def time_gpu(f, reps=50) -> list[float]:
+    from cupyx.profiler import benchmark
+    return [float(t) for t in benchmark(f, n_repeat=reps, n_warmup=5).gpu_times[0]]
+
+
+def copy_bandwidth(gpu: bool) -> float:
+    """Bytes read + written per second by a large device (or host) copy."""
+    if gpu:
+        import cupy
+        a = cupy.ones(LARGE_BYTES, dtype=cupy.uint8)
+        b = cupy.empty_like(a)
+        t = float(np.median(time_gpu(lambda: b.__setitem__(Ellipsis, a), 20)))
+    else:
+        a = np.ones(LARGE_BYTES // 4, dtype=np.uint8)
+        b = np.empty_like(a)
+        t = float(np.median(time_host(lambda: np.copyto(b, a))))
+    return 2 * a.nbytes / t
+
+
+# ----------------------------------------------------------------- the run
+@dataclass
+class Row:
+    case: str
+    backend: str
+    shape: tuple
+    dtype: str
+    layout: str
+    bytes: int = 0
+    check: str = "unchecked"
+    first_call_s: float | None = None
+    times_s: dict = field(default_factory=dict)  # name -> raw times
+    missing: dict = field(default_factory=dict)  # baseline -> reason
+    error: str | None = None
+
+    def median(self, name: str) -> float | None:
+        t = self.times_s.get(name)
+        return float(np.median(t)) if t else None
+
+
+def _check(got, want, dtype: str) -> str:
+    if got.shape != want.shape and got.size == want.size:
+        want = want.reshape(got.shape)
+    if got.shape != want.shape:
+        return f"FAILED: shape {got.shape} vs {want.shape}"
+    exact = dtype == "int8"
+    tol = {"float16": 2e-3, "float32": 1e-5, "float64": 1e-12}.get(dtype, 0)
+    ok = np.array_equal(got, want) if exact else np.allclose(
+        got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol, equal_nan=True)
+    return "ok" if ok else "FAILED: values differ"
+
+
+def run_case(case: Case, size: str, gpu: bool) -> Row:
+    n = batch_size(case, size)
+    row = Row(case.name, "cupy" if gpu else "numpy", case.shape(n), case.dtype, case.layout)
+    try:
+        if gpu:
+            import cupy
+            x = make_input(case, n, cupy)
+            f = gpupool_call(case, x)
+            t0 = time.perf_counter()
+            result = f()
+            cupy.cuda.get_current_stream().synchronize()
+            row.first_call_s = time.perf_counter() - t0
+            got = values(result)
+            row.check = _check(got, values(gpupool_call(case, x.get())()), case.dtype)
+            row.bytes = int(x.nbytes + got.nbytes)
+            row.times_s["gpupool"] = time_gpu(f)
+            tf = torch_call(case, x, "cuda")
+            if tf is None:
+                row.missing["torch"] = "not installed" if _torch()[0] is None else "no such op"
+            else:
+                row.times_s["torch"] = time_gpu(tf)
+            cf, why = cupy_call(case, x)
+            if cf is None:
+                row.missing["cupy"] = why
+            else:
+                row.times_s["cupy"] = time_gpu(cf)
+        else:
+            x = make_input(case, n)
+            f = gpupool_call(case, x)
+            t0 = time.perf_counter()
+            got = values(f())
+            row.first_call_s = time.perf_counter() - t0
+            row.bytes = int(x.nbytes + got.nbytes)
+            tf = torch_call(case, x, "cpu")
+            of, why = onnxruntime_call(case, x)
+            if tf is not None:
+                ref = tf()
+                ref = ref.permute(0, 2, 3, 1) if case.layout == "NHWC" else ref
+                row.check = _check(got, ref.numpy(), case.dtype) + " (vs torch)"
+            elif of is not None:
+                row.check = _check(got, of(), case.dtype) + " (vs onnxruntime)"
+            row.times_s["gpupool"] = time_host(f)
+            if tf is None:
+                row.missing["torch"] = "not installed" if _torch()[0] is None else "no such op"
+            else:
+                row.times_s["torch"] = time_host(tf)
+            if of is None:
+                row.missing["onnxruntime"] = why
+            else:
+                row.times_s["onnxruntime"] = time_host(of)
+    except Exception as e:  # noqa: BLE001 - a broken case is reported, the sweep goes on
+        row.error = f"{type(e).__name__}: {str(e)[:200]}"
+    return row
+
+
+def gpu_usable() -> tuple[bool, str]:
+    """(usable, reason) for the CuPy backend."""
+    try:
+        import cupy
+    except ImportError as e:
+        return False, f"CuPy not installed ({e})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001
+        return False, f"no usable CUDA driver/GPU ({type(e).__name__}: {str(e)[:120]})"
+    return (True, f"{count} GPU(s)") if count else (False, "no GPU")
+
+
+def device_name(gpu: bool) -> str:
+    if gpu:
+        import cupy
+        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+    return f"{platform.processor() or platform.machine()} CPU, {os.cpu_count()} cores"
+
+
+def versions(gpu: bool) -> dict:
+    out = {"python": platform.python_version(), "numpy": np.__version__,
+           "gpupool": gpupool.__version__}
+    for mod in ("torch", "onnxruntime") + (("cupy",) if gpu else ()):
+        try:
+            out[mod] = __import__(mod).__version__
+        except ImportError:
+            out[mod] = None
+    if gpu:
+        import cupy
+        out["cuda_runtime"] = cupy.cuda.runtime.runtimeGetVersion()
+    return out
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__)),
+                              timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _progress(items, label: str):
+    try:
+        from tqdm import tqdm
+        return tqdm(items, desc=label, file=sys.stderr, leave=False)
+    except ImportError:
+        def plain():
+            for i, item in enumerate(items, 1):
+                print(f"\r{label}: {i}/{len(items)}", end="", file=sys.stderr, flush=True)
+                yield item
+            print(file=sys.stderr)
+        return plain()
+
+
+def summarise(rows: list[Row], copy_bw: float, gpu: bool) -> dict:
+    """Per-row medians, GB/s, % of copy bandwidth and baseline ratios; suite geomeans."""
+    table, ratios = [], {}
+    for r in rows:
+        entry = {"case": r.case, "shape": list(r.shape), "dtype": r.dtype, "layout": r.layout,
+                 "check": r.check, "error": r.error, "missing": r.missing,
+                 "first_call_ms": None if r.first_call_s is None else round(r.first_call_s * 1e3, 2)}
+        tg = r.median("gpupool")
+        if tg:
+            entry.update(gpupool_ms=round(tg * 1e3, 4), gbps=round(r.bytes / tg / 1e9, 2),
+                         pct_copy_bw=round(100 * r.bytes / tg / copy_bw, 1))
+            for name in r.times_s:
+                if name != "gpupool":
+                    tb = r.median(name)
+                    entry[f"{name}_ms"] = round(tb * 1e3, 4)
+                    entry[f"{name}_over_gpupool"] = round(tb / tg, 3)
+                    if r.dtype == "float32" and not r.error:
+                        ratios.setdefault(name, []).append((r.case, tg / tb))
+        table.append(entry)
+    geo = {}
+    for name, pairs in ratios.items():
+        vals = [v for _, v in pairs]
+        worst = max(pairs, key=lambda p: p[1])
+        geo[name] = {"cases": len(vals), "geomean_gpupool_time_over_baseline":
+                     round(math.exp(sum(math.log(v) for v in vals) / len(vals)), 3),
+                     "worst_case": worst[0], "worst_gpupool_time_over_baseline": round(worst[1], 3)}
+    return {"rows": table, "float32_summary": geo}
+
+
+def markdown(result: dict) -> str:
+    names = sorted({k[:-3] for row in result["rows"] for k in row
+                    if k.endswith("_ms") and k not in ("gpupool_ms", "first_call_ms")})
+    head = ["case", "shape", "dtype", "layout", "gpupool ms", "GB/s", "% copy bw"] + \
+           [f"{n} ms (x)" for n in names] + ["first call ms", "check"]
+    lines = [f"**{result['device']}**, backend `{result['backend']}`, size `{result['size']}`, "
+             f"copy bandwidth {result['copy_bw_gbps']} GB/s (measured in this run); "
+             f"(x) = baseline time / gpupool time, > 1 means gpupool is faster.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in result["rows"]:
+        if r.get("error"):
+            cells = [r["case"], "x".join(map(str, r["shape"])), r["dtype"], r["layout"],
+                     f"error: {r['error']}"] + [""] * (len(head) - 5)
+        else:
+            cells = [r["case"], "x".join(map(str, r["shape"])), r["dtype"], r["layout"],
+                     f"{r['gpupool_ms']:.3f}", f"{r['gbps']:.1f}", f"{r['pct_copy_bw']:.0f}"]
+            for n in names:
+                cells.append(f"{r[n + '_ms']:.3f} ({r[n + '_over_gpupool']:.2f}x)" if n + "_ms" in r
+                             else f"missing: {r['missing'].get(n, 'n/a')}")
+            cells += [str(r["first_call_ms"]), r["check"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for name, s in result["float32_summary"].items():
+        lines.append(f"- float32 vs {name}: geomean gpupool time / {name} time = "
+                     f"{s['geomean_gpupool_time_over_baseline']} over {s['cases']} cases; worst "
+                     f"{s['worst_gpupool_time_over_baseline']} ({s['worst_case']})")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [r for r in result["rows"] if "gbps" in r]
+    names = ["gpupool"] + sorted({k[:-3] for r in rows for k in r if k.endswith("_ms")
+                                  and k not in ("gpupool_ms", "first_call_ms")})
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.8), 5))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        gbps = [r["bytes"] / (r[f"{name}_ms"] / 1e3) / 1e9 if f"{name}_ms" in r else 0
+                for r in rows] if name != "gpupool" else [r["gbps"] for r in rows]
+        ax.bar(np.arange(len(rows)) + i * width, gbps, width, label=name)
+    ax.axhline(result["copy_bw_gbps"], color="k", linestyle="--", label="copy bandwidth")
+    ax.set_xticks(np.arange(len(rows)) + 0.4 - width / 2, [r["case"] for r in rows],
+                  rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("GB/s (bytes read + written)")
+    ax.set_title(f"gpupool bench ({result['device']}, {result['backend']}, {result['size']})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(size: str = "small", ops=None, backend: str = "auto", json_path=None,
+        markdown_path=None, plot_path=None) -> dict:
+    """Run the suite; print the table; write the files asked for; return the result dict."""
+    usable, reason = gpu_usable()
+    if backend == "cupy" and not usable:
+        raise SystemExit(f"gpupool bench: --backend cupy asked for, but {reason}")
+    gpu = backend == "cupy" or (backend == "auto" and usable)
+    cases = [c for c in SUITE if not ops or c.op in ops or any(o in c.name for o in ops)]
+    if gpu:
+        import cupy
+        cupy.get_default_memory_pool().free_all_blocks()
+    else:
+        torch, _ = _torch()
+        if torch is not None:
+            torch.set_num_threads(os.cpu_count() or 1)
+    copy_bw = copy_bandwidth(gpu)
+    rows = []
+    for case in _progress(cases, "gpupool bench"):
+        rows.append(run_case(case, size, gpu))
+        if gpu:
+            import cupy
+            cupy.get_default_memory_pool().free_all_blocks()
+    result = {"when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+              "device": device_name(gpu), "backend": "cupy" if gpu else "numpy", "size": size,
+              "gpu_status": reason, "versions": versions(gpu), "commit": git_commit(),
+              "copy_bw_gbps": round(copy_bw / 1e9, 2)}
+    result.update(summarise(rows, copy_bw, gpu))
+    for r, row in zip(result["rows"], rows):
+        r["bytes"] = row.bytes
+        r["raw_times_s"] = row.times_s
+    text = markdown(result)
+    print(text)
+    for path, write in ((json_path, lambda p: Path(p).write_text(json.dumps(result, indent=1))),
+                        (markdown_path, lambda p: Path(p).write_text(text)),
+                        (plot_path, lambda p: plot(result, p))):
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            try:
+                write(path)
+                print(f"wrote {path}", file=sys.stderr)
+            except ImportError as e:
+                print(f"gpupool bench: {path} not written ({e})", file=sys.stderr)
+    return result

@@ -1,0 +1,50 @@
+"""The gpupool command: info and a one-case bench, on whatever this machine has."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gpupool import benchmark, cli
+
+
+def test_info_reports_numpy_usable(capsys):
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "backend numpy: usable" in out
+    assert "backend cupy:" in out
+
+
+def test_bench_one_case_writes_json_and_markdown(tmp_path, capsys):
+    js, md = tmp_path / "b.json", tmp_path / "b.md"
+    assert cli.main(["bench", "--backend", "numpy", "--ops", "seed [64,7,7]",
+                     "--json", str(js), "--markdown", str(md)]) == 0
+    result = json.loads(js.read_text())
+    assert result["backend"] == "numpy" and result["copy_bw_gbps"] > 0
+    (row,) = result["rows"]
+    assert row["case"] == "seed [64,7,7] global avg"
+    assert row["gpupool_ms"] > 0 and row["raw_times_s"]["gpupool"]
+    assert not row["check"].startswith("FAILED")
+    assert "| seed [64,7,7] global avg |" in md.read_text()
+
+
+def test_missing_baseline_is_reported_not_faked(monkeypatch, tmp_path):
+    monkeypatch.setattr(benchmark, "_torch", lambda: (None, None))
+    result = benchmark.run("small", ["seed [64,7,7]"], "numpy")
+    (row,) = result["rows"]
+    assert row["missing"]["torch"] == "not installed"
+    assert "torch_ms" not in row
+
+
+def test_cupy_backend_without_gpu_is_a_clear_error():
+    usable, reason = benchmark.gpu_usable()
+    if usable:
+        pytest.skip("a GPU is usable here")
+    with pytest.raises(SystemExit, match="--backend cupy"):
+        benchmark.run("small", ["seed [64,7,7]"], "cupy")
+
+
+def test_console_script_runs():
+    done = subprocess.run([sys.executable, "-m", "gpupool.cli", "info"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "gpupool" in done.stdout
