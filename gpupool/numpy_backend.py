@@ -211,6 +211,20 @@ def _valid_counts(spec: WindowSpec, include_pad: bool):
     return counts
 
 
+@functools.lru_cache(maxsize=256)
+def _avg_scale(spec: WindowSpec):
+    """1 / divisor per output position (0 for an empty window), broadcastable against a
+    canonical block; a scalar when every window has the same divisor."""
+    divisor = (np.full(spec.out_spatial, float(spec.divisor_override))
+               if spec.divisor_override else _valid_counts(spec, spec.count_include_pad))
+    with np.errstate(divide="ignore"):
+        scale = np.where(divisor > 0, 1.0 / divisor, 0.0).astype(_accumulator(np.dtype(spec.geom.dtype)))
+    if (scale == scale.flat[0]).all():
+        return scale.flat[0]
+    scale.flags.writeable = False
+    return _expand(scale, spec.geom)
+
+
 def _separable_window(xb, spec: WindowSpec, dtype, dest=None):
     """Values-only window reduction of a block, one spatial axis at a time; the last axis is
     written into ``dest`` when given."""
@@ -294,12 +308,7 @@ def window(x, spec: WindowSpec, out, indices) -> None:
         return
 
     acc = _accumulator(x.dtype)
-    scale = None
-    if spec.op == "avg":
-        divisor = (np.full(spec.out_spatial, float(spec.divisor_override))
-                   if spec.divisor_override else _valid_counts(spec, spec.count_include_pad))
-        with np.errstate(divide="ignore"):
-            scale = _expand(np.where(divisor > 0, 1.0 / divisor, 0.0).astype(acc), geom)
+    scale = _avg_scale(spec) if spec.op == "avg" else None
 
     def block(b0, b1):
         direct = oc.dtype == acc
