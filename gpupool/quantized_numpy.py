@@ -2,10 +2,13 @@
 
 Window sums reuse the float backend's separable tap loops in an int32/int64 working dtype;
 adaptive sums are differences of prefix sums. :func:`requantize` applies the host table of
-:func:`gpupool.quantized.requant_table` exactly as the CUDA kernels do.
+:func:`gpupool.quantized.requant_table` exactly as the CUDA kernels do; when the accumulators
+are narrow (small windows) it is run once per plan over every possible accumulator, and each
+call is then a single gather from that code table (:func:`_code_table`).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -37,6 +40,47 @@ def requantize(acc, rows, plan: AvgPlan, out) -> None:
     out[...] = v
 
 
+CODE_TABLE_LIMIT = 1 << 20  # entries; wider accumulators requantize through the table per call
+
+
+@functools.lru_cache(maxsize=64)
+def _code_table(plan: AvgPlan):
+    """``(amax, width, codes)`` with ``codes[row * width + amax + acc]`` the output code of every
+    accumulator ``|acc| <= amax`` (``amax = 255 * max valid taps``), computed by
+    :func:`requantize` itself; ``None`` when that table would exceed ``CODE_TABLE_LIMIT``."""
+    amax = 255 * int(plan.counts.max(initial=0))
+    rows, width = len(plan.table), 2 * amax + 1
+    if rows * width > CODE_TABLE_LIMIT:
+        return None
+    acc = np.broadcast_to(np.arange(-amax, amax + 1, dtype=np.int64), (rows, width))
+    codes = np.empty((rows, width), dtype=np.int64)
+    requantize(acc, np.arange(rows)[:, None], plan, codes)
+    dtype = np.result_type(np.min_scalar_type(plan.qmin), np.min_scalar_type(plan.qmax))
+    return amax, width, codes.astype(dtype).reshape(-1)
+
+
+def _requantizer(plan: AvgPlan, geom, code_sums):
+    """``finish(acc, dest)`` for accumulators that are window sums of the codes (``zp_in`` not
+    yet subtracted), broadcasting per position as ``geom``'s canonical layout."""
+    table = _code_table(plan)
+    if table is None:
+        rows = _expand(plan.rows, geom)
+        zp_counts = _expand(code_sums.astype(np.int64) * plan.zp_in, geom)
+
+        def finish(acc, dest):
+            acc -= zp_counts
+            requantize(acc, rows, plan, dest)
+        return finish
+    amax, width, codes = table
+    offsets = _expand((plan.rows.astype(np.int64) * width + amax
+                       - code_sums.astype(np.int64) * plan.zp_in).astype(np.int32), geom)
+
+    def finish(acc, dest):
+        acc += offsets
+        np.take(codes, acc, out=dest, mode="clip")  # in range by construction; "clip": unbuffered
+    return finish
+
+
 @register("qmax_window", "numpy")
 def qmax_window(x, spec: WindowSpec, out) -> None:
     implementation("window", "numpy")(x, spec, out, None)  # integer max: exact as it is
@@ -47,13 +91,10 @@ def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
     geom = spec.geom
     xc, oc = _canonical(x, geom), _canonical(out, geom)
     acc_dtype = np.dtype(plan.acc_dtype)
-    rows = _expand(plan.rows, geom)
-    zp_counts = _expand(plan.counts * acc_dtype.type(plan.zp_in), geom)
+    finish = _requantizer(plan, geom, plan.counts)
 
     def block(b0, b1):
-        acc = _separable_window(xc[b0:b1], spec, acc_dtype)  # sum of the codes
-        acc -= zp_counts
-        requantize(acc, rows, plan, oc[b0:b1])
+        finish(_separable_window(xc[b0:b1], spec, acc_dtype), oc[b0:b1])  # sums of the codes
     _in_blocks(block, geom.batch, x.itemsize * math.prod(geom.spatial) * geom.channels)
 
 
@@ -61,8 +102,7 @@ def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
 def qavg_adaptive(x, spec: AdaptiveSpec, out, plan: AvgPlan) -> None:
     geom = spec.geom
     xc, oc = _canonical(x, geom), _canonical(out, geom)
-    rows = _expand(plan.rows, geom)
-    zp_counts = _expand(plan.counts.astype(np.int64) * plan.zp_in, geom)
+    finish = _requantizer(plan, geom, plan.counts)
     axes = tuple(range(1, geom.nd + 1))
     bounds = [np.array([adaptive_window(i, size, o) for i in range(o)], dtype=np.intp)
               for size, o in zip(geom.spatial, spec.out_spatial)]
@@ -79,6 +119,5 @@ def qavg_adaptive(x, spec: AdaptiveSpec, out, plan: AvgPlan) -> None:
                 prefix = np.pad(prefix, pad)
                 cur = np.take(prefix, b[:, 1], axis=axis) - np.take(prefix, b[:, 0], axis=axis)
             acc = cur
-        acc -= zp_counts
-        requantize(acc, rows, plan, oc[b0:b1])
+        finish(acc, oc[b0:b1])
     _in_blocks(block, geom.batch, x.itemsize * math.prod(geom.spatial) * geom.channels)

@@ -211,6 +211,23 @@ def test_adaptive_and_global_avg_pool_are_exact(backend, case, global_pool):
     check_q(backend, out, expected, case["dtype"], out_scale, zp_out)
 
 
+@pytest.mark.parametrize("kernel, cip", [((3, 3), False), ((3, 3), True), ((48, 48), False),
+                                         ((48, 48), True)])
+def test_narrow_and_wide_accumulators_are_exact(backend, kernel, cip):
+    """3x3 windows requantize through a per-plan code table on the CPU; 48x48 windows
+    (255 * 2304 * 2 + 1 > CODE_TABLE_LIMIT codes) through the threshold table per call."""
+    from gpupool.quantized_numpy import CODE_TABLE_LIMIT
+    assert 255 * 9 * 2 + 1 < CODE_TABLE_LIMIT < 255 * 48 * 48 * 2 + 1
+    x = codes((1, 2, 50, 50), "int8", 11)
+    qa = Q.QArray(backend.to_backend(x), 0.05, -7)
+    kw = dict(stride=1, padding=1, ceil_mode=False, count_include_pad=cip, out_scale=0.07,
+              out_zero_point=3, rounding="half_to_even")
+    out = Q.avg_pool(qa, kernel, **kw)
+    expected = ref_avg_pool(x, kernel, (1, 1), (1, 1), False, cip, "NCHW", 0.05, -7, 0.07, 3,
+                            "half_to_even")
+    check_q(backend, out, expected, "int8", 0.07, 3)
+
+
 # ----------------------------------------------------------------------------- the integer rule
 
 def _requantize_all(scale, out_scale, rounding, divisor, amax):
