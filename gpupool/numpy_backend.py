@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -24,6 +25,8 @@ BLOCK_BYTES = 1 << 21  # input bytes per work item (measured best on 2 cores, 1 
 PARALLEL_BYTES = 1 << 22  # below this, threads cost more than they give
 _WORKERS = max(1, min(os.cpu_count() or 1, 8))
 _pool: ThreadPoolExecutor | None = None
+SCRATCH_BYTES = 1 << 22  # temporaries up to this size reuse a per-thread buffer
+_workspace = threading.local()
 
 
 def _canonical(a, geom):
@@ -52,6 +55,21 @@ def _in_blocks(func, n_items: int, item_bytes: int) -> None:
         _pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="gpupool")
     for future in [_pool.submit(func, start, stop) for start, stop in bounds]:
         future.result()
+
+
+def _scratch(slot, shape, dtype) -> np.ndarray:
+    """Uninitialised temporary of ``shape``: a view of this thread's reusable buffer ``slot``
+    (valid until the thread asks for ``slot`` again), or a fresh array when large. Reuse keeps
+    small calls off freshly mapped pages, whose faults cost more than the pooling itself."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > SCRATCH_BYTES:
+        return np.empty(shape, dtype)
+    buffers = _workspace.__dict__.setdefault("buffers", {})
+    buf = buffers.get(slot)
+    if buf is None or buf.size < nbytes:
+        buf = buffers[slot] = np.empty(max(nbytes, 4096), np.uint8)
+    return buf[:nbytes].view(dtype).reshape(shape)
 
 
 def _accumulator(dtype) -> np.dtype:
@@ -115,11 +133,11 @@ def _axis_plan(size, out, kernel, stride, pad_begin, dilation) -> _AxisPlan:
 
 
 def _reduce_axis(cur, axis, plan: _AxisPlan, combine, init, dtype, dest=None):
-    """Combine the taps of one dim into ``dest`` (or a new array) whose ``axis`` has
-    ``plan.out`` entries."""
+    """Combine the taps of one dim into ``dest`` (or scratch slot ``axis % 2``) whose ``axis``
+    has ``plan.out`` entries."""
     out_len = plan.out
     shape = cur.shape[:axis] + (out_len,) + cur.shape[axis + 1:]
-    res = np.empty(shape, dtype) if dest is None else dest
+    res = _scratch(axis % 2, shape, dtype) if dest is None else dest
     rows = math.prod(cur.shape[:axis])
     if plan.flat and rows > 1 and cur.flags.c_contiguous:
         _reduce_axis_flat(cur, axis, plan, combine, init, res, rows)
@@ -188,7 +206,8 @@ def _dense_then_subsample(flat_in, flat_out, stride, taps, combine):
     lo, hi = max(0, -min(offsets)), min(n_in, n_in - max(offsets))
     if lo >= hi:
         return
-    dense = combine(flat_in[lo + offsets[0]:hi + offsets[0]], flat_in[lo + offsets[1]:hi + offsets[1]])
+    dense = combine(flat_in[lo + offsets[0]:hi + offsets[0]], flat_in[lo + offsets[1]:hi + offsets[1]],
+                    out=_scratch("dense", (hi - lo,), flat_out.dtype))
     for off in offsets[2:]:
         combine(dense, flat_in[lo + off:hi + off], out=dense)
     first = -(-lo // stride)
@@ -227,16 +246,19 @@ def _avg_scale(spec: WindowSpec):
 
 def _separable_window(xb, spec: WindowSpec, dtype, dest=None):
     """Values-only window reduction of a block, one spatial axis at a time; the last axis is
-    written into ``dest`` when given."""
-    if spec.op == "max":
-        combine, init, cur = np.maximum, _lowest(dtype), xb.astype(dtype, copy=False)
-    else:
-        combine, init = np.add, 0
-        cur = xb.astype(dtype, copy=False)
+    written into ``dest`` when given, else into scratch (consume it before the next call)."""
+    combine, init = (np.maximum, _lowest(dtype)) if spec.op == "max" else (np.add, 0)
+    cur = xb
+    if xb.dtype != dtype or spec.op == "lp":
+        cur = _scratch("input", xb.shape, dtype)
         if spec.op == "lp":
-            cur = np.abs(cur)
-            if spec.p != 1.0:
-                cur = cur * cur if spec.p == 2.0 else np.power(cur, dtype.type(spec.p))
+            np.abs(xb, out=cur)
+            if spec.p == 2.0:
+                np.square(cur, out=cur)
+            elif spec.p != 1.0:
+                np.power(cur, dtype.type(spec.p), out=cur)
+        else:
+            np.copyto(cur, xb)
     nd = spec.geom.nd
     for a in range(nd):
         plan = _axis_plan(spec.geom.spatial[a], spec.out_spatial[a], spec.kernel[a],
