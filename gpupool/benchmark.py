@@ -4,7 +4,8 @@ that is installed, all measured in one run next to the device's own copy bandwid
 GPU: CUDA-event timings (``cupyx.profiler.benchmark``), warm-up excluded, first call (compile
 included) reported apart, inputs of >= 256 MiB with ``--size large`` so repeats measure DRAM,
 not L2. CPU: ``time.perf_counter`` medians. Every case is checked against the NumPy backend (GPU)
-or PyTorch / onnxruntime (CPU) before it is timed. Baselines that are not installed are reported
+or PyTorch / onnxruntime (CPU; an independent float64 NumPy reference where neither runs the case)
+before it is timed. Baselines that are not installed are reported
 as missing. Heavy imports (torch, onnxruntime, matplotlib, tqdm) happen only here, lazily.
 """
 from __future__ import annotations
@@ -264,6 +265,32 @@ def _check(got, want, dtype: str) -> str:
     return "ok" if ok else "FAILED: values differ"
 
 
+def reference_values(case: Case, x) -> np.ndarray:
+    """The case computed independently of gpupool: float64 (exact for int8 codes) over
+    ``np.pad`` + sliding-window views, for checking cases that no baseline runs."""
+    nd = len(case.kernel)
+    a = np.asarray(x).astype(np.float64)
+    if case.layout == "NHWC":
+        a = np.moveaxis(a, -1, -nd - 1)
+    axes = tuple(range(a.ndim - nd, a.ndim))
+    if case.op == "gavg":
+        r = a.mean(axis=axes, keepdims=True)
+    else:
+        kernel, stride, pad = case.kernel, case.stride or case.kernel, case.padding
+        if case.op == "aavg":  # evenly divisible sizes only: a k = s = I / O average
+            kernel = stride = tuple(a.shape[ax] // o for ax, o in zip(axes, case.output_size))
+        is_max = case.op in ("max", "qmax")
+        padded = np.pad(a, [(0, 0)] * (a.ndim - nd) + [(pad, pad)] * nd,
+                        constant_values=-np.inf if is_max else np.nan)
+        win = np.lib.stride_tricks.sliding_window_view(padded, kernel, axis=axes)
+        win = win[(...,) + tuple(slice(None, None, st) for st in stride) + (slice(None),) * nd]
+        taps = tuple(range(win.ndim - nd, win.ndim))
+        r = win.max(axis=taps) if is_max else np.nanmean(win, axis=taps)  # NaN = padding
+        if case.op == "qavg":  # default scales: zp + round half away from zero, zp = 0
+            r = np.clip(np.sign(r) * np.floor(np.abs(r) + 0.5), -128, 127)
+    return np.moveaxis(r, -nd - 1, -1) if case.layout == "NHWC" else r
+
+
 def run_case(case: Case, size: str, gpu: bool) -> Row:
     n = batch_size(case, size)
     row = Row(case.name, "cupy" if gpu else "numpy", case.shape(n), case.dtype, case.layout)
@@ -305,6 +332,8 @@ def run_case(case: Case, size: str, gpu: bool) -> Row:
                 row.check = _check(got, ref.numpy(), case.dtype) + " (vs torch)"
             elif of is not None:
                 row.check = _check(got, of(), case.dtype) + " (vs onnxruntime)"
+            else:
+                row.check = _check(got, reference_values(case, x), case.dtype) + " (vs reference)"
             row.times_s["gpupool"] = time_host(f)
             if tf is None:
                 row.missing["torch"] = "not installed" if _torch()[0] is None else "no such op"

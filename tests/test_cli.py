@@ -48,3 +48,16 @@ def test_console_script_runs():
     done = subprocess.run([sys.executable, "-m", "gpupool.cli", "info"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and "gpupool" in done.stdout
+
+
+@pytest.mark.parametrize("case", benchmark.SUITE, ids=lambda c: c.name)
+def test_bench_reference_checks_every_case(case):
+    """The bench's own check (used where no baseline runs) accepts gpupool's answer and
+    rejects a wrong one."""
+    x = benchmark.make_input(case, 1)
+    got = benchmark.values(benchmark.gpupool_call(case, x)())
+    want = benchmark.reference_values(case, x)
+    assert benchmark._check(got, want, case.dtype) == "ok"
+    wrong = got.copy()
+    wrong.flat[wrong.size // 2] += 1
+    assert benchmark._check(wrong, want, case.dtype).startswith("FAILED")
