@@ -163,21 +163,11 @@ def _reduce_axis_flat(cur, axis, plan: _AxisPlan, combine, init, res, rows):
     """``_reduce_axis`` when ``size == out * stride``: output row r, column o of every tap
     reads flat input row ``(r*out + o)*stride + offset``, so each tap is ONE ufunc call over
     the whole block instead of one per short row. Columns where some tap falls outside its
-    row are computed apart first and written back last."""
+    row are then recomputed in place from their valid taps."""
     size, out_len, stride = plan.size, plan.out, plan.stride
     inner = math.prod(cur.shape[axis + 1:])
     src3 = cur.reshape(rows, size, inner)
     res3 = res.reshape(rows, out_len, inner)
-    edges = []
-    for o, valid in plan.edges:
-        col = np.empty((rows, inner), res.dtype)
-        if valid:
-            np.copyto(col, src3[:, o * stride + valid[0]])
-            for off in valid[1:]:
-                combine(col, src3[:, o * stride + off], out=col)
-        else:
-            col.fill(init)
-        edges.append((o, col))
     flat_in = src3.reshape(rows * size, inner)
     flat_out = res3.reshape(rows * out_len, inner)
     if inner == 1 and stride > 1:
@@ -193,8 +183,17 @@ def _reduce_axis_flat(cur, axis, plan: _AxisPlan, combine, init, res, rows):
             combine(src[0], src[1], out=dst)
             for tap in src[2:]:
                 combine(dst, tap, out=dst)
-    for o, col in edges:
-        res3[:, o] = col
+    for o, valid in plan.edges:
+        col = res3[:, o]
+        if not valid:
+            col.fill(init)
+            continue
+        if len(valid) == 1:
+            np.copyto(col, src3[:, o * stride + valid[0]])
+        else:
+            combine(src3[:, o * stride + valid[0]], src3[:, o * stride + valid[1]], out=col)
+        for off in valid[2:]:
+            combine(col, src3[:, o * stride + off], out=col)
 
 
 def _dense_then_subsample(flat_in, flat_out, stride, taps, combine):
