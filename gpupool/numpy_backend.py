@@ -105,31 +105,41 @@ def _window_taps(size, out, kernel, stride, pad_begin, dilation):
     return taps
 
 
+MAX_DENSE_EDGES = 8  # outputs computed one by one before the dense path is not worth it
+
+
 @dataclass(frozen=True)
 class _AxisPlan:
     """How one spatial dim is reduced, computed once per (size, window) and reused by every
-    block. ``edges``: for the flat path, the output columns where some tap misses the input,
-    with the offsets of the taps that hit."""
+    block. ``interior``: the outputs ``[lo, hi)`` whose taps all hit the input; ``edges``: the
+    other outputs, with the offsets of the taps that hit. ``flat``: ``size == out * stride``,
+    so each tap is one strided call over the whole block. ``dense``: for the innermost axis
+    of any geometry, combine the taps at every flat position with contiguous calls, then copy
+    the interior out with one 2D strided copy."""
 
     size: int
     out: int
     stride: int
     taps: tuple
     flat: bool
+    dense: bool
+    interior: tuple
     edges: tuple
 
 
 @functools.lru_cache(maxsize=512)
 def _axis_plan(size, out, kernel, stride, pad_begin, dilation) -> _AxisPlan:
     taps = tuple(_window_taps(size, out, kernel, stride, pad_begin, dilation))
-    flat = size == out * stride and len(taps) > 1
-    edges = []
-    if flat:
-        for o in range(out):
-            valid = tuple(off for off, _, _ in taps if 0 <= o * stride + off < size)
-            if len(valid) < len(taps):
-                edges.append((o, valid))
-    return _AxisPlan(size, out, stride, taps, flat, tuple(edges))
+    offsets = [off for off, _, _ in taps]
+    if len(taps) < 2:
+        return _AxisPlan(size, out, stride, taps, False, False, (0, 0), ())
+    lo = _tap_range(size, out, stride, min(offsets))[0]
+    hi = max(lo, _tap_range(size, out, stride, max(offsets))[1])
+    edges = tuple((o, tuple(off for off in offsets if 0 <= o * stride + off < size))
+                  for o in (*range(lo), *range(hi, out)))
+    flat = size == out * stride
+    dense = lo < hi and len(edges) <= MAX_DENSE_EDGES and not (flat and stride == 1)
+    return _AxisPlan(size, out, stride, taps, flat, dense, (lo, hi), edges)
 
 
 def _reduce_axis(cur, axis, plan: _AxisPlan, combine, init, dtype, dest=None):
@@ -139,9 +149,14 @@ def _reduce_axis(cur, axis, plan: _AxisPlan, combine, init, dtype, dest=None):
     shape = cur.shape[:axis] + (out_len,) + cur.shape[axis + 1:]
     res = _scratch(axis % 2, shape, dtype) if dest is None else dest
     rows = math.prod(cur.shape[:axis])
-    if plan.flat and rows > 1 and cur.flags.c_contiguous:
-        _reduce_axis_flat(cur, axis, plan, combine, init, res, rows)
-        return res
+    if rows > 1 and cur.flags.c_contiguous:
+        inner = math.prod(cur.shape[axis + 1:])
+        if inner == 1 and plan.dense:
+            _reduce_axis_dense(cur, plan, combine, init, res, rows)
+            return res
+        if plan.flat:
+            _reduce_axis_flat(cur, plan, combine, init, res, rows, inner)
+            return res
     taps = plan.taps
     full = [tap for tap in taps if tap[1].stop - tap[1].start == out_len]
     rest = taps
@@ -159,30 +174,60 @@ def _reduce_axis(cur, axis, plan: _AxisPlan, combine, init, dtype, dest=None):
     return res
 
 
-def _reduce_axis_flat(cur, axis, plan: _AxisPlan, combine, init, res, rows):
+def _reduce_axis_flat(cur, plan: _AxisPlan, combine, init, res, rows, inner):
     """``_reduce_axis`` when ``size == out * stride``: output row r, column o of every tap
     reads flat input row ``(r*out + o)*stride + offset``, so each tap is ONE ufunc call over
-    the whole block instead of one per short row. Columns where some tap falls outside its
-    row are then recomputed in place from their valid taps."""
+    the whole block instead of one per short row; the edge outputs are then recomputed."""
     size, out_len, stride = plan.size, plan.out, plan.stride
-    inner = math.prod(cur.shape[axis + 1:])
     src3 = cur.reshape(rows, size, inner)
     res3 = res.reshape(rows, out_len, inner)
     flat_in = src3.reshape(rows * size, inner)
     flat_out = res3.reshape(rows * out_len, inner)
-    if inner == 1 and stride > 1:
-        _dense_then_subsample(flat_in[:, 0], flat_out[:, 0], stride, plan.taps, combine)
+    # outputs where some tap would leave the flat buffer are edge outputs: skip them
+    offsets = [off for off, _, _ in plan.taps]
+    lo = max(0, -(min(offsets) // stride))
+    hi = min(rows * out_len, (rows * size - 1 - max(offsets)) // stride + 1)
+    if lo < hi:
+        src = [flat_in[lo * stride + off:(hi - 1) * stride + off + 1:stride] for off in offsets]
+        dst = flat_out[lo:hi]
+        combine(src[0], src[1], out=dst)
+        for tap in src[2:]:
+            combine(dst, tap, out=dst)
+    _fill_edges(src3, res3, plan, combine, init)
+
+
+def _reduce_axis_dense(cur, plan: _AxisPlan, combine, init, res, rows):
+    """Innermost axis: combine the taps at EVERY flat position ``j`` with contiguous (SIMD)
+    ufunc calls, ``dense[j] = combine(x[j + offset])``, then copy the interior outputs
+    ``dense[r*size + o*stride]`` out with one 2D strided copy (NumPy's strided or short-row
+    ufunc loops are several times slower), then the edges. An interior output's taps lie in
+    its row, so every ``j`` read lies in ``[max(0, -min offset), n - max offset)``."""
+    size, stride = plan.size, plan.stride
+    flat_in = cur.reshape(-1)
+    n = flat_in.size
+    offsets = [off for off, _, _ in plan.taps]
+    lo, hi = max(0, -min(offsets)), n - max(offsets)
+    dense = _scratch("dense", (hi,), res.dtype)
+    span = dense[lo:hi]
+    combine(flat_in[lo + offsets[0]:hi + offsets[0]], flat_in[lo + offsets[1]:hi + offsets[1]], out=span)
+    for off in offsets[2:]:
+        combine(span, flat_in[lo + off:hi + off], out=span)
+    res3 = res.reshape(rows, plan.out, 1)
+    if plan.flat:  # output i reads dense[i * stride]: one 1D copy, edges overwritten after
+        first, last = -(-lo // stride), min(rows * plan.out, (hi - 1) // stride + 1)
+        np.copyto(res3.reshape(-1)[first:last], dense[first * stride:(last - 1) * stride + 1:stride])
     else:
-        # outputs where some tap would leave the flat buffer are edge columns: skip them
-        offsets = [off for off, _, _ in plan.taps]
-        lo = max(0, -(min(offsets) // stride))
-        hi = min(rows * out_len, (rows * size - 1 - max(offsets)) // stride + 1)
-        if lo < hi:
-            src = [flat_in[lo * stride + off:(hi - 1) * stride + off + 1:stride] for off in offsets]
-            dst = flat_out[lo:hi]
-            combine(src[0], src[1], out=dst)
-            for tap in src[2:]:
-                combine(dst, tap, out=dst)
+        o_lo, o_hi = plan.interior
+        step = dense.itemsize
+        np.copyto(res3[:, o_lo:o_hi, 0], np.lib.stride_tricks.as_strided(
+            dense[o_lo * stride:], shape=(rows, o_hi - o_lo), strides=(size * step, stride * step),
+            writeable=False))
+    _fill_edges(cur.reshape(rows, size, 1), res3, plan, combine, init)
+
+
+def _fill_edges(src3, res3, plan: _AxisPlan, combine, init):
+    """Outputs where some tap misses the input, from the taps that hit (``init`` if none)."""
+    stride = plan.stride
     for o, valid in plan.edges:
         col = res3[:, o]
         if not valid:
@@ -194,25 +239,6 @@ def _reduce_axis_flat(cur, axis, plan: _AxisPlan, combine, init, res, rows):
             combine(src3[:, o * stride + valid[0]], src3[:, o * stride + valid[1]], out=col)
         for off in valid[2:]:
             combine(col, src3[:, o * stride + off], out=col)
-
-
-def _dense_then_subsample(flat_in, flat_out, stride, taps, combine):
-    """Innermost axis with stride > 1: combine the taps at EVERY position with contiguous
-    (SIMD) ufunc calls, then keep every ``stride``-th result with one strided copy; NumPy's
-    strided ufunc loops are several times slower than this."""
-    n_in = flat_in.size
-    offsets = [off for off, _, _ in taps]
-    lo, hi = max(0, -min(offsets)), min(n_in, n_in - max(offsets))
-    if lo >= hi:
-        return
-    dense = combine(flat_in[lo + offsets[0]:hi + offsets[0]], flat_in[lo + offsets[1]:hi + offsets[1]],
-                    out=_scratch("dense", (hi - lo,), flat_out.dtype))
-    for off in offsets[2:]:
-        combine(dense, flat_in[lo + off:hi + off], out=dense)
-    first = -(-lo // stride)
-    last = min(flat_out.size, (hi - 1) // stride + 1)
-    if first < last:
-        np.copyto(flat_out[first:last], dense[first * stride - lo:(last - 1) * stride - lo + 1:stride])
 
 
 def _valid_counts(spec: WindowSpec, include_pad: bool):

@@ -567,6 +567,31 @@ def test_max_unpool_dtypes(backend, dtype):
     check(backend, up, ref.max_unpool(backend.to_numpy(y), backend.to_numpy(i), (2, 2)), dtype)
 
 
+# ----------------------------------------------------------------------------- 1D geometry grid
+
+def test_every_small_1d_geometry(backend):
+    """Sizes 1..9 against every kernel, stride, dilation and padding up to (and past) the
+    window extent, several planes at once: the CPU's flat, dense and per-tap paths and the
+    edge outputs between them all meet here."""
+    rng = np.random.default_rng(8)
+    for size in range(1, 10):
+        x = make_input(rng, (3, 2, size), "float64", specials=(np.nan,) if size % 3 == 0 else ())
+        xb = backend.to_backend(x)
+        for k in range(1, 5):
+            for s in range(1, 4):
+                for d in (1, 2):
+                    for pads in ((0, 0), (1, 0), (0, 2), (k, k), (k + 1, 1)):
+                        for ceil in (False, True):
+                            if ref.output_length(size, k, s, pads, d, ceil) < 1:
+                                continue  # the spec rejects it (tested elsewhere)
+                            want = ref.max_pool(x, (k,), (s,), (pads,), (d,), ceil)[0]
+                            got = gpupool.max_pool(xb, (k,), (s,), (pads,), (d,), ceil)
+                            check(backend, got, want, "float64", exact=True)
+                            got = gpupool.avg_pool(xb, (k,), (s,), (pads,), ceil, dilation=(d,))
+                            want = ref.avg_pool(x, (k,), (s,), (pads,), ceil, dilation=(d,))
+                            check(backend, got, want, "float64")
+
+
 # ----------------------------------------------------------------------------- big planes
 
 def test_big_plane_against_a_vectorised_check(backend):
