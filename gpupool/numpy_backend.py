@@ -73,7 +73,8 @@ def _scratch(slot, shape, dtype) -> np.ndarray:
 
 
 def _accumulator(dtype) -> np.dtype:
-    """Working dtype: float16 runs in float32 (exact for max; NumPy has no fast float16 loops)."""
+    """Working dtype: float16 sums run in float32 (NumPy has no fast float16 loops; values-only
+    float16 max runs on int16 keys instead, see :func:`_half_keys`)."""
     return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
 
 
@@ -354,6 +355,13 @@ def window(x, spec: WindowSpec, out, indices) -> None:
         _in_blocks(block, geom.batch, plane_bytes)
         return
 
+    if spec.op == "max" and x.dtype == np.float16:
+        def block(b0, b1):
+            keys = _separable_window(_half_keys(xc[b0:b1]), spec, np.dtype(np.int16))
+            _half_from_keys(keys, oc[b0:b1])
+        _in_blocks(block, geom.batch, plane_bytes)
+        return
+
     acc = _accumulator(x.dtype)
     scale = _avg_scale(spec) if spec.op == "avg" else None
 
@@ -370,6 +378,34 @@ def window(x, spec: WindowSpec, out, indices) -> None:
         if not direct:
             oc[b0:b1] = res
     _in_blocks(block, geom.batch, plane_bytes)
+
+
+HALF_NAN_KEY, HALF_NEG_INF_KEY = np.int16(0x7FFF), np.int16(-0x7C01)
+
+
+def _half_keys(xb):
+    """float16 values as int16 keys in the same order (NumPy has no fast float16 loops; int16
+    maxima are exact and ~6x cheaper than converting to float32): non-negative bit patterns
+    as they are, negative ones with the magnitude bits flipped (``key = a ^ (bits >> 15)``,
+    ``a = bits & 0x7FFF``), every NaN as the top key so it propagates."""
+    bits = xb.view(np.int16)
+    keys, sign = _scratch("input", xb.shape, np.int16), _scratch("keys", xb.shape, np.int16)
+    np.bitwise_and(bits, 0x7FFF, out=keys)
+    nan = np.greater(keys, 0x7C00, out=_scratch("mask", xb.shape, np.bool_))
+    np.right_shift(bits, 15, out=sign)
+    np.bitwise_xor(keys, sign, out=keys)
+    np.copyto(keys, HALF_NAN_KEY, where=nan)
+    return keys
+
+
+def _half_from_keys(keys, dest) -> None:
+    """Inverse of :func:`_half_keys` into the float16 ``dest``; keys below that of -inf (the
+    empty-window fill) become -inf."""
+    np.maximum(keys, HALF_NEG_INF_KEY, out=keys)
+    sign = _scratch("keys", keys.shape, np.int16)
+    np.right_shift(keys, 15, out=sign)
+    np.bitwise_and(sign, 0x7FFF, out=sign)
+    np.bitwise_xor(keys, sign, out=dest.view(np.int16))
 
 
 def _adaptive_taps(size: int, out: int):

@@ -567,6 +567,23 @@ def test_max_unpool_dtypes(backend, dtype):
     check(backend, up, ref.max_unpool(backend.to_numpy(y), backend.to_numpy(i), (2, 2)), dtype)
 
 
+def test_float16_max_every_special_value(backend):
+    """float16 max (which the CPU runs on order-preserving int16 keys): NaN of either sign
+    propagates, -inf/inf/-0/subnormals/the extremes order right, empty windows give -inf."""
+    neg_nan = np.copysign(np.float16(np.nan), np.float16(-1))
+    specials = np.array([neg_nan, np.nan, -np.inf, np.inf, -0.0, 0.0, 6e-8, -6e-8, 65504,
+                         -65504, 1.0, -1.0], dtype=np.float16)
+    rng = np.random.default_rng(9)
+    x = rng.choice(specials, size=(2, 3, 6, 40)).astype(np.float16)
+    x[1] = rng.choice(specials[2:], size=(3, 6, 40))  # no NaN: pure ordering
+    for kernel, stride, padding in (((2, 3), (1, 2), ((0, 0), (1, 1))), ((1, 2), (2, 2), ((3, 3), (2, 2))),
+                                    ((3, 3), (2, 3), 1)):
+        got = gpupool.max_pool(backend.to_backend(x), kernel, stride, padding)
+        want = ref.max_pool(x, kernel, stride, padding)[0]
+        check(backend, got, want, "float16", exact=True)
+    assert np.isneginf(backend.to_numpy(gpupool.max_pool(backend.to_backend(x), (1, 2), 2, ((3, 3), (0, 0))))[:, :, 0]).all()
+
+
 # ----------------------------------------------------------------------------- 1D geometry grid
 
 def test_every_small_1d_geometry(backend):
