@@ -380,6 +380,13 @@ def window(x, spec: WindowSpec, out, indices) -> None:
     _in_blocks(block, geom.batch, plane_bytes)
 
 
+@functools.lru_cache(maxsize=64)
+def _mean_weights(plane: int, dtype) -> np.ndarray:
+    weights = np.full(plane, 1.0 / plane, dtype=dtype)
+    weights.flags.writeable = False
+    return weights
+
+
 HALF_NAN_KEY, HALF_NEG_INF_KEY = np.int16(0x7FFF), np.int16(-0x7C01)
 
 
@@ -434,15 +441,15 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
     plane_bytes = x.itemsize * math.prod(geom.spatial) * geom.channels
     if spec.is_global and indices is None:
         nd, plane = geom.nd, math.prod(geom.spatial)
+        acc = _accumulator(x.dtype)
+        weights = _mean_weights(plane, acc) if spec.op == "avg" else None
 
         def block(b0, b1):
             xb = xc[b0:b1]
             if spec.op == "max":
                 oc[b0:b1] = np.max(xb, axis=spatial_axes, keepdims=True)
             else:  # a BLAS mat-vec with weights 1/S: several times faster than np.mean
-                acc = _accumulator(x.dtype)
                 flat = xb.astype(acc, copy=False).reshape((b1 - b0, plane) + oc.shape[nd + 1:])
-                weights = np.full(plane, 1.0 / plane, dtype=acc)
                 mean = np.matmul(weights, flat) if geom.layout == "NHWC" else flat @ weights
                 oc[b0:b1] = mean.reshape(oc[b0:b1].shape)
         _in_blocks(block, geom.batch, plane_bytes)
