@@ -106,7 +106,7 @@ def _window_taps(size, out, kernel, stride, pad_begin, dilation):
     return taps
 
 
-MAX_DENSE_EDGES = 8  # outputs computed one by one before the dense path is not worth it
+MAX_DENSE_EDGES = 8  # beyond this many border outputs (each computed apart) dense does not pay
 
 
 @dataclass(frozen=True)
@@ -391,10 +391,10 @@ HALF_NAN_KEY, HALF_NEG_INF_KEY = np.int16(0x7FFF), np.int16(-0x7C01)
 
 
 def _half_keys(xb):
-    """float16 values as int16 keys in the same order (NumPy has no fast float16 loops; int16
-    maxima are exact and ~6x cheaper than converting to float32): non-negative bit patterns
-    as they are, negative ones with the magnitude bits flipped (``key = a ^ (bits >> 15)``,
-    ``a = bits & 0x7FFF``), every NaN as the top key so it propagates."""
+    """float16 values as int16 keys in the same order (NumPy has no fast float16 loops; the
+    keys cost a quarter of a float32 conversion and int16 maxima are exact): non-negative bit
+    patterns as they are, negative ones with the magnitude bits flipped (``key = a ^ (bits >>
+    15)``, ``a = bits & 0x7FFF``), every NaN as the top key so it propagates."""
     bits = xb.view(np.int16)
     keys, sign = _scratch("input", xb.shape, np.int16), _scratch("keys", xb.shape, np.int16)
     np.bitwise_and(bits, 0x7FFF, out=keys)
