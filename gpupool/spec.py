@@ -271,6 +271,18 @@ class AdaptiveSpec:
     def is_global(self) -> bool:
         return all(o == 1 for o in self.out_spatial)
 
+    @functools.cached_property
+    def uniform_window(self) -> WindowSpec | None:
+        """The same pooling as a :class:`WindowSpec` when every input size is a multiple of
+        its output size (window i is then ``[i*k, (i+1)*k)`` with ``k = I/O``: kernel = stride
+        = k, no padding), else None."""
+        if any(size % out for size, out in zip(self.geom.spatial, self.out_spatial)):
+            return None
+        kernel = tuple(size // out for size, out in zip(self.geom.spatial, self.out_spatial))
+        nd = len(kernel)
+        return WindowSpec(self.geom, self.op, kernel, kernel, (1,) * nd, ((0, 0),) * nd, False,
+                          self.out_spatial, self.return_indices)
+
 
 def adaptive_window(i: int, size: int, out: int) -> tuple[int, int]:
     """[start, end) of adaptive window ``i`` along a dim of ``size`` pooled to ``out``."""
