@@ -21,8 +21,7 @@ import numpy as np
 from .backends import register
 from .spec import AdaptiveSpec, UnpoolSpec, WindowSpec, adaptive_window
 
-BLOCK_BYTES = 1 << 21  # input bytes per work item (measured best on 2 cores, 1 MiB L2 each)
-PARALLEL_BYTES = 1 << 22  # below this, threads cost more than they give
+BLOCK_BYTES = 1 << 21  # input bytes per work item (best measured on 2 cores); 2+ blocks: threads
 _WORKERS = max(1, min(os.cpu_count() or 1, 8))
 _pool: ThreadPoolExecutor | None = None
 SCRATCH_BYTES = 1 << 22  # temporaries up to this size reuse a per-thread buffer
@@ -47,7 +46,7 @@ def _in_blocks(func, n_items: int, item_bytes: int) -> None:
 
     per_block = max(1, BLOCK_BYTES // max(item_bytes, 1))
     bounds = [(i, min(i + per_block, n_items)) for i in range(0, n_items, per_block)]
-    if len(bounds) == 1 or _WORKERS == 1 or n_items * item_bytes < PARALLEL_BYTES:
+    if len(bounds) == 1 or _WORKERS == 1:
         for start, stop in bounds:
             func(start, stop)
         return
