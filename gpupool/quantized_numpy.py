@@ -59,13 +59,14 @@ def _code_table(plan: AvgPlan):
     return amax, width, codes.astype(dtype).reshape(-1)
 
 
-def _requantizer(plan: AvgPlan, geom, code_sums):
+def _requantizer(plan: AvgPlan, geom):
     """``finish(acc, dest)`` for accumulators that are window sums of the codes (``zp_in`` not
-    yet subtracted), broadcasting per position as ``geom``'s canonical layout."""
+    yet subtracted: ``plan.counts`` valid taps each), broadcasting per position as ``geom``'s
+    canonical layout."""
     table = _code_table(plan)
     if table is None:
         rows = _expand(plan.rows, geom)
-        zp_counts = _expand(code_sums.astype(np.int64) * plan.zp_in, geom)
+        zp_counts = _expand(plan.counts.astype(np.int64) * plan.zp_in, geom)
 
         def finish(acc, dest):
             acc -= zp_counts
@@ -73,7 +74,7 @@ def _requantizer(plan: AvgPlan, geom, code_sums):
         return finish
     amax, width, codes = table
     offsets = _expand((plan.rows.astype(np.int64) * width + amax
-                       - code_sums.astype(np.int64) * plan.zp_in).astype(np.int32), geom)
+                       - plan.counts.astype(np.int64) * plan.zp_in).astype(np.int32), geom)
 
     def finish(acc, dest):
         acc += offsets
@@ -91,7 +92,7 @@ def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
     geom = spec.geom
     xc, oc = _canonical(x, geom), _canonical(out, geom)
     acc_dtype = np.dtype(plan.acc_dtype)
-    finish = _requantizer(plan, geom, plan.counts)
+    finish = _requantizer(plan, geom)
 
     def block(b0, b1):
         finish(_separable_window(xc[b0:b1], spec, acc_dtype), oc[b0:b1])  # sums of the codes
@@ -102,7 +103,7 @@ def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
 def qavg_adaptive(x, spec: AdaptiveSpec, out, plan: AvgPlan) -> None:
     geom = spec.geom
     xc, oc = _canonical(x, geom), _canonical(out, geom)
-    finish = _requantizer(plan, geom, plan.counts)
+    finish = _requantizer(plan, geom)
     axes = tuple(range(1, geom.nd + 1))
     bounds = [np.array([adaptive_window(i, size, o) for i in range(o)], dtype=np.intp)
               for size, o in zip(geom.spatial, spec.out_spatial)]
