@@ -5,8 +5,7 @@ GPU: CUDA-event timings (``cupyx.profiler.benchmark``), warm-up excluded, first 
 included) reported apart, inputs of >= 256 MiB with ``--size large`` so repeats measure DRAM,
 not L2. CPU: ``time.perf_counter`` medians. Every case is checked against the NumPy backend (GPU)
 or PyTorch / onnxruntime (CPU; an independent float64 NumPy reference where neither runs the case)
-before it is timed. Baselines that are not installed are reported
-as missing. Heavy imports (torch, onnxruntime, matplotlib, tqdm) happen only here, lazily.
+before it is timed. Baselines that are not installed are reported as missing. Heavy imports (torch, onnxruntime, matplotlib, tqdm) happen only here, lazily.
 """
 from __future__ import annotations
 
