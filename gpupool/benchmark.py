@@ -3,9 +3,11 @@ that is installed, all measured in one run next to the device's own copy bandwid
 
 GPU: CUDA-event timings (``cupyx.profiler.benchmark``), warm-up excluded, first call (compile
 included) reported apart, inputs of >= 256 MiB with ``--size large`` so repeats measure DRAM,
-not L2. CPU: ``time.perf_counter`` medians. Every case is checked against the NumPy backend (GPU)
-or PyTorch / onnxruntime (CPU; an independent float64 NumPy reference where neither runs the case)
-before it is timed. Baselines that are not installed are reported as missing. Heavy imports (torch, onnxruntime, matplotlib, tqdm) happen only here, lazily.
+not L2. CPU: ``time.perf_counter`` medians, baselines timed in the same rounds. Every case is
+checked before it is timed: against the NumPy backend (GPU), PyTorch or onnxruntime (CPU), or
+an independent float64 NumPy reference where neither runs the case. Baselines that are not
+installed are reported as missing. Heavy imports (torch, onnxruntime, matplotlib, tqdm) happen
+only here, lazily.
 """
 from __future__ import annotations
 
