@@ -205,20 +205,27 @@ def cupy_call(case: Case, x):
 
 
 # ----------------------------------------------------------------- timing
-def time_host(funcs: dict, min_time=0.3, min_reps=5, max_reps=200) -> dict:
-    """Wall times of each callable, taken in rounds that run every callable once, so a slow
-    spell of a shared machine hits gpupool and the baselines alike."""
-    for f in funcs.values():
-        f()
+def time_host(funcs: dict, rounds=6, burst_s=0.05, min_reps=3, settle_s=0.02) -> dict:
+    """Wall times of each callable in steady state, as a user calling one library sees it.
+
+    Each round runs every callable in turn for a burst of ``burst_s`` (at least ``min_reps``
+    calls) after a ``settle_s`` pause and one untimed call, so a slow spell of a shared
+    machine still hits every library alike. Calls are never interleaved one by one: the
+    worker threads of PyTorch (OpenMP) and onnxruntime keep spinning for a while after a
+    call, and a library timed right after another one pays for those spinning threads (seen
+    on 2 cores: all three libraries 1.5-5x slower than alone)."""
     times = {name: [] for name in funcs}
-    start, rounds = time.perf_counter(), 0
-    while rounds < min_reps or (time.perf_counter() - start < min_time * len(funcs)
-                                and rounds < max_reps):
+    for _ in range(rounds):
         for name, f in funcs.items():
-            t = time.perf_counter()
+            time.sleep(settle_s)
             f()
-            times[name].append(time.perf_counter() - t)
-        rounds += 1
+            end = time.perf_counter() + burst_s
+            reps = 0
+            while reps < min_reps or time.perf_counter() < end:
+                t = time.perf_counter()
+                f()
+                times[name].append(time.perf_counter() - t)
+                reps += 1
     return times
 
 

@@ -1,4 +1,5 @@
 """The gpupool command: info and a one-case bench, on whatever this machine has."""
+import itertools
 import json
 import subprocess
 import sys
@@ -34,6 +35,19 @@ def test_missing_baseline_is_reported_not_faked(monkeypatch, tmp_path):
     (row,) = result["rows"]
     assert row["missing"]["torch"] == "not installed"
     assert "torch_ms" not in row
+
+
+def test_host_timing_runs_each_library_in_bursts():
+    """Libraries are never interleaved call by call (another library's spinning worker
+    threads would be timed too), each burst starts with one untimed call, every burst takes
+    part in every round."""
+    calls = []
+    funcs = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
+    times = benchmark.time_host(funcs, rounds=3, burst_s=0.0, min_reps=4, settle_s=0.0)
+    runs = [(name, len(list(group))) for name, group in itertools.groupby(calls)]
+    assert [name for name, _ in runs] == ["a", "b", "c"] * 3
+    assert all(length == 5 for _, length in runs)
+    assert {name: len(t) for name, t in times.items()} == {"a": 12, "b": 12, "c": 12}
 
 
 def test_cupy_backend_without_gpu_is_a_clear_error():
