@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -106,6 +107,10 @@ def _window_taps(size, out, kernel, stride, pad_begin, dilation):
 
 
 MAX_DENSE_EDGES = 8  # beyond this many border outputs (each computed apart) dense does not pay
+# Outer axes go dense (every row position, then a strided row copy) while the rows a strided
+# ufunc call would skip are short: ``inner * (stride - 1)`` elements, measured on 2 cores.
+DENSE_MAX_ROW = 56
+LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 @dataclass(frozen=True)
@@ -113,9 +118,9 @@ class _AxisPlan:
     """How one spatial dim is reduced, computed once per (size, window) and reused by every
     block. ``interior``: the outputs ``[lo, hi)`` whose taps all hit the input; ``edges``: the
     other outputs, with the offsets of the taps that hit. ``flat``: ``size == out * stride``,
-    so each tap is one strided call over the whole block. ``dense``: for the innermost axis
-    of any geometry, combine the taps at every flat position with contiguous calls, then copy
-    the interior out with one 2D strided copy."""
+    so each tap is one strided call over the whole block. ``dense``: combine the taps at
+    every flat position with contiguous calls, then copy the interior out with one strided
+    copy (the innermost axis of any geometry; outer axes when strided rows would be short)."""
 
     size: int
     out: int
@@ -151,8 +156,8 @@ def _reduce_axis(cur, axis, plan: _AxisPlan, combine, init, dtype, dest=None):
     rows = math.prod(cur.shape[:axis])
     if rows > 1 and cur.flags.c_contiguous:
         inner = math.prod(cur.shape[axis + 1:])
-        if inner == 1 and plan.dense:
-            _reduce_axis_dense(cur, plan, combine, init, res, rows)
+        if plan.dense and (inner == 1 or 0 < inner * (plan.stride - 1) <= DENSE_MAX_ROW):
+            _reduce_axis_dense(cur, plan, combine, init, res, rows, inner)
             return res
         if plan.flat:
             _reduce_axis_flat(cur, plan, combine, init, res, rows, inner)
@@ -196,33 +201,57 @@ def _reduce_axis_flat(cur, plan: _AxisPlan, combine, init, res, rows, inner):
     _fill_edges(src3, res3, plan, combine, init)
 
 
-def _reduce_axis_dense(cur, plan: _AxisPlan, combine, init, res, rows):
-    """Innermost axis: combine the taps at EVERY flat position ``j`` with contiguous (SIMD)
-    ufunc calls, ``dense[j] = combine(x[j + offset])``, then copy the interior outputs
-    ``dense[r*size + o*stride]`` out with one 2D strided copy (NumPy's strided or short-row
-    ufunc loops are several times slower), then the edges. An interior output's taps lie in
-    its row, so every ``j`` read lies in ``[max(0, -min offset), n - max offset)``."""
+def _reduce_axis_dense(cur, plan: _AxisPlan, combine, init, res, rows, inner):
+    """Combine the taps at EVERY flat position ``j`` with contiguous (SIMD) ufunc calls,
+    ``dense[j] = combine(x[j + offset*inner])``, then copy the interior outputs
+    ``dense[(r*size + o*stride)*inner + c]`` out with one strided copy (NumPy's ufunc loops
+    over strided or short rows are several times slower), then the edges. An interior
+    output's taps lie in its row, so every ``j`` read lies in ``[max(0, -min offset),
+    n - max offset)`` (offsets in elements)."""
     size, stride = plan.size, plan.stride
     flat_in = cur.reshape(-1)
     n = flat_in.size
-    offsets = [off for off, _, _ in plan.taps]
+    offsets = [off * inner for off, _, _ in plan.taps]
     lo, hi = max(0, -min(offsets)), n - max(offsets)
-    dense = _scratch("dense", (hi,), res.dtype)
-    span = dense[lo:hi]
+    buf = _scratch("dense", (max(n, hi) + 1,), res.dtype)  # + 1: see _copy_every
+    span = buf[lo:hi]
     combine(flat_in[lo + offsets[0]:hi + offsets[0]], flat_in[lo + offsets[1]:hi + offsets[1]], out=span)
     for off in offsets[2:]:
         combine(span, flat_in[lo + off:hi + off], out=span)
-    res3 = res.reshape(rows, plan.out, 1)
-    if plan.flat:  # output i reads dense[i * stride]: one 1D copy, edges overwritten after
-        first, last = -(-lo // stride), min(rows * plan.out, (hi - 1) // stride + 1)
-        np.copyto(res3.reshape(-1)[first:last], dense[first * stride:(last - 1) * stride + 1:stride])
-    else:
+    res3 = res.reshape(rows, plan.out, inner)
+    if plan.flat:  # flat output row i = r*out + o reads dense row i*stride: edges overwritten after
+        first = -(-lo // (stride * inner))
+        last = min(rows * plan.out, (hi - inner) // (stride * inner) + 1)
+        _copy_every(res3.reshape(1, -1, inner)[:, first:last], buf, first * stride, 0, stride)
+    else:  # interior output o of row r reads buf[r*size + o*stride] (o*stride may pass size)
         o_lo, o_hi = plan.interior
-        step = dense.itemsize
-        np.copyto(res3[:, o_lo:o_hi, 0], np.lib.stride_tricks.as_strided(
-            dense[o_lo * stride:], shape=(rows, o_hi - o_lo), strides=(size * step, stride * step),
-            writeable=False))
-    _fill_edges(cur.reshape(rows, size, 1), res3, plan, combine, init)
+        _copy_every(res3[:, o_lo:o_hi], buf, o_lo * stride, size * inner, stride)
+    _fill_edges(cur.reshape(rows, size, inner), res3, plan, combine, init)
+
+
+_HALF_PAIRS = {1: (np.uint16, np.uint8), 2: (np.uint32, np.uint16), 4: (np.uint64, np.uint32)}
+
+
+def _copy_every(dst, buf, start: int, row_len: int, stride: int) -> None:
+    """``dst[r, i, c] = buf[r*row_len + (start + i*stride)*inner + c]`` for ``dst`` of shape
+    ``(rows, count, inner)`` and a 1D contiguous ``buf`` holding every element read plus
+    one. Single elements taken every other one are read as the low halves of double-width
+    integers: a contiguous narrowing cast, about twice as fast as NumPy's strided copy."""
+    rows, count, inner = dst.shape
+    step = buf.itemsize
+    if (stride == 2 and inner == 1 and step in _HALF_PAIRS and LITTLE_ENDIAN
+            and (rows == 1 or row_len % 2 == 0)):
+        wide, narrow = _HALF_PAIRS[step]
+        base = buf[start:]
+        pairs = base[:base.size - base.size % 2].view(wide)
+        if (rows - 1) * (row_len // 2) + count <= pairs.size:
+            np.copyto(dst[..., 0].view(narrow), np.lib.stride_tricks.as_strided(
+                pairs, shape=(rows, count), strides=(row_len // 2 * pairs.itemsize, pairs.itemsize),
+                writeable=False), casting="unsafe")
+            return
+    np.copyto(dst, np.lib.stride_tricks.as_strided(
+        buf[start * inner:], shape=(rows, count, inner),
+        strides=(row_len * step, stride * inner * step, step), writeable=False))
 
 
 def _fill_edges(src3, res3, plan: _AxisPlan, combine, init):

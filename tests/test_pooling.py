@@ -6,6 +6,8 @@ the core issue names, hand-computed where small.
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -607,6 +609,27 @@ def test_every_small_1d_geometry(backend):
                             got = gpupool.avg_pool(xb, (k,), (s,), (pads,), ceil, dilation=(d,))
                             want = ref.avg_pool(x, (k,), (s,), (pads,), ceil, dilation=(d,))
                             check(backend, got, want, "float64")
+
+
+def test_every_small_strided_2d_geometry(backend):
+    """Small 2D planes, strides 2 and 3, both layouts, 1-, 2- and 4-byte dtypes, odd and even
+    row lengths, several planes at once: on the CPU the outer axis runs dense (short strided
+    rows), and stride-2 picks of single elements go through double-width integers."""
+    rng = np.random.default_rng(12)
+    for layout, channels in (("NCHW", 1), ("NHWC", 3)):
+        for spatial in ((1, 7), (5, 4), (6, 9), (9, 10)):
+            for dtype in ("int8", "float16", "float32"):
+                x = make_input(rng, full_shape((2, 3), spatial, layout, channels), dtype)
+                xb = backend.to_backend(x)
+                for k, s, pads, ceil in itertools.product((1, 2, 3), (2, 3),
+                                                          (((0, 0), (0, 0)), ((1, 1), (1, 0)), ((0, 2), (2, 1))),
+                                                          (False, True)):
+                    if min(ref.output_length(i, k, s, p, 1, ceil) for i, p in zip(spatial, pads)) < 1:
+                        continue  # the spec rejects it (tested elsewhere)
+                    kw = dict(kernel_size=(k, k), stride=s, padding=pads, ceil_mode=ceil, layout=layout)
+                    check(backend, gpupool.max_pool(xb, **kw), ref.max_pool(x, **kw)[0], dtype, exact=True)
+                    if dtype != "int8":
+                        check(backend, gpupool.avg_pool(xb, **kw), ref.avg_pool(x, **kw), dtype)
 
 
 # ----------------------------------------------------------------------------- big planes
