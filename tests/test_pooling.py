@@ -586,6 +586,23 @@ def test_float16_max_every_special_value(backend):
     assert np.isneginf(backend.to_numpy(gpupool.max_pool(backend.to_backend(x), (1, 2), 2, ((3, 3), (0, 0))))[:, :, 0]).all()
 
 
+def test_float16_sums_see_every_half_exactly(backend):
+    """Every one of the 65536 float16 bit patterns through the summing ops with one-tap
+    windows (the CPU widens halves to float32 with integer passes): each comes back as
+    itself (-0 may come back as +0 from a sum), NaN as NaN, infinities with their sign."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    xb = backend.to_backend(x.reshape(64, 32, 32))
+    nan = np.isnan(x)
+    for got, want in ((gpupool.avg_pool(xb, 1), x),
+                      (gpupool.global_avg_pool(backend.to_backend(x.reshape(-1, 1, 1))), x),
+                      (gpupool.adaptive_avg_pool(xb, (32, 32)), x),
+                      (gpupool.lp_pool(xb, 1, 1), np.abs(x))):
+        got = backend.to_numpy(got).reshape(-1)
+        assert got.dtype == np.float16
+        assert np.isnan(got[nan]).all()
+        assert_array_equal(got[~nan].astype(np.float64), want[~nan].astype(np.float64))
+
+
 # ----------------------------------------------------------------------------- 1D geometry grid
 
 def test_every_small_1d_geometry(backend):
