@@ -31,8 +31,7 @@ _workspace = threading.local()
 
 def _canonical(a, geom):
     """Reshape to ``(B, *spatial)`` or ``(B, *spatial, C)``; a view whenever possible."""
-    tail = (geom.channels,) if geom.layout == "NHWC" else ()
-    return a.reshape((geom.batch,) + tuple(a.shape[len(geom.lead):len(geom.lead) + geom.nd]) + tail)
+    return a.reshape((geom.batch,) + a.shape[len(geom.lead):])
 
 
 def _in_blocks(func, n_items: int, item_bytes: int) -> None:
@@ -46,8 +45,11 @@ def _in_blocks(func, n_items: int, item_bytes: int) -> None:
             inner(start, stop)
 
     per_block = max(1, BLOCK_BYTES // max(item_bytes, 1))
+    if n_items <= per_block:
+        func(0, n_items)
+        return
     bounds = [(i, min(i + per_block, n_items)) for i in range(0, n_items, per_block)]
-    if len(bounds) == 1 or _WORKERS == 1:
+    if _WORKERS == 1:
         for start, stop in bounds:
             func(start, stop)
         return
@@ -72,6 +74,7 @@ def _scratch(slot, shape, dtype) -> np.ndarray:
     return buf[:nbytes].view(dtype).reshape(shape)
 
 
+@functools.cache
 def _accumulator(dtype) -> np.dtype:
     """Working dtype: float16 sums run in float32 (NumPy has no fast float16 loops; values-only
     float16 max runs on int16 keys instead, see :func:`_half_keys`)."""
@@ -508,8 +511,12 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
                 oc[b0:b1] = np.max(xb, axis=spatial_axes, keepdims=True)
             else:  # a BLAS mat-vec with weights 1/S: several times faster than np.mean
                 flat = _widened(xb, acc).reshape((b1 - b0, plane) + oc.shape[nd + 1:])
-                mean = np.matmul(weights, flat) if geom.layout == "NHWC" else flat @ weights
-                oc[b0:b1] = mean.reshape(oc[b0:b1].shape)
+                target = oc[b0:b1].reshape((b1 - b0,) + oc.shape[nd + 1:])
+                operands = (weights, flat) if geom.layout == "NHWC" else (flat, weights)
+                if target.dtype == acc:
+                    np.matmul(*operands, out=target)
+                else:
+                    target[...] = np.matmul(*operands)
         _in_blocks(block, geom.batch, plane_bytes)
         return
     per_dim = [_adaptive_taps(i, o) for i, o in zip(geom.spatial, spec.out_spatial)]

@@ -83,10 +83,12 @@ def check_dtype(func: str, dtype: str, *, integers: bool) -> str:
 
 
 def _typed_key(value):
-    """A cache key that tells ``2`` from ``2.0`` and ``True`` at any depth."""
-    if isinstance(value, (tuple, list)):
-        return type(value), tuple(_typed_key(v) for v in value)
-    return type(value), value
+    """A cache key that tells ``2`` from ``2.0`` and ``True`` at any depth (leaves inline:
+    this runs on every warm call)."""
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return kind, tuple([_typed_key(v) if type(v) in (tuple, list) else (type(v), v) for v in value])
+    return kind, value
 
 
 def memoized(build):
@@ -97,7 +99,7 @@ def memoized(build):
     @functools.wraps(build)
     def wrapper(*args, **kwargs):
         try:
-            key = _typed_key(args), _typed_key(tuple(sorted(kwargs.items())))
+            key = _typed_key(args), _typed_key(tuple(kwargs.items()))  # call sites keep one order
             hash(key)
         except TypeError:
             return build(*args, **kwargs)
