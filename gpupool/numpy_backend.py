@@ -48,6 +48,7 @@ def _in_blocks(func, n_items: int, item_bytes: int) -> None:
     if n_items <= per_block:
         func(0, n_items)
         return
+    per_block = -(-n_items // -(-n_items // per_block))  # even blocks: no short one at the end
     bounds = [(i, min(i + per_block, n_items)) for i in range(0, n_items, per_block)]
     if _WORKERS == 1:
         for start, stop in bounds:

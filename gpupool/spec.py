@@ -85,10 +85,10 @@ def check_dtype(func: str, dtype: str, *, integers: bool) -> str:
 def _typed_key(value):
     """A cache key that tells ``2`` from ``2.0`` and ``True`` at any depth (leaves inline:
     this runs on every warm call)."""
-    kind = type(value)
-    if kind is tuple or kind is list:
-        return kind, tuple([_typed_key(v) if type(v) in (tuple, list) else (type(v), v) for v in value])
-    return kind, value
+    if isinstance(value, (tuple, list)):
+        return type(value), tuple([_typed_key(v) if isinstance(v, (tuple, list)) else (type(v), v)
+                                   for v in value])
+    return type(value), value
 
 
 def memoized(build):
