@@ -205,11 +205,11 @@ def cupy_call(case: Case, x):
 
 
 # ----------------------------------------------------------------- timing
-def time_host(funcs: dict, rounds=6, burst_s=0.05, min_reps=3, settle_s=0.02) -> dict:
+def time_host(funcs: dict, rounds=6, burst_s=0.05, min_reps=3, max_reps=200, settle_s=0.02) -> dict:
     """Wall times of each callable in steady state, as a user calling one library sees it.
 
-    Each round runs every callable in turn for a burst of ``burst_s`` (at least ``min_reps``
-    calls) after a ``settle_s`` pause and one untimed call, so a slow spell of a shared
+    Each round runs every callable in turn for a burst of ``burst_s`` (``min_reps`` to
+    ``max_reps`` calls) after a ``settle_s`` pause and one untimed call, so a slow spell of a shared
     machine still hits every library alike. Calls are never interleaved one by one: the
     worker threads of PyTorch (OpenMP) and onnxruntime keep spinning for a while after a
     call, and a library timed right after another one pays for those spinning threads (seen
@@ -221,7 +221,7 @@ def time_host(funcs: dict, rounds=6, burst_s=0.05, min_reps=3, settle_s=0.02) ->
             f()
             end = time.perf_counter() + burst_s
             reps = 0
-            while reps < min_reps or time.perf_counter() < end:
+            while reps < min_reps or (reps < max_reps and time.perf_counter() < end):
                 t = time.perf_counter()
                 f()
                 times[name].append(time.perf_counter() - t)

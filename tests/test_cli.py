@@ -39,8 +39,8 @@ def test_missing_baseline_is_reported_not_faked(monkeypatch, tmp_path):
 
 def test_host_timing_runs_each_library_in_bursts():
     """Libraries are never interleaved call by call (another library's spinning worker
-    threads would be timed too), each burst starts with one untimed call, every burst takes
-    part in every round."""
+    threads would be timed too), each burst starts with one untimed call, every library takes
+    part in every round, and a burst of fast calls stops at ``max_reps``."""
     calls = []
     funcs = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
     times = benchmark.time_host(funcs, rounds=3, burst_s=0.0, min_reps=4, settle_s=0.0)
@@ -48,6 +48,8 @@ def test_host_timing_runs_each_library_in_bursts():
     assert [name for name, _ in runs] == ["a", "b", "c"] * 3
     assert all(length == 5 for _, length in runs)
     assert {name: len(t) for name, t in times.items()} == {"a": 12, "b": 12, "c": 12}
+    capped = benchmark.time_host(funcs, rounds=1, burst_s=10.0, max_reps=7, settle_s=0.0)
+    assert {name: len(t) for name, t in capped.items()} == {"a": 7, "b": 7, "c": 7}
 
 
 def test_cupy_backend_without_gpu_is_a_clear_error():
