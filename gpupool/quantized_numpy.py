@@ -1,6 +1,6 @@
 """NumPy backend of :mod:`gpupool.quantized`: integer arithmetic only.
 
-Window sums reuse the float backend's separable tap loops in an int32/int64 working dtype;
+Window sums reuse the float backend's separable tap loops in the narrowest integer dtype that holds them;
 adaptive sums are differences of prefix sums. :func:`requantize` applies the host table of
 :func:`gpupool.quantized.requant_table` exactly as the CUDA kernels do; when the accumulators
 are narrow (small windows) it is run once per plan over every possible accumulator, and each
@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from .backends import implementation, register
-from .numpy_backend import _canonical, _expand, _in_blocks, _separable_window
+from .numpy_backend import _canonical, _expand, _in_blocks, _scratch, _separable_window
 from .quantized import HEAD, LEVELS, AvgPlan
 from .spec import AdaptiveSpec, WindowSpec, adaptive_window
 
@@ -60,9 +60,9 @@ def _code_table(plan: AvgPlan):
 
 
 def _requantizer(plan: AvgPlan, geom):
-    """``finish(acc, dest)`` for accumulators that are window sums of the codes (``zp_in`` not
-    yet subtracted: ``plan.counts`` valid taps each), broadcasting per position as ``geom``'s
-    canonical layout."""
+    """``(sum_dtype, finish)``: the working dtype for window sums of the codes (``zp_in`` not
+    yet subtracted: ``plan.counts`` valid taps each) and ``finish(acc, dest)``, which
+    requantizes them, broadcasting per position as ``geom``'s canonical layout."""
     table = _code_table(plan)
     if table is None:
         rows = _expand(plan.rows, geom)
@@ -71,15 +71,16 @@ def _requantizer(plan: AvgPlan, geom):
         def finish(acc, dest):
             acc -= zp_counts
             requantize(acc, rows, plan, dest)
-        return finish
+        return np.dtype(plan.acc_dtype), finish
     amax, width, codes = table
     offsets = _expand((plan.rows.astype(np.int64) * width + amax
                        - plan.counts.astype(np.int64) * plan.zp_in).astype(np.int32), geom)
 
     def finish(acc, dest):
-        acc += offsets
-        np.take(codes, acc, out=dest, mode="clip")  # in range by construction; "clip": unbuffered
-    return finish
+        index = np.add(acc, offsets, out=_scratch("index", np.broadcast_shapes(acc.shape, offsets.shape), np.intp))
+        np.take(codes, index, out=dest)  # in range by construction
+    # |sum of the codes| <= amax (255 per tap): int16 sums whenever that fits
+    return np.dtype(np.int16 if amax <= np.iinfo(np.int16).max else plan.acc_dtype), finish
 
 
 @register("qmax_window", "numpy")
@@ -91,8 +92,7 @@ def qmax_window(x, spec: WindowSpec, out) -> None:
 def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
     geom = spec.geom
     xc, oc = _canonical(x, geom), _canonical(out, geom)
-    acc_dtype = np.dtype(plan.acc_dtype)
-    finish = _requantizer(plan, geom)
+    acc_dtype, finish = _requantizer(plan, geom)
 
     def block(b0, b1):
         finish(_separable_window(xc[b0:b1], spec, acc_dtype), oc[b0:b1])  # sums of the codes
@@ -103,7 +103,7 @@ def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
 def qavg_adaptive(x, spec: AdaptiveSpec, out, plan: AvgPlan) -> None:
     geom = spec.geom
     xc, oc = _canonical(x, geom), _canonical(out, geom)
-    finish = _requantizer(plan, geom)
+    _, finish = _requantizer(plan, geom)
     axes = tuple(range(1, geom.nd + 1))
     bounds = [np.array([adaptive_window(i, size, o) for i in range(o)], dtype=np.intp)
               for size, o in zip(geom.spatial, spec.out_spatial)]

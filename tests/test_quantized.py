@@ -228,6 +228,18 @@ def test_narrow_and_wide_accumulators_are_exact(backend, kernel, cip):
     check_q(backend, out, expected, "int8", 0.07, 3)
 
 
+def test_sums_of_high_codes_never_wrap(backend):
+    """uint8 codes near 255: 12x12 window sums reach 36720, past int16 (the CPU sums 2x2
+    windows in int16 and these in int32), both through the per-plan code table."""
+    x = (255 - codes((1, 2, 30, 30), "uint8", 5) // 16).astype(np.uint8)
+    qa = Q.QArray(backend.to_backend(x), 0.05, 3)
+    for kernel in ((2, 2), (12, 12)):
+        out = Q.avg_pool(qa, kernel, 1, 1, out_scale=0.05, out_zero_point=3)
+        expected = ref_avg_pool(x, kernel, (1, 1), (1, 1), False, False, "NCHW", 0.05, 3, 0.05, 3,
+                                "half_away_from_zero")
+        check_q(backend, out, expected, "uint8", 0.05, 3)
+
+
 # ----------------------------------------------------------------------------- the integer rule
 
 def _requantize_all(scale, out_scale, rounding, divisor, amax):
