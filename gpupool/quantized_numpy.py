@@ -1,7 +1,7 @@
 """NumPy backend of :mod:`gpupool.quantized`: integer arithmetic only.
 
-Window sums reuse the float backend's separable tap loops in the narrowest integer dtype that holds them;
-adaptive sums are differences of prefix sums. :func:`requantize` applies the host table of
+Window sums reuse the float backend's separable tap loops in the narrowest integer dtype that
+holds them; adaptive sums are differences of prefix sums. :func:`requantize` applies the host table of
 :func:`gpupool.quantized.requant_table` exactly as the CUDA kernels do; when the accumulators
 are narrow (small windows) it is run once per plan over every possible accumulator, and each
 call is then a single gather from that code table (:func:`_code_table`).
