@@ -205,7 +205,8 @@ def cupy_call(case: Case, x):
 
 
 # ----------------------------------------------------------------- timing
-def time_host(funcs: dict, rounds=10, burst_s=0.05, min_reps=3, max_reps=200, settle_s=0.02) -> dict:
+def time_host(funcs: dict, rounds=10, burst_s=0.05, min_reps=3, max_reps=200,
+              settle_s=0.02) -> dict:
     """Wall times of each callable in steady state, as a user calling one library sees it.
 
     Each round runs every callable in turn for a burst of ``burst_s`` (``min_reps`` to

@@ -1,10 +1,10 @@
 """NumPy backend of :mod:`gpupool.quantized`: integer arithmetic only.
 
 Window sums reuse the float backend's separable tap loops in the narrowest integer dtype that
-holds them; adaptive sums are differences of prefix sums. :func:`requantize` applies the host table of
-:func:`gpupool.quantized.requant_table` exactly as the CUDA kernels do; when the accumulators
-are narrow (small windows) it is run once per plan over every possible accumulator, and each
-call is then a single gather from that code table (:func:`_code_table`).
+holds them; adaptive sums are differences of prefix sums. :func:`requantize` applies the host
+table of :func:`gpupool.quantized.requant_table` exactly as the CUDA kernels do; when the
+accumulators are narrow (small windows) it is run once per plan over every possible
+accumulator, and each call is then a single gather from that code table (:func:`_code_table`).
 """
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ def _requantizer(plan: AvgPlan, geom):
                        - plan.counts.astype(np.int64) * plan.zp_in).astype(np.int32), geom)
 
     def finish(acc, dest):
-        index = np.add(acc, offsets, out=_scratch("index", np.broadcast_shapes(acc.shape, offsets.shape), np.intp))
+        shape = np.broadcast_shapes(acc.shape, offsets.shape)
+        index = np.add(acc, offsets, out=_scratch("index", shape, np.intp))
         np.take(codes, index, out=dest)  # in range by construction
     # |sum of the codes| <= amax (255 per tap): int16 sums whenever that fits
     return np.dtype(np.int16 if amax <= np.iinfo(np.int16).max else plan.acc_dtype), finish
