@@ -72,7 +72,7 @@ def _scratch(slot, shape, dtype) -> np.ndarray:
     buf = buffers.get(slot)
     if buf is None or buf.size < nbytes:
         buf = buffers[slot] = np.empty(max(nbytes, 4096), np.uint8)
-    return buf[:nbytes].view(dtype).reshape(shape)
+    return np.ndarray(shape, dtype, buffer=buf)
 
 
 @functools.cache
