@@ -48,7 +48,8 @@ def _in_blocks(func, n_items: int, item_bytes: int) -> None:
     if n_items <= per_block:
         func(0, n_items)
         return
-    per_block = -(-n_items // -(-n_items // per_block))  # even blocks: no short one at the end
+    blocks = -(-n_items // per_block)
+    per_block = -(-n_items // blocks)  # blocks of even size: no short one at the end
     bounds = [(i, min(i + per_block, n_items)) for i in range(0, n_items, per_block)]
     if _WORKERS == 1:
         for start, stop in bounds:
@@ -281,7 +282,8 @@ def _copy_every(dst, buf, start: int, row_len: int, stride: int) -> None:
                            strides=(row_len * step, 2 * step))
         np.copyto(dst[..., 0].view(narrow), pairs, casting="unsafe")
         return
-    np.copyto(dst, np.ndarray((rows, count, inner), buf.dtype, buffer=buf, offset=start * inner * step,
+    np.copyto(dst, np.ndarray((rows, count, inner), buf.dtype, buffer=buf,
+                              offset=start * inner * step,
                               strides=(row_len * step, stride * inner * step, step)))
 
 
