@@ -210,8 +210,8 @@ def time_host(funcs: dict, rounds=10, burst_s=0.05, min_reps=3, max_reps=200,
     """Wall times of each callable in steady state, as a user calling one library sees it.
 
     Each round runs every callable in turn for a burst of ``burst_s`` (``min_reps`` to
-    ``max_reps`` calls) after a ``settle_s`` pause and one untimed call, so a slow spell of a shared
-    machine still hits every library alike. Calls are never interleaved one by one: the
+    ``max_reps`` calls) after a ``settle_s`` pause and one untimed call, so a slow spell of a
+    shared machine still hits every library alike. Calls are never interleaved one by one: the
     worker threads of PyTorch (OpenMP) and onnxruntime keep spinning for a while after a
     call, and a library timed right after another one pays for those spinning threads (seen
     on 2 cores: all three libraries 1.5-5x slower than alone)."""

@@ -83,32 +83,28 @@ def _accumulator(dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
 
 
-def _widen(src, dst) -> None:
-    """``dst[...] = src`` into the accumulator dtype. float16 -> float32 goes through integer
-    passes (exact for every half, NaN stays NaN), three times faster than NumPy's cast: the
-    half's bits, sign-extended and shifted so that sign, exponent and mantissa land in the
-    float32 fields, are a float32 that times 2**112 (the bias difference) is the value, for
-    normals and subnormals alike; inf/NaN get the all-ones exponent first."""
-    if not (src.dtype == np.float16 and dst.dtype == np.float32):
-        np.copyto(dst, src)
-        return
-    half, bits = src.view(np.int16), dst.view(np.int32)
+def _widened(xb, dtype):
+    """``xb`` itself when already ``dtype``, else a copy widened to ``dtype`` in this thread's
+    scratch. float16 -> float32 goes through integer passes (exact for every half, NaN stays
+    NaN), three times faster than NumPy's cast: the half's bits, sign-extended and shifted so
+    that sign, exponent and mantissa land in the float32 fields, are a float32 that times
+    2**112 (the bias difference) is the value, for normals and subnormals alike; inf/NaN get
+    the all-ones exponent first."""
+    if xb.dtype == dtype:
+        return xb
+    cur = _scratch("input", xb.shape, dtype)
+    if not (xb.dtype == np.float16 and cur.dtype == np.float32):
+        np.copyto(cur, xb)
+        return cur
+    half, bits = xb.view(np.int16), cur.view(np.int32)
     np.copyto(bits, half)
     np.left_shift(bits, 16, out=bits)
     np.right_shift(bits, 3, out=bits)  # arithmetic: bits 30..28 now copy the sign
     np.bitwise_and(bits, np.int32(-0x70000001), out=bits)  # clear them: 0x8FFFFFFF
-    magnitude = np.bitwise_and(half, 0x7FFF, out=_scratch("keys", src.shape, np.int16))
-    special = np.greater_equal(magnitude, 0x7C00, out=_scratch("mask", src.shape, np.bool_))
+    magnitude = np.bitwise_and(half, 0x7FFF, out=_scratch("keys", xb.shape, np.int16))
+    special = np.greater_equal(magnitude, 0x7C00, out=_scratch("mask", xb.shape, np.bool_))
     np.bitwise_or(bits, 0x70000000, out=bits, where=special)
-    np.multiply(dst, np.float32(2.0 ** 112), out=dst)
-
-
-def _widened(xb, dtype):
-    """``xb`` itself when already ``dtype``, else a widened copy in this thread's scratch."""
-    if xb.dtype == dtype:
-        return xb
-    cur = _scratch("input", xb.shape, dtype)
-    _widen(xb, cur)
+    np.multiply(cur, np.float32(2.0 ** 112), out=cur)
     return cur
 
 
