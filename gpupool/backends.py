@@ -12,7 +12,9 @@ from typing import Callable
 
 import numpy as np
 
-_MODULES = {"numpy": "gpupool.numpy_backend", "cupy": "gpupool.cuda_backend"}
+#: the modules of each backend: the float ops, then the quantized ones.
+_MODULES = {"numpy": ("gpupool.numpy_backend", "gpupool.quantized_numpy"),
+            "cupy": ("gpupool.cuda_backend", "gpupool.quantized_cuda")}
 _REGISTRY: dict[tuple[str, str], Callable] = {}
 
 
@@ -25,8 +27,12 @@ def register(op: str, backend: str) -> Callable:
 
 
 def implementation(op: str, backend: str) -> Callable:
-    if (op, backend) not in _REGISTRY:
-        importlib.import_module(_MODULES[backend])
+    """The function registered for ``op`` on ``backend``, importing the backend's modules
+    until one registers it."""
+    for module in _MODULES[backend]:
+        if (op, backend) in _REGISTRY:
+            break
+        importlib.import_module(module)
     return _REGISTRY[(op, backend)]
 
 
@@ -36,11 +42,11 @@ def is_cupy_array(x) -> bool:
 
 def as_array(func: str, x, name: str = "x"):
     """Return ``(array, backend, xp)``; plain sequences become NumPy arrays."""
-    if isinstance(x, np.ndarray):
-        return x, "numpy", np
-    if is_cupy_array(x):
+    if is_cupy_array(x):  # first: an array type may be both
         import cupy
         return x, "cupy", cupy
+    if isinstance(x, np.ndarray):
+        return x, "numpy", np
     if isinstance(x, (list, tuple)):
         return np.asarray(x), "numpy", np
     raise TypeError(f"gpupool.{func}: {name} must be a NumPy or CuPy array (or a list), "

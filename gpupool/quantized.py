@@ -50,7 +50,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import importlib
 import math
 import numbers
 from dataclasses import dataclass
@@ -289,11 +288,6 @@ def _avg_plan(spec, dtype: str, scale: float, zp_in: int, out_scale: float, zp_o
 
 # ----------------------------------------------------------------------------- dispatch
 
-def _implementation(family: str, backend: str):
-    importlib.import_module(f"gpupool.quantized_{backend}")  # registers the family
-    return implementation(family, backend)
-
-
 @S.memoized
 def _int_window_spec(func, op, shape, dtype, kernel_size, stride, padding, dilation, ceil_mode,
                      layout, count_include_pad):
@@ -329,7 +323,7 @@ def _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, family):
     with _device(q.data):
         out = xp.empty(spec.out_shape, dtype=q.data.dtype)
         if out.size:
-            _implementation(family, backend)(q.data, spec, out, plan)
+            implementation(family, backend)(q.data, spec, out, plan)
     return QArray(out, out_scale, zp_out)
 
 
@@ -350,7 +344,7 @@ def max_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: 
     with _device(data):
         out = xp.empty(spec.out_shape, dtype=data.dtype)
         if out.size:
-            _implementation("qmax_window", backend)(data, spec, out)
+            implementation("qmax_window", backend)(data, spec, out)
     return QArray(out, q.scale, q.zero_point)
 
 

@@ -9,6 +9,7 @@ run the same body against the same exact values, which makes them bit-identical.
 from __future__ import annotations
 
 import math
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -454,6 +455,27 @@ def test_gpu_global_pool_large_plane_and_views():
                        Q.max_pool(qa_cpu, 3, 1).data)
 
 
+def test_every_quantized_family_resolves_in_a_fresh_process(backend, monkeypatch):
+    """Regression: on CuPy the quantized ops imported ``gpupool.quantized_cupy`` (the module is
+    ``quantized_cuda``), and a 4-D spatial quantized op on CuPy asked for the NumPy family of a
+    module never imported in that process (KeyError). Here the registry starts empty and the
+    backend modules unimported, as in a fresh process."""
+    from gpupool import backends
+    monkeypatch.setattr(backends, "_REGISTRY", {})
+    for name in ("gpupool.numpy_backend", "gpupool.quantized_numpy", "gpupool.cuda_backend",
+                 "gpupool.quantized_cuda"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    x = codes((2, 3, 4, 4, 4, 4), "int8", 4)
+    q = Q.QArray(backend.to_backend(x), 0.1, 2)
+    assert_array_equal(backend.to_numpy(Q.max_pool(q, (2, 2, 2, 2)).data),
+                       x.reshape(2, 3, 2, 2, 2, 2, 2, 2, 2, 2).max(axis=(3, 5, 7, 9)))
+    for kernel, got in (((2, 2, 2, 2), Q.avg_pool(q, (2, 2, 2, 2))),
+                        ((4, 4, 4, 4), Q.global_avg_pool(q, spatial_dims=4))):
+        expected = ref_avg_pool(x, kernel, kernel, 0, False, False, "NCHW", 0.1, 2, 0.1, 2,
+                                "half_away_from_zero")
+        assert_array_equal(backend.to_numpy(got.data).reshape(expected.shape), expected)
+
+
 # ----------------------------------------------------------------------------- errors
 
 @pytest.fixture
@@ -607,20 +629,19 @@ def test_onnxruntime_qlinear_pools_report(request, capsys):
 
 @pytest.mark.nvrtc
 @pytest.mark.parametrize("arch", ["80", "90"])
-def test_quantized_kernels_compile_without_warnings(arch):
+def test_quantized_kernels_compile_without_warnings(real_nvrtc, arch):
     """Every quantized instantiation the runtime can request compiles for sm_80 / sm_90 with
     the runtime's options (as tests/test_nvrtc_compile.py does for the float families)."""
     import io
-    pytest.importorskip("cupy")
-    from cupy._core import core as _core
-    from cupy.cuda import compiler
+
+    from test_nvrtc_compile import nvrtc_options
 
     from gpupool import cuda_backend, quantized_cuda
+    compiler = real_nvrtc.compiler
     names = [n for f, n in quantized_cuda.instantiations() if f == quantized_cuda.SOURCE]
     assert len(names) == len(set(names)) == len(quantized_cuda.instantiations())
     source = cuda_backend.read_source((quantized_cuda.SOURCE,))
-    options = _core.assemble_cupy_compiler_options(cuda_backend.OPTIONS) + (
-        f"-arch=sm_{arch}", "--device-as-default-execution-space")
+    options = nvrtc_options(real_nvrtc, arch)
     program = compiler._NVRTCProgram(source, quantized_cuda.SOURCE, name_expressions=names,
                                      method="cubin")
     log = io.StringIO()
