@@ -7,9 +7,11 @@ Imported lazily by :mod:`gpupool.backends` when the first CuPy array arrives.
   :func:`read_source`, so CuPy's on-disk kernel cache keys on the full text.
 * Every static choice (element type, index type, layout, specialised window size, lanes) is a
   template argument: a kernel is one ``name_expression``, compiled once per (device, file,
-  name expression) by :func:`load_module` (memoized per device), never on a warm call.
-  :func:`instantiations` lists every name expression the runtime can ask for; the NVRTC test
-  compiles exactly that list.
+  name expression) by :func:`load_module` (memoized per device, and kept on disk), never on a
+  warm call. :func:`instantiations` lists every name expression the runtime can ask for; the
+  NVRTC test compiles exactly that list.
+* Compiled with NVRTC directly (``OPTIONS``): ``cupy.RawModule`` appends ``-ftz=true``, which
+  flushes float32 subnormals to zero on the GPU, where the NumPy backend keeps them.
 * Launch plans come from :mod:`gpupool.planner`; the per-spec launch steps (kernel objects,
   grid, block, scalar arguments) are cached per (spec, device), so a warm call only checks
   contiguity, allocates scratch when a two-pass reduction needs it and launches.
@@ -23,8 +25,12 @@ Imported lazily by :mod:`gpupool.backends` when the first CuPy array arrives.
 from __future__ import annotations
 
 import functools
+import hashlib
+import io
 import math
+import os
 import re
+import struct
 from pathlib import Path
 
 import cupy
@@ -45,8 +51,9 @@ WORDS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigne
 #: accumulator dtype of the reductions (Num<T>::acc in common.cuh).
 ACC = {"float16": "float32", "float32": "float32", "float64": "float64"}
 INDEX_TYPES = ("int", "long long")
-#: NVRTC options the backend compiles with (CuPy adds its own include paths and -arch).
-OPTIONS = ("--std=c++17",)
+#: NVRTC options of every kernel (plus CuPy's include paths, and -arch from the device): IEEE
+#: float32, subnormals kept, division and square root correctly rounded.
+OPTIONS = ("--std=c++17", "-ftz=false", "-prec-div=true", "-prec-sqrt=true")
 
 FAMILY_FILES = {
     "max_pool": "max_pool.cu", "max_pool_indices": "max_pool.cu", "max_unpool": "max_pool.cu",
@@ -108,21 +115,71 @@ def read_source(source_files: tuple[str, ...], defines: tuple[tuple[str, str], .
     return head + "\n".join(expand(f) for f in source_files)
 
 
+def compile_options() -> tuple[str, ...]:
+    """``OPTIONS`` with CuPy's include paths, as NVRTC receives them (without -arch)."""
+    from cupy._core import core
+    return tuple(core.assemble_cupy_compiler_options(OPTIONS))
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels are kept between processes: ``$GPUPOOL_CACHE_DIR``, else
+    ``~/.cache/gpupool``."""
+    return Path(os.environ.get("GPUPOOL_CACHE_DIR") or Path.home() / ".cache" / "gpupool")
+
+
+def _compiled(source: str, name_expressions: tuple[str, ...]) -> tuple[bytes, dict]:
+    """(cubin, name expression -> lowered name) of ``source`` for the current device, from the
+    disk cache when an identical compile is there."""
+    from cupy.cuda import compiler
+    options = compile_options()
+    arch = cupy.cuda.Device().compute_capability
+    nvrtc = ".".join(map(str, cupy.cuda.nvrtc.getVersion()))
+    key = hashlib.sha256("\0".join(
+        (source, *options, arch, nvrtc, *name_expressions)).encode()).hexdigest()
+    path = cache_dir() / f"{key}.kernel"
+    try:
+        blob = path.read_bytes()
+        (head,) = struct.unpack("<Q", blob[:8])
+        names = blob[8:8 + head].decode().split("\0")
+        return blob[8 + head:], dict(zip(name_expressions, names))
+    except (OSError, struct.error, UnicodeDecodeError):
+        pass
+    log = io.StringIO()
+    cubin, mapping = compiler.compile_using_nvrtc(source, options,
+                                                  name_expressions=name_expressions,
+                                                  log_stream=log)
+    head = "\0".join(mapping[n] for n in name_expressions).encode()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.partial")
+        partial.write_bytes(struct.pack("<Q", len(head)) + head + cubin)
+        os.replace(partial, path)
+    except OSError:
+        pass  # a read-only cache: compile again next time
+    return cubin, mapping
+
+
 @cupy.memoize(for_each_device=True)
 def load_module(source_files: tuple[str, ...], name_expressions: tuple[str, ...],
-                defines: tuple[tuple[str, str], ...] = ()) -> cupy.RawModule:
-    """A ``RawModule`` of ``source_files`` (see :func:`read_source`) with the template
-    instantiations ``name_expressions``; memoized per device. Reusable by other kernel
-    families (e.g. quantized pooling): pass its own ``.cu`` files."""
-    return cupy.RawModule(code=read_source(tuple(source_files), tuple(defines)),
-                          options=OPTIONS, name_expressions=tuple(name_expressions))
+                defines: tuple[tuple[str, str], ...] = ()):
+    """``(module, lowered names)`` of ``source_files`` (see :func:`read_source`) with the
+    template instantiations ``name_expressions``, on the current device; memoized per device.
+    Reusable by other kernel families (e.g. quantized pooling): pass its own ``.cu`` files."""
+    from cupy.cuda import function
+    cubin, mapping = _compiled(read_source(tuple(source_files), tuple(defines)),
+                               tuple(name_expressions))
+    module = function.Module()
+    module.load(cubin)
+    return module, mapping
 
 
 @cupy.memoize(for_each_device=True)
-def kernel(source_file: str, name_expression: str) -> cupy.RawKernel:
+def kernel(source_file: str, name_expression: str):
     """The compiled kernel ``name_expression`` of ``source_file`` on the current device
-    (compiled on first use, then memoized)."""
-    return load_module((source_file,), (name_expression,)).get_function(name_expression)
+    (compiled on first use, then memoized): ``kernel(grid, block, args)`` launches it on
+    the current stream."""
+    module, mapping = load_module((source_file,), (name_expression,))
+    return module.get_function(mapping[name_expression])
 
 
 # ----------------------------------------------------------------- name expressions

@@ -70,9 +70,8 @@ def instantiations() -> list[tuple[str, str]]:
     return out
 
 
-@cupy.memoize(for_each_device=True)
-def _kernel(name: str) -> cupy.RawKernel:
-    return CB.load_module((SOURCE,), (name,)).get_function(name)
+def _kernel(name: str):
+    return CB.kernel(SOURCE, name)
 
 
 @functools.lru_cache(maxsize=256)

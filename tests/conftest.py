@@ -1,14 +1,16 @@
 """Shared test setup: one test body runs on every backend.
 
 * ``backend`` fixture, parametrized over ``numpy`` and ``cupy``; the CuPy case carries the
-  ``gpu`` marker and is skipped when CuPy cannot be imported or no CUDA device is usable.
-* Every test marked ``gpu`` is skipped on a machine without a usable device.
+  ``gpu`` marker.
+* Tests marked ``gpu`` run on CuPy when it sees a CUDA device; otherwise on the CPU executor
+  for ``kernels_cu/`` (``tests/cudacpu``: the kernels compiled with the host C++ compiler,
+  behind a stand-in ``cupy``), so they run wherever a host compiler exists. The report
+  header says which. ``GPUPOOL_GPU_TESTS=executor`` asks for the executor even with a GPU.
 * Hypothesis runs derandomized, without an example database and without deadlines, so CI is
   deterministic.
 """
 from __future__ import annotations
 
-import functools
 import os
 import sys
 
@@ -18,14 +20,16 @@ from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/reference.py, whatever the import mode
 
+import cudacpu  # noqa: E402
+from cudacpu import executor  # noqa: E402
+
 settings.register_profile(
     "gpupool", derandomize=True, database=None, deadline=None, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("GPUPOOL_HYPOTHESIS_PROFILE", "gpupool"))
 
 
-@functools.lru_cache(maxsize=None)
-def gpu_unusable_reason() -> str | None:
+def _real_gpu_reason() -> str | None:
     """None when CuPy imports and sees at least one CUDA device, else why not."""
     try:
         import cupy
@@ -38,15 +42,53 @@ def gpu_unusable_reason() -> str | None:
     return None if count > 0 else "no CUDA device"
 
 
+def _choose_gpu_runtime() -> tuple[str | None, str]:
+    """("cupy" | "executor" | None, description) for the ``gpu`` tests of this run."""
+    no_gpu = ("executor requested" if os.environ.get("GPUPOOL_GPU_TESTS") == "executor"
+              else _real_gpu_reason())
+    if no_gpu is None:
+        import cupy
+        name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+        return "cupy", f"CuPy {cupy.__version__} on {name.decode() if isinstance(name, bytes) else name}"
+    no_compiler = executor.host_compiler_reason()
+    if no_compiler is not None:
+        return None, f"skipped: {no_gpu}; {no_compiler}"
+    build = executor.Build.from_env()
+    schedule = os.environ.get("CUDACPU_SCHEDULE", "forward")
+    return "executor", (f"CPU executor for kernels_cu/ ({no_gpu}): {build.cxx} {build.opt}"
+                        f"{' -fsanitize=' + build.sanitize if build.sanitize else ''}, "
+                        f"schedule {schedule}")
+
+
+#: CuPy's NVRTC (compiler, core) for the compile tests, captured before the stand-in.
+REAL_NVRTC = cudacpu.real_nvrtc()
+GPU_RUNTIME, GPU_RUNTIME_WORDS = _choose_gpu_runtime()
+STANDIN = cudacpu.install() if GPU_RUNTIME == "executor" else None
+
+
+def pytest_report_header(config):
+    return f"gpu tests: {GPU_RUNTIME_WORDS}"
+
+
 def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
-    reason = gpu_unusable_reason()
-    if reason is not None:
-        skip = pytest.mark.skip(reason=f"gpu test skipped: {reason}")
+    if GPU_RUNTIME is None:
+        skip = pytest.mark.skip(reason=f"gpu test {GPU_RUNTIME_WORDS}")
         for item in gpu_items:
             item.add_marker(skip)
+    elif GPU_RUNTIME == "executor":
+        cudacpu.build_all(STANDIN)
+
+
+@pytest.fixture
+def real_nvrtc():
+    """CuPy's NVRTC compiler pieces (no GPU needed); skips where CuPy is not installed."""
+    if REAL_NVRTC is None:
+        pytest.skip("CuPy's NVRTC is not importable")
+    with cudacpu.installed_cupy():
+        yield REAL_NVRTC
 
 
 def to_numpy(a):
@@ -113,8 +155,5 @@ class Backend:
 def backend(request) -> Backend:
     if request.param == "numpy":
         return Backend("numpy", np)
-    reason = gpu_unusable_reason()
-    if reason is not None:
-        pytest.skip(reason)
     import cupy
     return Backend("cupy", cupy)

@@ -16,14 +16,9 @@ from collections import defaultdict
 
 import pytest
 
+from gpupool import cuda_backend
+
 pytestmark = pytest.mark.nvrtc
-
-cupy = pytest.importorskip("cupy")
-
-from cupy._core import core as _core  # noqa: E402
-from cupy.cuda import compiler  # noqa: E402
-
-from gpupool import cuda_backend  # noqa: E402
 
 ARCHS = ("80", "90")
 
@@ -35,8 +30,10 @@ def _by_file():
     return dict(files)
 
 
-def _options(arch: str) -> tuple[str, ...]:
-    return _core.assemble_cupy_compiler_options(cuda_backend.OPTIONS) + (
+def nvrtc_options(real_nvrtc, arch: str) -> tuple[str, ...]:
+    """What the runtime passes to NVRTC: CuPy's include paths, the backend's OPTIONS, then
+    -arch and --device-as-default-execution-space (added by ``compile_using_nvrtc``)."""
+    return tuple(real_nvrtc.core.assemble_cupy_compiler_options(cuda_backend.OPTIONS)) + (
         f"-arch=sm_{arch}", "--device-as-default-execution-space")
 
 
@@ -53,14 +50,15 @@ def test_instantiation_list_covers_every_family():
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("source_file", sorted(_by_file()))
-def test_compiles_without_warnings(source_file, arch):
+def test_compiles_without_warnings(real_nvrtc, source_file, arch):
     names = _by_file()[source_file]
     source = cuda_backend.read_source((source_file,))
+    compiler = real_nvrtc.compiler
     program = compiler._NVRTCProgram(source, source_file, name_expressions=names,
                                      method="cubin")
     log = io.StringIO()
     try:
-        cubin, mapping = program.compile(_options(arch), log)
+        cubin, mapping = program.compile(nvrtc_options(real_nvrtc, arch), log)
     except compiler.CompileException as exc:
         pytest.fail(f"NVRTC failed on {source_file} for sm_{arch}:\n{exc}")
     assert not log.getvalue().strip(), f"NVRTC warnings for {source_file} sm_{arch}:\n{log.getvalue()}"

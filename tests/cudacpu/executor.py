@@ -1,0 +1,304 @@
+"""Run CUDA C++ kernels on the CPU: compile with the host C++ compiler, launch through ctypes.
+
+The source is compiled against ``include/cudacpu.h`` (CUDA's qualifiers, built-in variables,
+``__shared__``, barriers and warp collectives on fibers; ``include/cuda_fp16.h`` for
+``__half``) into a shared library holding, per name expression, a launcher and a description
+of the kernel's parameters. Libraries are cached under ``$CUDACPU_CACHE`` (default
+``~/.cache/gpupool-cudacpu``) by a hash of everything that goes into them.
+
+A launch checks each argument against the kernel's parameters before anything runs (a
+pointer takes a C-contiguous array of the pointee's element size; a scalar takes a NumPy
+scalar of the same kind and width; a Python int or float counts as int64 or float64, as CuPy
+passes it), refuses arrays that alias a written pointer (the kernels declare ``__restrict__``),
+and guards every array: without a sanitizer it runs on a copy fenced by canary bytes checked
+after the launch, so a write out of bounds fails the launch; with AddressSanitizer on an
+exact-size ``malloc`` copy, so ASan sees any access past either end.
+
+Build options come from the environment: ``CUDACPU_SANITIZE`` (e.g. ``address,undefined``;
+ASan needs its runtime preloaded into Python, see :func:`asan_preload`), ``CUDACPU_OPT``
+(default ``-O1``), ``CXX`` (default ``g++``). Schedule and limits are read by the runtime at
+each launch: ``CUDACPU_SCHEDULE`` (``forward``, ``reverse``, ``random[:seed]``),
+``CUDACPU_WORKERS``, ``CUDACPU_STACK_KB``.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+INCLUDE = Path(__file__).resolve().parent / "include"
+CANARY_BYTES = 4096
+CANARY = 0xA5
+_LIBC = ctypes.CDLL(None)
+_LIBC.malloc.restype = ctypes.c_void_p
+_LIBC.malloc.argtypes = [ctypes.c_size_t]
+_LIBC.free.argtypes = [ctypes.c_void_p]
+
+
+class CompileError(RuntimeError):
+    """The host compiler rejected the source."""
+
+
+class LaunchError(RuntimeError):
+    """A launch was refused or failed: bad arguments or configuration, misuse of a barrier or
+    warp collective, deadlock, or an out-of-bounds write."""
+
+
+@dataclass(frozen=True)
+class Build:
+    """How kernels are compiled: optimisation level and sanitizers."""
+
+    opt: str = "-O1"
+    sanitize: str = ""
+    cxx: str = "g++"
+
+    @classmethod
+    def from_env(cls) -> "Build":
+        return cls(os.environ.get("CUDACPU_OPT", "-O1"), os.environ.get("CUDACPU_SANITIZE", ""),
+                   os.environ.get("CXX", "g++"))
+
+    @property
+    def asan(self) -> bool:
+        return "address" in self.sanitize.split(",")
+
+    def flags(self) -> list[str]:
+        flags = ["-std=c++17", self.opt, "-fPIC", "-shared", "-Wall", "-Wno-unknown-pragmas",
+                 "-Wno-unused-variable", "-Wno-unused-but-set-variable", f"-I{INCLUDE}"]
+        if self.sanitize:
+            flags += ["-g", f"-fsanitize={self.sanitize}", "-fno-omit-frame-pointer",
+                      "-fno-sanitize-recover=all"]
+        return flags
+
+
+def host_compiler_reason(build: Build | None = None) -> str | None:
+    """None when the host C++ compiler works, else why not."""
+    cxx = (build or Build.from_env()).cxx
+    try:
+        done = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"no host C++ compiler ({cxx}: {exc})"
+    return None if done.returncode == 0 else f"{cxx} --version failed"
+
+
+def asan_preload(build: Build | None = None) -> str:
+    """Path of the compiler's ASan runtime, for ``LD_PRELOAD`` of the Python process."""
+    cxx = (build or Build.from_env()).cxx
+    return subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _cache_dir() -> Path:
+    path = Path(os.environ.get("CUDACPU_CACHE", Path.home() / ".cache" / "gpupool-cudacpu"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _translation_unit(names: tuple[str, ...], defines: tuple[str, ...]) -> str:
+    parts = [f"#define {d} 1" for d in defines]
+    parts += ['#include "cudacpu.h"', '#include "kernel.cu"', ""]
+    for i, name in enumerate(names):
+        parts.append(
+            f'extern "C" int cudacpu_launch_{i}(const unsigned* g, const unsigned* b, '
+            f"void** a, char* e, size_t n) {{\n"
+            f"  return cudacpu::launch_kernel(&{name}, g, b, a, e, n);\n}}\n"
+            f'extern "C" int cudacpu_signature_{i}(char* out, size_t n) {{\n'
+            f"  return cudacpu::signature(&{name}, out, n);\n}}")
+    return "\n".join(parts) + "\n"
+
+
+def build_library(code: str, names: tuple[str, ...], build: Build,
+                  defines: tuple[str, ...] = ()) -> Path:
+    """The shared library of ``code`` with launchers for ``names`` (compiled once, cached).
+    ``defines``: macros set before the runtime header (``CUDACPU_FTZ``: flush subnormals)."""
+    unit = _translation_unit(names, defines)
+    headers = "".join(p.read_text() for p in sorted(INCLUDE.glob("*.h")))
+    key = hashlib.sha256("\0".join(
+        [build.cxx, " ".join(build.flags()), headers, code, unit]).encode()).hexdigest()[:32]
+    path = _cache_dir() / f"k_{key}.so"
+    if path.exists():
+        return path
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "unit.cpp").write_text(unit)
+        (Path(tmp) / "kernel.cu").write_text(code)
+        partial = Path(tmp) / "k.so"
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        done = subprocess.run([build.cxx, *build.flags(), str(Path(tmp) / "unit.cpp"), "-o",
+                               str(partial)], capture_output=True, text=True, env=env)
+        if done.returncode:
+            raise CompileError(f"{build.cxx} failed on {len(names)} kernels:\n"
+                               f"{done.stderr[-8000:]}")
+        os.replace(partial, path)
+    return path
+
+
+def build_libraries(jobs: list[tuple[str, tuple[str, ...]]], build: Build,
+                    defines: tuple[str, ...] = ()) -> list[Path]:
+    """:func:`build_library` for each ``(code, names)``, on every core."""
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return list(pool.map(lambda job: build_library(job[0], job[1], build, defines), jobs))
+
+
+@dataclass(frozen=True)
+class Param:
+    kind: str  # p pointer, b bool, f float, i signed, u unsigned
+    size: int
+    pointee_kind: str
+    pointee_size: int  # 0: void
+    const: bool
+
+
+class Library:
+    """A loaded kernel library: :meth:`kernel` by name expression."""
+
+    def __init__(self, path: Path, names: tuple[str, ...]):
+        self.path, self.names = path, names
+        self.lib = ctypes.CDLL(str(path))
+
+    def kernel(self, name: str) -> "Kernel":
+        return Kernel(self, self.names.index(name), name)
+
+
+_PY_SCALARS = {bool: np.bool_, int: np.int64, float: np.float64}
+
+
+class Kernel:
+    """One kernel: ``kernel(grid, block, args)`` launches it on the calling thread."""
+
+    def __init__(self, library: Library, index: int, name: str):
+        self.library, self.name = library, name
+        self._launch = getattr(library.lib, f"cudacpu_launch_{index}")
+        self._launch.restype = ctypes.c_int
+        self._launch.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint),
+                                 ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p,
+                                 ctypes.c_size_t]
+        describe = getattr(library.lib, f"cudacpu_signature_{index}")
+        describe.restype = ctypes.c_int
+        text = ctypes.create_string_buffer(8192)
+        describe(text, len(text))
+        self.params = []
+        for entry in filter(None, text.value.decode().split(";")):
+            kind, size, pkind, psize, const = entry.split()
+            self.params.append(Param(kind, int(size), pkind, int(psize), const == "1"))
+
+    def _refuse(self, message: str, exc=LaunchError):
+        raise exc(f"{self.name}: {message}")
+
+    def check_args(self, args) -> None:
+        """Raise ``TypeError`` unless ``args`` match the kernel's parameters."""
+        if len(args) != len(self.params):
+            self._refuse(f"{len(args)} arguments for {len(self.params)} parameters", TypeError)
+        for i, (a, p) in enumerate(zip(args, self.params)):
+            if p.kind == "p":
+                if not isinstance(a, np.ndarray):
+                    self._refuse(f"argument {i} must be an array (pointer parameter), got "
+                                 f"{type(a).__name__}", TypeError)
+                if p.pointee_size and a.itemsize != p.pointee_size:
+                    self._refuse(f"argument {i} has {a.dtype} elements ({a.itemsize} bytes); "
+                                 f"the kernel reads {p.pointee_size}-byte elements", TypeError)
+                continue
+            scalar = a if isinstance(a, np.generic) else None
+            if scalar is None and type(a) in _PY_SCALARS:
+                scalar = _PY_SCALARS[type(a)](a)
+            if scalar is None:
+                self._refuse(f"argument {i} must be a scalar for a {p.size}-byte '{p.kind}' "
+                             f"parameter, got {type(a).__name__}", TypeError)
+            if scalar.dtype.kind != p.kind or scalar.dtype.itemsize != p.size:
+                self._refuse(f"argument {i} is {scalar.dtype} ({type(a).__name__}); the "
+                             f"parameter is a {p.size}-byte '{p.kind}'", TypeError)
+
+    def __call__(self, grid, block, args) -> None:
+        self.check_args(args)
+        arrays = [(i, a) for i, (a, p) in enumerate(zip(args, self.params)) if p.kind == "p"]
+        for n, (i, a) in enumerate(arrays):
+            if not a.flags.c_contiguous:
+                self._refuse(f"argument {i} is not C-contiguous")
+            for j, b in arrays[n + 1:]:
+                written = not self.params[i].const or not self.params[j].const
+                if written and a.size and b.size and np.may_share_memory(a, b):
+                    self._refuse(f"arguments {i} and {j} overlap, and one is written "
+                                 f"(the kernel declares them __restrict__)")
+        asan = Build.from_env().asan
+        cells, guards = [], []
+        try:
+            for a, p in zip(args, self.params):
+                if p.kind == "p":
+                    guard = _AsanCopy(a) if asan else _CanaryCopy(a)
+                    guards.append((guard, a, not p.const))
+                    cells.append(ctypes.c_void_p(guard.address))
+                else:
+                    scalar = a if isinstance(a, np.generic) else _PY_SCALARS[type(a)](a)
+                    cells.append(ctypes.create_string_buffer(scalar.tobytes(), p.size))
+            pointers = (ctypes.c_void_p * max(1, len(cells)))(
+                *[ctypes.cast(ctypes.pointer(c), ctypes.c_void_p).value for c in cells])
+            g3 = (ctypes.c_uint * 3)(*(tuple(grid) + (1, 1, 1))[:3])
+            b3 = (ctypes.c_uint * 3)(*(tuple(block) + (1, 1, 1))[:3])
+            err = ctypes.create_string_buffer(4096)
+            rc = self._launch(g3, b3, pointers, err, len(err))
+            problems = [m for guard, _, _ in guards for m in guard.damage()]
+            for guard, a, written in guards:
+                if written:
+                    guard.copy_back(a)
+        finally:
+            for guard, _, _ in guards:
+                guard.release()
+        where = f"grid {tuple(grid)} block {tuple(block)}"
+        if rc:
+            self._refuse(f"{where}: {err.value.decode()}")
+        if problems:
+            self._refuse(f"{where}: " + "; ".join(problems))
+
+
+class _CanaryCopy:
+    """The array's bytes between two zones of canary bytes."""
+
+    def __init__(self, a: np.ndarray):
+        self.nbytes = a.nbytes
+        self.buf = np.full(a.nbytes + 2 * CANARY_BYTES, CANARY, dtype=np.uint8)
+        self.buf[CANARY_BYTES:CANARY_BYTES + a.nbytes] = np.asarray(a).reshape(-1).view(np.uint8)
+        self.address = self.buf.ctypes.data + CANARY_BYTES
+
+    def damage(self) -> list[str]:
+        out = []
+        before = np.flatnonzero(self.buf[:CANARY_BYTES] != CANARY)
+        after = np.flatnonzero(self.buf[CANARY_BYTES + self.nbytes:] != CANARY)
+        if before.size:
+            out.append(f"out-of-bounds write {CANARY_BYTES - int(before[0])} bytes before an "
+                       f"array of {self.nbytes} bytes")
+        if after.size:
+            out.append(f"out-of-bounds write {int(after[0])} bytes past the end of an array "
+                       f"of {self.nbytes} bytes")
+        return out
+
+    def copy_back(self, a: np.ndarray) -> None:
+        np.asarray(a).reshape(-1).view(np.uint8)[:] = \
+            self.buf[CANARY_BYTES:CANARY_BYTES + self.nbytes]
+
+    def release(self) -> None:
+        pass
+
+
+class _AsanCopy:
+    """The array's bytes in an exact-size ``malloc`` block (ASan's redzones on both sides)."""
+
+    def __init__(self, a: np.ndarray):
+        self.nbytes = a.nbytes
+        self.address = _LIBC.malloc(max(1, a.nbytes))
+        if not self.address:
+            raise MemoryError("cudacpu: malloc failed")
+        ctypes.memmove(self.address, np.asarray(a).ctypes.data, a.nbytes)
+
+    def damage(self) -> list[str]:
+        return []
+
+    def copy_back(self, a: np.ndarray) -> None:
+        ctypes.memmove(np.asarray(a).ctypes.data, self.address, self.nbytes)
+
+    def release(self) -> None:
+        _LIBC.free(self.address)

@@ -1,0 +1,451 @@
+"""A stand-in for the part of CuPy that gpupool uses, running kernels on the CPU executor.
+
+Put ``tests/cudacpu/standin`` first on ``sys.path`` (``tests/conftest.py`` does, on a machine
+without a usable GPU) and ``gpupool.cuda_backend`` / ``gpupool.quantized_cuda`` run unchanged:
+
+* ``ndarray`` is a NumPy subclass that also records its device and the stream that last wrote
+  it; ``asarray``, ``empty``, ... and any other NumPy function reached through this module
+  return it.
+* ``cuda.Device``, ``cuda.runtime``: ``CUDACPU_DEVICES`` devices (default 2) with an H100's
+  properties, so the planner makes the launches it makes on an H100.
+* ``cuda.Stream``: streams with CUDA's ordering rules (the legacy null stream is ordered with
+  blocking streams; two other streams are not). A kernel, ``get`` or copy touching an array
+  last written on a stream it is not ordered with, and not synchronised since, is refused:
+  on a GPU it would race.
+* ``cuda.compiler.compile_using_nvrtc`` compiles with the host compiler (tests/cudacpu/
+  executor.py) and records its options; ``-ftz=true`` is honoured by flushing subnormals
+  (x86 MXCSR FTZ/DAZ) during the launch, as NVRTC's flag does on a GPU.
+* ``cuda.function.Module`` / ``Function``: a launch refuses arrays of another device or type.
+
+Not a general CuPy: only what gpupool and its tests touch.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import threading
+import types
+import weakref
+from pathlib import Path
+
+import numpy as _np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # tests/
+from cudacpu import executor as _executor  # noqa: E402
+
+__version__ = "0.0.0+cudacpu"
+DEVICE_COUNT = int(os.environ.get("CUDACPU_DEVICES", "2"))
+_state = threading.local()
+
+
+class CUDARuntimeError(RuntimeError):
+    pass
+
+
+# ----------------------------------------------------------------------------- streams
+class Stream:
+    """A CUDA stream: work on it is ordered; ``synchronize`` waits for all of it."""
+
+    _count = 0
+
+    def __init__(self, non_blocking: bool = False, null: bool = False):
+        Stream._count += 1
+        self.ptr = 0 if null else Stream._count
+        self.non_blocking = non_blocking
+        self.is_null = null
+        self.epoch = 0  # work items enqueued so far
+        self.done = 0  # work items known finished (synchronize)
+
+    def __repr__(self) -> str:
+        return "<Stream null>" if self.is_null else f"<Stream {self.ptr}>"
+
+    def enqueue(self) -> int:
+        self.epoch += 1
+        return self.epoch
+
+    def synchronize(self) -> None:
+        self.done = self.epoch
+
+    def ordered_with(self, other: "Stream") -> bool:
+        if self is other:
+            return True
+        legacy = (self.is_null or other.is_null)
+        return legacy and not self.non_blocking and not other.non_blocking
+
+    def __enter__(self):
+        _stack("streams").append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _stack("streams").pop()
+        return False
+
+
+Stream.null = Stream(null=True)
+
+
+def _stack(name: str) -> list:
+    if not hasattr(_state, name):
+        setattr(_state, name, [])
+    return getattr(_state, name)
+
+
+def get_current_stream() -> Stream:
+    streams = _stack("streams")
+    return streams[-1] if streams else Stream.null
+
+
+# ----------------------------------------------------------------------------- devices
+class Device:
+    """``with Device(i):`` makes device ``i`` current; ``Device()`` is the current one."""
+
+    def __init__(self, device=None):
+        self.id = _current_device() if device is None else int(device)
+        if not 0 <= self.id < DEVICE_COUNT:
+            raise CUDARuntimeError(f"cudaErrorInvalidDevice: device {self.id} of {DEVICE_COUNT}")
+
+    def __enter__(self):
+        _stack("devices").append(self.id)
+        return self
+
+    def __exit__(self, *exc):
+        _stack("devices").pop()
+        return False
+
+    def __eq__(self, other):
+        return isinstance(other, Device) and other.id == self.id
+
+    def __hash__(self):
+        return hash(("device", self.id))
+
+    def __repr__(self) -> str:
+        return f"<CUDA Device {self.id}>"
+
+    @property
+    def compute_capability(self) -> str:
+        return "90"
+
+    def synchronize(self) -> None:
+        get_current_stream().synchronize()
+        Stream.null.synchronize()
+        for s in _WRITERS_SEEN:
+            s.synchronize()
+
+
+def _current_device() -> int:
+    devices = _stack("devices")
+    return devices[-1] if devices else 0
+
+
+_WRITERS_SEEN: "set[Stream]" = set()
+
+
+class _Runtime:
+    @staticmethod
+    def getDevice() -> int:
+        return _current_device()
+
+    @staticmethod
+    def getDeviceCount() -> int:
+        return DEVICE_COUNT
+
+    @staticmethod
+    def runtimeGetVersion() -> int:
+        return 13000
+
+    @staticmethod
+    def driverGetVersion() -> int:
+        return 13000
+
+    @staticmethod
+    def getDeviceProperties(device: int) -> dict:
+        return {"name": b"cudacpu executor (H100 properties)", "major": 9, "minor": 0,
+                "multiProcessorCount": 132, "maxThreadsPerBlock": 1024,
+                "maxThreadsPerMultiProcessor": 2048, "sharedMemPerBlockOptin": 227 * 1024,
+                "sharedMemPerBlock": 48 * 1024, "sharedMemPerMultiprocessor": 228 * 1024,
+                "l2CacheSize": 50 * 2**20, "totalGlobalMem": 80 * 2**30}
+
+
+# ----------------------------------------------------------------------------- arrays
+class _Pointer:
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
+def _root(a: _np.ndarray) -> _np.ndarray:
+    while isinstance(a.base, _np.ndarray):
+        a = a.base
+    return a
+
+
+class ndarray(_np.ndarray):
+    """A NumPy array that lives on a device and remembers the stream that last wrote it."""
+
+    def __array_finalize__(self, obj):
+        self._device = getattr(obj, "_device", _current_device())
+
+    @property
+    def device(self) -> Device:
+        return Device(self._device)
+
+    @property
+    def data(self) -> _Pointer:
+        return _Pointer(self.__array_interface__["data"][0])
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return self.__array_interface__
+
+    def _host(self) -> _np.ndarray:
+        return self.view(_np.ndarray)
+
+    def get(self, stream=None) -> _np.ndarray:
+        _touch(self, stream or get_current_stream(), "get()")
+        (stream or get_current_stream()).synchronize()
+        return _np.array(self._host(), copy=True)
+
+    def set(self, arr, stream=None) -> None:
+        _touch(self, stream or get_current_stream(), "set()", write=True)
+        self._host()[...] = arr
+
+    def fill(self, value) -> None:
+        _touch(self, get_current_stream(), "fill()", write=True)
+        self._host().fill(value)
+
+    def __setitem__(self, key, value) -> None:
+        _touch(self, get_current_stream(), "__setitem__", write=True)
+        self._host()[key] = value._host() if isinstance(value, ndarray) else value
+
+
+def _touch(a: ndarray, stream: Stream, what: str, write: bool = False) -> None:
+    """Refuse an access on ``stream`` that may race with the array's last writer; record
+    ``stream`` as the writer when ``write``."""
+    root = _root(a)
+    writer = _WRITERS.get(id(root))
+    if writer is not None:
+        w_stream, w_epoch = writer
+        if not w_stream.ordered_with(stream) and w_stream.done < w_epoch:
+            raise _executor.LaunchError(
+                f"cudacpu: {what} on {stream} touches an array last written on {w_stream}, "
+                f"which is not ordered with it and was not synchronised since (a race on a GPU)")
+    if write:
+        if id(root) not in _WRITERS:
+            weakref.finalize(root, _WRITERS.pop, id(root), None)
+        _WRITERS[id(root)] = (stream, stream.enqueue())
+        _WRITERS_SEEN.add(stream)
+
+
+#: id of a memory owner -> (stream, epoch) of its last write
+_WRITERS: dict[int, tuple[Stream, int]] = {}
+
+
+def _adopt(result):
+    """NumPy results as device arrays of the current device, written on the current stream."""
+    if isinstance(result, _np.ndarray) and not isinstance(result, ndarray):
+        result = result.view(ndarray)
+        result._device = _current_device()
+        _touch(result, get_current_stream(), "a copy", write=True)
+    elif isinstance(result, tuple):
+        result = tuple(_adopt(r) for r in result)
+    return result
+
+
+def _check_inputs(args, kwargs, what: str) -> None:
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, ndarray):
+            if v._device != _current_device():
+                raise _executor.LaunchError(f"cudacpu: {what} on device {_current_device()} "
+                                            f"reads an array of device {v._device}")
+            _touch(v, get_current_stream(), what)
+
+
+def _device_function(func):
+    @functools.wraps(func)
+    def run(*args, **kwargs):
+        _check_inputs(args, kwargs, func.__name__)
+        plain = [a._host() if isinstance(a, ndarray) else a for a in args]
+        return _adopt(func(*plain, **kwargs))
+    return run
+
+
+def asarray(a, dtype=None, order=None):
+    if isinstance(a, ndarray) and a._device == _current_device() and dtype in (None, a.dtype) \
+            and order is None:
+        return a
+    if isinstance(a, ndarray):
+        _check_inputs((a,), {}, "asarray")
+        a = a._host()
+    return _adopt(_np.array(a, dtype=dtype, order=order or "K", copy=True))
+
+
+def array(a, dtype=None, copy=True, order="K"):
+    if isinstance(a, ndarray):
+        _check_inputs((a,), {}, "array")
+        a = a._host()
+    return _adopt(_np.array(a, dtype=dtype, order=order, copy=True))
+
+
+def empty(shape, dtype=float, order="C"):
+    out = _np.empty(shape, dtype=dtype, order=order).view(ndarray)
+    out._device = _current_device()
+    return out
+
+
+def asnumpy(a, stream=None):
+    if isinstance(a, ndarray):
+        return a.get(stream)
+    return _np.asarray(a)
+
+
+def may_share_memory(a, b, max_work=None) -> bool:
+    return _np.may_share_memory(_np.asarray(a), _np.asarray(b))
+
+
+def __getattr__(name):
+    value = getattr(_np, name)
+    if callable(value) and not isinstance(value, type):
+        return _device_function(value)
+    return value
+
+
+def memoize(for_each_device: bool = False):
+    """Cache results by arguments (and by the current device when ``for_each_device``)."""
+    def decorate(func):
+        cache = {}
+
+        @functools.wraps(func)
+        def run(*args, **kwargs):
+            key = (_current_device() if for_each_device else None, args,
+                   tuple(sorted(kwargs.items())))
+            if key not in cache:
+                cache[key] = func(*args, **kwargs)
+            return cache[key]
+        run.cache_clear = cache.clear
+        return run
+    return decorate
+
+
+def get_default_memory_pool():
+    return types.SimpleNamespace(free_all_blocks=lambda: None)
+
+
+# ----------------------------------------------------------------------------- compiler
+class CompileException(RuntimeError):
+    pass
+
+
+#: source text -> every name expression the project can ask of it; a request for some of
+#: them builds them in chunks of CHUNK names (one host compile serves many kernels).
+batches: dict[str, tuple[str, ...]] = {}
+CHUNK = 48
+#: (options, name_expressions) of every compile_using_nvrtc call.
+calls: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+
+
+def chunks(code: str, names) -> list[tuple[str, tuple[str, ...]]]:
+    """The (code, names) library jobs that hold ``names`` of ``code``."""
+    batch = batches.get(code, ())
+    if not set(names) <= set(batch):
+        return [(code, tuple(names))]
+    every = sorted(batch)
+    groups = [tuple(every[i:i + CHUNK]) for i in range(0, len(every), CHUNK)]
+    return [(code, g) for g in groups if set(g) & set(names)]
+
+
+def compile_using_nvrtc(source, options=(), arch=None, filename="kern.cu",
+                        name_expressions=None, log_stream=None, cache_in_memory=False,
+                        jitify=None, method=None):
+    names = tuple(name_expressions or ())
+    options = tuple(options)
+    calls.append((options, names))
+    ftz = any(o.replace("--", "-") == "-ftz=true" for o in options)
+    build = _executor.Build.from_env()
+    try:
+        jobs = chunks(source, names)
+        paths = _executor.build_libraries(jobs, build, ("CUDACPU_FTZ",) if ftz else ())
+    except _executor.CompileError as exc:
+        raise CompileException(str(exc)) from None
+    image = json.dumps([[str(p), list(ns)] for p, (_, ns) in zip(paths, jobs)]).encode()
+    return image, {n: n for n in names}
+
+
+class Function:
+    """A loaded kernel: ``f(grid, block, args, shared_mem=0, stream=None)``."""
+
+    def __init__(self, kernel: _executor.Kernel):
+        self.kernel = kernel
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None):
+        if shared_mem:
+            raise _executor.LaunchError("cudacpu: dynamic shared memory is not modelled")
+        stream = stream or get_current_stream()
+        name = self.kernel.name
+        for i, a in enumerate(args):
+            if isinstance(a, _np.ndarray) and not isinstance(a, ndarray):
+                raise TypeError(f"{name}: argument {i} is a host (NumPy) array")
+        self.kernel.check_args(args)
+        device = _current_device()
+        for i, (a, p) in enumerate(zip(args, self.kernel.params)):
+            if p.kind == "p":
+                if a._device != device:
+                    raise _executor.LaunchError(
+                        f"{name}: argument {i} lives on device {a._device}, the launch runs "
+                        f"on device {device} (an illegal address on a GPU)")
+                _touch(a, stream, f"{name} argument {i}", write=not p.const)
+        self.kernel(grid, block, [a._host() if isinstance(a, ndarray) else a for a in args])
+
+
+class Module:
+    """A loaded image of :func:`compile_using_nvrtc`."""
+
+    def __init__(self):
+        self.kernels = {}
+
+    def load(self, image: bytes) -> None:
+        for path, names in json.loads(image.decode()):
+            library = _libraries(path, tuple(names))
+            for n in names:
+                self.kernels[n] = library
+
+    def get_function(self, name: str) -> Function:
+        return Function(self.kernels[name].kernel(name))
+
+
+@functools.lru_cache(maxsize=None)
+def _libraries(path: str, names: tuple[str, ...]) -> _executor.Library:
+    return _executor.Library(Path(path), names)
+
+
+def _assemble_cupy_compiler_options(options):
+    return ("-I/cudacpu/cupy/include",) + tuple(options)
+
+
+def _nvrtc_version():
+    return (13, 0)
+
+
+cuda = types.ModuleType("cupy.cuda")
+cuda.runtime = types.ModuleType("cupy.cuda.runtime")
+for _name in ("getDevice", "getDeviceCount", "runtimeGetVersion", "driverGetVersion",
+              "getDeviceProperties"):
+    setattr(cuda.runtime, _name, getattr(_Runtime, _name))
+cuda.runtime.CUDARuntimeError = CUDARuntimeError
+cuda.compiler = types.ModuleType("cupy.cuda.compiler")
+cuda.compiler.compile_using_nvrtc = compile_using_nvrtc
+cuda.compiler.CompileException = CompileException
+cuda.function = types.ModuleType("cupy.cuda.function")
+cuda.function.Module = Module
+cuda.function.Function = Function
+cuda.nvrtc = types.ModuleType("cupy.cuda.nvrtc")
+cuda.nvrtc.getVersion = _nvrtc_version
+cuda.Device = Device
+cuda.Stream = Stream
+cuda.get_current_stream = get_current_stream
+_core = types.ModuleType("cupy._core")
+_core.core = types.ModuleType("cupy._core.core")
+_core.core.assemble_cupy_compiler_options = _assemble_cupy_compiler_options
+for _module in (cuda, cuda.runtime, cuda.compiler, cuda.function, cuda.nvrtc, _core,
+                _core.core):
+    sys.modules[_module.__name__] = _module
