@@ -21,6 +21,8 @@ LAYOUTS = ("NCHW", "NHWC")
 FLOAT_DTYPES = ("float16", "float32", "float64")
 INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64")
 PADDING_STRINGS = ("valid", "same", "same_lower")
+#: largest kernel size, stride, dilation and pad (the CUDA kernels take them as int32)
+WINDOW_PARAM_MAX = 2**31 - 1
 
 
 def _fail(func: str, message: str, exc: type = ValueError):
@@ -38,8 +40,9 @@ def _is_int(v) -> bool:
     return getattr(v, "ndim", 0) == 0
 
 
-def _int_tuple(func: str, name: str, value, nd: int, minimum: int) -> tuple[int, ...]:
-    """An int or a length-``nd`` sequence of ints, each >= ``minimum``."""
+def _int_tuple(func: str, name: str, value, nd: int, minimum: int,
+               maximum: int | None = None) -> tuple[int, ...]:
+    """An int or a length-``nd`` sequence of ints, each in [``minimum``, ``maximum``]."""
     if _is_int(value):
         values = (int(value),) * nd
     elif isinstance(value, (tuple, list)) and all(_is_int(v) for v in value):
@@ -51,7 +54,13 @@ def _int_tuple(func: str, name: str, value, nd: int, minimum: int) -> tuple[int,
         _fail(func, f"{name}={value!r} must be an int or a tuple of {nd} ints", TypeError)
     if any(v < minimum for v in values):
         _fail(func, f"{name}={value!r} must be >= {minimum} in every dim")
+    if maximum is not None and any(v > maximum for v in values):
+        _fail(func, f"{name}={value!r} must be <= {maximum} (2**31 - 1) in every dim")
     return values
+
+
+def _window_ints(func: str, name: str, value, nd: int, minimum: int) -> tuple[int, ...]:
+    return _int_tuple(func, name, value, nd, minimum, WINDOW_PARAM_MAX)
 
 
 def spatial_rank(func: str, size) -> int:
@@ -182,14 +191,17 @@ def resolve_padding(func: str, padding, nd: int, spatial, kernel, stride, dilati
             total = max((out - 1) * s + d * (k - 1) + 1 - i, 0)
             small, large = total // 2, total - total // 2
             pads.append((small, large) if mode == "same" else (large, small))
+        if any(p > WINDOW_PARAM_MAX for pair in pads for p in pair):
+            _fail(func, f"padding={padding!r} resolves to pads {tuple(pads)}, beyond "
+                        f"{WINDOW_PARAM_MAX} (2**31 - 1)")
         return tuple(pads)
     if isinstance(padding, (tuple, list)) and padding and all(
             isinstance(p, (tuple, list)) for p in padding):
         if len(padding) != nd or any(len(p) != 2 for p in padding):
             _fail(func, f"padding={padding!r} must hold {nd} (begin, end) pairs")
-        flat = _int_tuple(func, "padding", [v for p in padding for v in p], 2 * nd, 0)
+        flat = _window_ints(func, "padding", [v for p in padding for v in p], 2 * nd, 0)
         return tuple((flat[2 * i], flat[2 * i + 1]) for i in range(nd))
-    sym = _int_tuple(func, "padding", padding, nd, 0)
+    sym = _window_ints(func, "padding", padding, nd, 0)
     return tuple((p, p) for p in sym)
 
 
@@ -232,9 +244,9 @@ def window_spec(func: str, op: str, shape, dtype: str, kernel_size, stride, padd
                 divisor_override=None, p=None) -> WindowSpec:
     nd = spatial_rank(func, kernel_size)
     g = geometry(func, shape, dtype, layout, nd, integers=(op == "max"))
-    kernel = _int_tuple(func, "kernel_size", kernel_size, nd, 1)
-    stride = kernel if stride is None else _int_tuple(func, "stride", stride, nd, 1)
-    dilation = _int_tuple(func, "dilation", dilation, nd, 1)
+    kernel = _window_ints(func, "kernel_size", kernel_size, nd, 1)
+    stride = kernel if stride is None else _window_ints(func, "stride", stride, nd, 1)
+    dilation = _window_ints(func, "dilation", dilation, nd, 1)
     pads = resolve_padding(func, padding, nd, g.spatial, kernel, stride, dilation)
     if type(ceil_mode).__name__ not in ("bool", "bool_"):
         _fail(func, f"ceil_mode={ceil_mode!r} must be a bool", TypeError)
@@ -335,8 +347,8 @@ def unpool_spec(func: str, shape, dtype: str, indices_shape, indices_dtype: str,
     if indices_dtype not in INT_DTYPES:
         _fail(func, f"indices dtype {indices_dtype} is not supported: use int64 (as max_pool "
                     f"returns)", TypeError)
-    kernel = _int_tuple(func, "kernel_size", kernel_size, nd, 1)
-    stride = kernel if stride is None else _int_tuple(func, "stride", stride, nd, 1)
+    kernel = _window_ints(func, "kernel_size", kernel_size, nd, 1)
+    stride = kernel if stride is None else _window_ints(func, "stride", stride, nd, 1)
     if output_size is None:
         if isinstance(padding, str) and padding.lower() in ("same", "same_lower"):
             _fail(func, f"padding={padding!r} depends on the unknown unpooled size; pass "

@@ -146,6 +146,27 @@ def test_divisor_override_and_ceil_mode_types(x):
         gpupool.max_pool(x, 2, ceil_mode="yes")
 
 
+@pytest.mark.parametrize("func", sorted(WINDOW_OPS))
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(kernel_size=2**31), "kernel_size"), (dict(kernel_size=2, stride=2**31), "stride"),
+    (dict(kernel_size=1, dilation=(1, 2**31)), "dilation"),
+    (dict(kernel_size=2, padding=2**31), "padding"),
+    (dict(kernel_size=2, padding=((0, 0), (2**31, 1))), "padding")])
+def test_window_parameters_beyond_int32(x, func, kwargs, name):
+    """Regression: window parameters >= 2**31 passed validation, and the CUDA backend alone
+    raised OverflowError converting them to int32 kernel arguments."""
+    with raises(ValueError, func, name, "2**31 - 1"):
+        WINDOW_OPS[func](x, **kwargs)
+
+
+def test_unpool_window_parameters_beyond_int32(x):
+    idx = x.astype("int64") * 0
+    for kwargs, name in ((dict(kernel_size=2**31), "kernel_size"),
+                         (dict(kernel_size=2, stride=2**31), "stride")):
+        with raises(ValueError, "max_unpool", name, "2**31 - 1"):
+            gpupool.max_unpool(x, idx, **kwargs)
+
+
 @pytest.mark.parametrize("kernel_size,exc", [(2.0, TypeError), ((2, 2.5), TypeError),
                                              ("2", TypeError), ((), ValueError),
                                              (True, TypeError)])
