@@ -338,7 +338,7 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64"
         first = pl.launches[0]
         two = len(pl.launches) > 1
         tout = part if two else dtype
-        scale = acc_t(1.0 if two else inv)
+        scale = acc_t(inv)  # an average sums value * (1 / count): finite where the mean is
         if first.kernel == "global_lanes":
             lanes = first.get("lanes")
             name = global_name("global_lanes", is_max, dtype, tout, itype, lanes)
@@ -360,11 +360,11 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64"
             scratch = ((g.planes * nchunks), part)
             if second.kernel == "global_lanes":
                 name = global_name("global_lanes", is_max, part, dtype, itype, 32)
-                scalars = (it(g.planes), it(nchunks), part_acc_t(inv))
+                scalars = (it(g.planes), it(nchunks), part_acc_t(1.0))
             else:
                 name = global_name("global_channels", is_max, part, dtype, itype)
                 scalars = (it(g.batch), it(nchunks), it(g.channels), it(1), it(nchunks),
-                           part_acc_t(inv))
+                           part_acc_t(1.0))
             fn = kernel(FAMILY_FILES[second.kernel], name)
             steps.append(_Step(fn, second.grid, second.block, ("partial", "out"), scalars))
     else:  # unpool

@@ -3,8 +3,9 @@
 // Template parameters: IS_MAX (max with PyTorch's NaN rule, else sum); Tin, Tout input and
 // output element types (equal, except for the float partial sums of a half average split in
 // two passes); I index type (int or long long, chosen on the host); L lanes per segment.
-// The reduction runs in A = Num<Tin>::acc; each result is written as Tout(result * scale)
-// (scale: 1/count for a final average, 1 for max and for partial sums).
+// The reduction runs in A = Num<Tin>::acc. An average sums each value times `scale` (1/count
+// in the pass over the input, 1 over partial sums), so a mean of values near the largest
+// float stays finite, as on the CPU; max ignores `scale`.
 #include "common.cuh"
 
 namespace gp {
@@ -14,10 +15,16 @@ __device__ __forceinline__ A identity() {
   return IS_MAX ? Num<A>::lowest() : (A)0;
 }
 
-template <bool IS_MAX, typename Tout, typename A>
-__device__ __forceinline__ Tout finish(A v, A scale) {
+// One input value as the reduction takes it: itself for max, times `scale` for an average.
+template <bool IS_MAX, typename A>
+__device__ __forceinline__ A term(A v, A scale) {
+  return IS_MAX ? v : v * scale;
+}
+
+template <typename Tout, typename A>
+__device__ __forceinline__ Tout finish(A v) {
   typedef typename Num<Tout>::acc B;
-  return Num<Tout>::store((B)(IS_MAX ? v : v * scale));
+  return Num<Tout>::store((B)v);
 }
 
 }  // namespace gp
@@ -40,11 +47,11 @@ __global__ void global_lanes(const Tin* __restrict__ x, Tout* __restrict__ out, 
     const Tin* __restrict__ xs = x + seg * seglen;
 #pragma unroll 4
     for (I i = lane; i < seglen; i += L) {
-      acc = gp::combine<IS_MAX>(acc, gp::Num<Tin>::load(xs[i]));
+      acc = gp::combine<IS_MAX>(acc, gp::term<IS_MAX>(gp::Num<Tin>::load(xs[i]), scale));
     }
   }
   acc = gp::group_reduce<IS_MAX, L>(acc);
-  if (seg < nseg && lane == 0) out[seg] = gp::finish<IS_MAX, Tout>(acc, scale);
+  if (seg < nseg && lane == 0) out[seg] = gp::finish<Tout>(acc);
 }
 
 // Large contiguous segments, optionally split in chunks (then out holds one partial per
@@ -68,7 +75,7 @@ __global__ void global_block(const Tin* __restrict__ x, Tout* __restrict__ out, 
   A acc = gp::identity<IS_MAX, A>();
 #pragma unroll 4
   for (I i = begin + (I)threadIdx.x; i < end; i += (I)blockDim.x) {
-    acc = gp::combine<IS_MAX>(acc, gp::Num<Tin>::load(xs[i]));
+    acc = gp::combine<IS_MAX>(acc, gp::term<IS_MAX>(gp::Num<Tin>::load(xs[i]), scale));
   }
   acc = gp::group_reduce<IS_MAX, 32>(acc);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -77,7 +84,7 @@ __global__ void global_block(const Tin* __restrict__ x, Tout* __restrict__ out, 
   if (warp == 0) {
     acc = lane < (int)(blockDim.x / 32) ? warp_acc[lane] : gp::identity<IS_MAX, A>();
     acc = gp::group_reduce<IS_MAX, 32>(acc);
-    if (lane == 0) out[v] = gp::finish<IS_MAX, Tout>(acc, scale);
+    if (lane == 0) out[v] = gp::finish<Tout>(acc);
   }
 }
 
@@ -106,7 +113,8 @@ __global__ void global_channels(const Tin* __restrict__ x, Tout* __restrict__ ou
     const Tin* __restrict__ xs = x + b * seglen * chans + c;
 #pragma unroll 4
     for (I s = begin + (I)threadIdx.y; s < end; s += (I)blockDim.y) {
-      acc = gp::combine<IS_MAX>(acc, gp::Num<Tin>::load(xs[s * chans]));
+      const A v = gp::Num<Tin>::load(xs[s * chans]);
+      acc = gp::combine<IS_MAX>(acc, gp::term<IS_MAX>(v, scale));
     }
   }
   part[threadIdx.y * blockDim.x + threadIdx.x] = acc;
@@ -115,6 +123,6 @@ __global__ void global_channels(const Tin* __restrict__ x, Tout* __restrict__ ou
     for (unsigned j = 1; j < blockDim.y; ++j) {
       acc = gp::combine<IS_MAX>(acc, part[j * blockDim.x + threadIdx.x]);
     }
-    out[v * chans + c] = gp::finish<IS_MAX, Tout>(acc, scale);
+    out[v * chans + c] = gp::finish<Tout>(acc);
   }
 }

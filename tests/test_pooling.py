@@ -892,3 +892,21 @@ def test_max_unpool_round_trip_matches_reference(backend, case):
     check(backend, up, ref.max_unpool(yn, inn, case["kernel"], case["stride"], case["padding"],
                                       output_size=spatial, layout=case["layout"]),
           case["dtype"], exact=True)
+
+
+@pytest.mark.parametrize("dtype, big", [("float16", 6.0e4), ("float32", 3.0e38),
+                                        ("float64", 1.5e308)])
+@pytest.mark.parametrize("shape, layout", [((2, 3, 7, 7), "NCHW"), ((1, 2, 300, 301), "NCHW"),
+                                           ((2, 7, 7, 5), "NHWC"), ((1, 40, 41, 3), "NHWC")])
+def test_global_mean_of_values_near_the_largest_float_is_finite(backend, dtype, big, shape,
+                                                                layout):
+    """Regression: the GPU summed a plane, then scaled it, so four float32 values of 3e38
+    averaged to inf where the CPU gave 3e38; both now sum value * (1 / count). Small and
+    large planes, one and two passes, both layouts."""
+    x = np.full(shape, big, dtype)
+    x.reshape(-1)[::7] = -big / 2
+    axes = (1, 2) if layout == "NHWC" else (2, 3)
+    count = shape[axes[0]] * shape[axes[1]]
+    expected = (x.astype(np.float64) / count).sum(axis=axes, keepdims=True)
+    check(backend, gpupool.global_avg_pool(backend.to_backend(x), layout=layout), expected,
+          dtype)
