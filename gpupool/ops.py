@@ -160,12 +160,15 @@ def max_unpool(x: Any, indices: Any, kernel_size: Size, stride: Size | None = No
         raise TypeError(f"gpupool.{func}: indices is a {ibackend} array but x is a {backend} array")
     spec = S.unpool_spec(func, x.shape, dtype_name(x.dtype), indices.shape, dtype_name(indices.dtype),
                          kernel_size, stride, padding, output_size, layout)
-    if indices.size:
-        low, high = int(indices.min()), int(indices.max())
-        if low < 0 or high >= spec.plane_size:
-            raise ValueError(f"gpupool.{func}: indices span [{low}, {high}], outside the output "
-                             f"plane [0, {spec.plane_size}) of spatial size {spec.out_spatial}")
+    if getattr(indices, "device", None) != getattr(x, "device", None):
+        raise ValueError(f"gpupool.{func}: indices is on device {indices.device}, x on {x.device}")
     with device_scope(x, backend):
+        if indices.size:
+            low, high = int(indices.min()), int(indices.max())
+            if low < 0 or high >= spec.plane_size:
+                raise ValueError(f"gpupool.{func}: indices span [{low}, {high}], outside the "
+                                 f"output plane [0, {spec.plane_size}) of spatial size "
+                                 f"{spec.out_spatial}")
         result = _result(func, out, spec.out_shape, x.dtype, x, xp)
         if out is not None and xp.may_share_memory(out, indices):
             raise ValueError(f"gpupool.{func}: out must not overlap indices")

@@ -76,9 +76,12 @@ def _kernel(name: str):
 
 @functools.lru_cache(maxsize=256)
 def _device_tables(plan: AvgPlan, device_id: int):
-    """The plan's rows and table on ``device_id`` (copied once per plan and device)."""
+    """The plan's rows and table on ``device_id``, copied once per plan and device. The copy
+    is waited for, as any stream may read the tables later."""
     with cupy.cuda.Device(device_id):
-        return cupy.asarray(plan.rows), cupy.asarray(plan.table)
+        rows, table = cupy.asarray(plan.rows), cupy.asarray(plan.table)
+        cupy.cuda.get_current_stream().synchronize()
+        return rows, table
 
 
 def _host_fallback(family, x, spec, out, *extra) -> None:

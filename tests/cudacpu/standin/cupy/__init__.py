@@ -214,6 +214,14 @@ class ndarray(_np.ndarray):
         _touch(self, get_current_stream(), "fill()", write=True)
         self._host().fill(value)
 
+    def min(self, *args, **kwargs):
+        _check_inputs((self,), {}, "ndarray.min")
+        return self._host().min(*args, **kwargs)
+
+    def max(self, *args, **kwargs):
+        _check_inputs((self,), {}, "ndarray.max")
+        return self._host().max(*args, **kwargs)
+
     def __setitem__(self, key, value) -> None:
         _touch(self, get_current_stream(), "__setitem__", write=True)
         self._host()[key] = value._host() if isinstance(value, ndarray) else value
