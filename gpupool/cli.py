@@ -32,8 +32,8 @@ def info() -> None:
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         print(f"device {dev}: {name}, {props['multiProcessorCount']} SMs, compute capability "
               f"{props['major']}.{props['minor']}, driver {cupy.cuda.runtime.driverGetVersion()}")
-    cache = os.environ.get("CUPY_CACHE_DIR", os.path.expanduser("~/.cupy/kernel_cache"))
-    print(f"kernel cache: {cache} (CuPy's; set CUPY_CACHE_DIR to move it)")
+    from .cuda_backend import cache_dir
+    print(f"kernel cache: {cache_dir()} (set GPUPOOL_CACHE_DIR to move it)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,13 @@ def test_info_reports_numpy_usable(capsys):
     assert "backend cupy:" in out
 
 
+def test_info_reports_gpupools_kernel_cache(capsys, monkeypatch, tmp_path):
+    pytest.importorskip("cupy")
+    monkeypatch.setenv("GPUPOOL_CACHE_DIR", str(tmp_path))
+    assert cli.main(["info"]) == 0
+    assert f"kernel cache: {tmp_path} (set GPUPOOL_CACHE_DIR" in capsys.readouterr().out
+
+
 def test_bench_one_case_writes_json_and_markdown(tmp_path, capsys):
     js, md = tmp_path / "b.json", tmp_path / "b.md"
     assert cli.main(["bench", "--backend", "numpy", "--ops", "seed [64,7,7]",

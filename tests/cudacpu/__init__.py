@@ -7,8 +7,10 @@ and ``gpupool.quantized_cuda`` run unchanged on NumPy memory.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 import types
@@ -60,7 +62,9 @@ def install():
     _INSTALLED_CUPY.update(_pop_cupy())
     sys.path.insert(0, str(STANDIN))
     import cupy
-    os.environ["GPUPOOL_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpupool-kernels-")
+    cache = tempfile.mkdtemp(prefix="gpupool-kernels-")
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)
+    os.environ["GPUPOOL_CACHE_DIR"] = cache
     from gpupool import cuda_backend, quantized_cuda
     by_file: dict[str, list[str]] = {}
     for source_file, name in cuda_backend.instantiations() + quantized_cuda.instantiations():
