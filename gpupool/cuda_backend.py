@@ -221,14 +221,16 @@ def instantiations() -> list[tuple[str, str]]:
                             adaptive_name("adaptive_avg", dtype, itype, nhwc)))
         for op in ("max", "avg"):
             for dtype in (CTYPES if op == "max" else FLOAT_DTYPES):
-                for tin, tout in _global_type_pairs(op, dtype):
-                    for base in ("global_block", "global_channels"):
-                        out.append((FAMILY_FILES[base],
-                                    global_name(base, op == "max", tin, tout, itype)))
-                    for lanes in planner.LANE_WIDTHS:
-                        out.append((FAMILY_FILES["global_lanes"],
-                                    global_name("global_lanes", op == "max", tin, tout, itype,
-                                                lanes)))
+                one, first, second = _global_type_pairs(op, dtype)
+                pairs = {"global_block": (one, first), "global_channels": (one, first, second)}
+                for base, types in pairs.items():
+                    out += [(FAMILY_FILES[base], global_name(base, op == "max", tin, tout, itype))
+                            for tin, tout in dict.fromkeys(types)]
+                out += [(FAMILY_FILES["global_lanes"],
+                         global_name("global_lanes", op == "max", *one, itype, lanes))
+                        for lanes in planner.LANE_WIDTHS]
+                out.append((FAMILY_FILES["global_lanes"],
+                            global_name("global_lanes", op == "max", *second, itype, 32)))
         for size in WORDS:
             for idt in INT_DTYPES:
                 out.append((FAMILY_FILES["max_unpool"], unpool_name(size, idt, itype)))
@@ -240,10 +242,12 @@ def _partial_dtype(op: str, dtype: str) -> str:
     return dtype if op == "max" else _acc(dtype)
 
 
-def _global_type_pairs(op: str, dtype: str) -> list[tuple[str, str]]:
-    """(Tin, Tout) pairs of the global kernels: one pass, first pass, second pass."""
+def _global_type_pairs(op: str, dtype: str) -> tuple[tuple[str, str], ...]:
+    """(Tin, Tout) of the global kernels: one pass (any kernel), first pass (``global_block``
+    or ``global_channels``), second pass (``global_lanes`` with 32 lanes or
+    ``global_channels``)."""
     part = _partial_dtype(op, dtype)
-    return list(dict.fromkeys([(dtype, dtype), (dtype, part), (part, dtype)]))
+    return (dtype, dtype), (dtype, part), (part, dtype)
 
 
 # ----------------------------------------------------------------- launch preparation

@@ -1,0 +1,732 @@
+"""Differential test: every CUDA kernel family (CuPy arrays) against the NumPy backend.
+
+Each case builds NumPy inputs, runs one gpupool op on them and on ``cupy.asarray`` copies, and
+compares: max values and indices, integer and quantized results bit for bit (NaN where NaN);
+average and Lp within a per-dtype tolerance. CuPy in must give CuPy out.
+``test_max_returns_the_winning_element_bit_for_bit`` adds what random inputs never hold: tied
+zeros of both signs and NaNs of several payloads.
+
+While a case runs on CuPy, every ``planner.plan`` call and every kernel the CUDA backend asks
+for are recorded, so a case can assert the path it means to take (global single or two-pass
+kernels, template window size, grid z, 64-bit indices, several outputs per thread).
+``test_every_instantiation_is_requested`` replays all cases with no-op kernels and checks that
+together they request every name of ``cuda_backend.instantiations()`` and
+``quantized_cuda.instantiations()`` that the backends can ask for.
+
+Test hooks (monkeypatched, memoized plans cleared on both sides):
+  * ``idx64``: ``planner.INT32_LIMIT = 100`` forces the ``long long`` index variants;
+  * ``acc64``: ``quantized._acc_dtype`` picks int64 accumulators (naturally only past 8.4M taps);
+  * ``small-device``: a 1-SM device, so tiny inputs fill it and threads compute several rows.
+"""
+from __future__ import annotations
+
+import itertools
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose, assert_array_equal
+
+import gpupool
+from gpupool import planner
+from gpupool import quantized as Q
+
+pytestmark = pytest.mark.gpu
+
+FLOATS = ("float16", "float32", "float64")
+INTS = ("int8", "uint8", "int16", "int32", "int64")
+QDTYPES = ("int8", "uint8")
+TOL = {"float16": dict(rtol=1e-3, atol=1e-3), "float32": dict(rtol=1e-5, atol=1e-5),
+       "float64": dict(rtol=1e-12, atol=1e-12)}
+QPARAMS = {"int8": (0.05, -3), "uint8": (0.05, 120)}  # scale, zero point of the input codes
+PLAN = planner.plan  # the memoized planner itself (the recorder replaces the module attribute)
+
+
+# ----------------------------------------------------------------------------- inputs
+
+def make_input(rng, shape, dtype, values):
+    """``max``: few distinct values (ties) plus NaN/+-inf; ``sum``: normal plus NaN/+inf
+    (never both infinities: NumPy warns about inf - inf); ``plain``: normal only. Integers:
+    full range, half of them small (ties)."""
+    dt = np.dtype(dtype)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        wide = rng.integers(info.min, info.max, shape, dtype=dt, endpoint=True)
+        small = rng.integers(max(info.min, -2), 3, shape, dtype=dt)
+        return np.where(rng.random(shape) < 0.5, small, wide)
+    if values == "max":
+        x = (rng.integers(-6, 7, shape) / 2).astype(dt)
+        specials = (np.nan, np.inf, -np.inf)
+    else:
+        x = (rng.standard_normal(shape) * 3).astype(dt)
+        specials = (np.nan, np.inf) if values == "sum" else ()
+    u = rng.random(shape)
+    for i, special in enumerate(specials):
+        x[(u >= 0.02 * i) & (u < 0.02 * (i + 1))] = special
+    return x
+
+
+def codes(rng, shape, dtype):
+    """Random int8/uint8 codes: full range, with runs of the extremes (saturation)."""
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+    u = rng.random(shape)
+    x[u < 0.05] = info.max
+    x[(u >= 0.05) & (u < 0.1)] = info.min
+    return x
+
+
+@dataclass(frozen=True)
+class Case:
+    """One op on one input. ``inputs(rng)`` gives the NumPy arguments, ``run(*arrays)`` calls
+    gpupool (arrays are NumPy or CuPy), ``view`` makes the first argument non-contiguous on
+    both sides. Expectations on the CUDA run: ``launches``: kernels of the recorded plans, in
+    order; ``requests``: base names of the kernels asked for, in order; ``static_k``: the
+    template window size; ``grid_z``: planes spill onto grid z; ``paths``: see
+    :func:`check_paths`. ``tags``: the hooked runs the case also takes part in."""
+
+    id: str
+    inputs: Callable
+    run: Callable
+    exact: bool
+    view: Callable | None = None
+    launches: tuple | None = None
+    requests: tuple | None = None
+    static_k: int | None = None
+    grid_z: bool = False
+    paths: frozenset = field(default=frozenset())
+    tags: frozenset = field(default=frozenset())
+
+
+def shaped(lead, spatial, layout):
+    """NCHW: ``lead + spatial``; NHWC: the same planes with the last lead dim moved last."""
+    lead, spatial = tuple(lead), tuple(spatial)
+    return lead + spatial if layout == "NCHW" else lead[:-1] + spatial + lead[-1:]
+
+
+def random_input(shape, dtype, values):
+    return lambda rng: (make_input(rng, shape, dtype, values),)
+
+
+# ----------------------------------------------------------------------------- window pooling
+
+@dataclass(frozen=True)
+class Window:
+    id: str
+    lead: tuple
+    spatial: tuple
+    kernel: object
+    stride: object = None
+    padding: object = 0
+    dilation: object = 1
+    ceil: bool = False
+    static_k: int = 0
+
+
+WINDOWS = [
+    Window("1d-k3-s2-p1-ceil", (2, 5), (13,), (3,), (2,), 1, 1, True),
+    Window("1d-k4-same-d2", (3,), (11,), (4,), (1,), "same", (2,)),
+    Window("1d-k2-s3-same_lower", (2, 3), (10,), (2,), 3, "same_lower"),
+    Window("2d-k2", (2, 3), (8, 9), 2, static_k=2),
+    Window("2d-k2-s1-p1-ceil", (2, 3), (7, 6), 2, 1, 1, 1, True, 2),
+    Window("2d-k3-s2-p1", (2, 3), (9, 10), 3, 2, 1, static_k=3),
+    Window("2d-k3-s2-d2-SAME", (2, 3), (9, 8), 3, 2, "SAME", 2, static_k=3),
+    Window("2d-k23-s12-pairs", (2, 3), (7, 9), (2, 3), (1, 2), ((1, 0), (0, 2))),
+    Window("2d-k5-s2-d2-perdim-ceil", (2, 3), (12, 11), 5, 2, (2, 1), 2, True),
+    Window("2d-k32-valid-d12-lists", (2, 3), (6, 7), [3, 2], [2, 1], "valid", [1, 2]),
+    Window("2d-empty-windows-d5-p4", (2, 3), (3, 4), 2, 1, 4, 5, static_k=2),
+    Window("2d-empty-windows-ceil", (2, 3), (4, 5), 3, 3, ((4, 0), (0, 1)), 1, True, 3),
+    Window("2d-wide-k3-s1-p1", (1, 2), (5, 300), 3, 1, 1, static_k=3),
+    Window("2d-C70-k3-s2", (1, 70), (5, 5), 3, 2, static_k=3),
+    Window("3d-k2", (1, 3), (4, 6, 5), (2, 2, 2), static_k=2),
+    Window("3d-k133-s122-p011", (1, 3), (3, 7, 8), (1, 3, 3), (1, 2, 2), (0, 1, 1), static_k=3),
+    Window("3d-k323-pairs-d121-ceil", (2,), (5, 6, 7), (3, 2, 3), (2, 1, 2),
+           [[1, 0], [0, 1], [1, 1]], (1, 2, 1), True),
+    Window("4d-host-fallback", (2,), (3, 3, 4, 4), (2, 2, 2, 2)),
+]
+WIDE_WINDOWS = ("1d-k3-s2-p1-ceil", "2d-k2-s1-p1-ceil", "2d-k3-s2-p1", "2d-k5-s2-d2-perdim-ceil",
+                "3d-k133-s122-p011")
+
+
+def _max(idx):
+    return lambda x, w, L: gpupool.max_pool(x, w.kernel, w.stride, w.padding, w.dilation, w.ceil,
+                                            return_indices=idx, layout=L)
+
+
+def _avg(cip=False, div=None):
+    return lambda x, w, L: gpupool.avg_pool(x, w.kernel, w.stride, w.padding, w.ceil, cip, div,
+                                            dilation=w.dilation, layout=L)
+
+
+def _lp(p):
+    return lambda x, w, L: gpupool.lp_pool(x, p, w.kernel, w.stride, w.padding, w.dilation,
+                                           w.ceil, layout=L)
+
+
+# op id -> (dtypes, input values, exact, call(x, window, layout))
+WINDOW_OPS = {
+    "max": (FLOATS + INTS, "max", True, _max(False)),
+    "max-idx": (FLOATS + INTS, "max", True, _max(True)),
+    "avg": (FLOATS, "sum", False, _avg()),
+    "avg-cip": (FLOATS, "sum", False, _avg(cip=True)),
+    "avg-div3": (FLOATS, "sum", False, _avg(div=3)),
+    "lp1": (FLOATS, "sum", False, _lp(1)),
+    "lp2": (FLOATS, "sum", False, _lp(2)),
+    "lp3.5": (FLOATS, "sum", False, _lp(3.5)),
+}
+
+
+def window_cases():
+    for w, layout, (op, (dtypes, values, exact, call)) in itertools.product(
+            WINDOWS, ("NCHW", "NHWC"), WINDOW_OPS.items()):
+        for dtype in dtypes:
+            shape = shaped(w.lead, w.spatial, layout)
+            yield Case(f"{op}-{dtype}-{layout}-{w.id}", random_input(shape, dtype, values),
+                       lambda x, w=w, L=layout, f=call: f(x, w, L), exact,
+                       static_k=None if len(w.spatial) > 3 else w.static_k,
+                       tags=frozenset({"idx64"} if w.id in WIDE_WINDOWS else ()))
+
+
+# ----------------------------------------------------------------------------- max_unpool
+
+@dataclass(frozen=True)
+class Unpool:
+    id: str
+    lead: tuple
+    spatial: tuple
+    kernel: object
+    stride: object = None
+    padding: object = 0
+    output_size: object = None  # "spatial" | "full": the input's size in that form
+
+
+UNPOOLS = [
+    Unpool("2d-k2", (2, 3), (6, 8), 2),
+    Unpool("2d-k3-s2-p1-outsize", (2, 3), (9, 10), 3, 2, 1, "spatial"),
+    Unpool("2d-k23-pairs-fullsize", (2, 3), (7, 9), (2, 3), 2, ((1, 0), (0, 1)), "full"),
+    Unpool("1d-k3-s1-overlap", (2, 3), (12,), (3,), (1,)),
+    Unpool("3d-k2", (1, 2), (4, 6, 6), (2, 2, 2)),
+]
+
+
+def unpool_cases():
+    def inputs(u, shape, layout, dtype, idt):
+        def make(rng):
+            x = make_input(rng, shape, dtype, "max")
+            y, idx = gpupool.max_pool(x, u.kernel, u.stride, u.padding, return_indices=True,
+                                      layout=layout)
+            return y, idx.astype(idt)
+        return make
+
+    def run(u, shape, layout):
+        size = {None: None, "spatial": u.spatial, "full": shape}[u.output_size]
+        return lambda y, idx: gpupool.max_unpool(y, idx, u.kernel, u.stride, u.padding, size,
+                                                 layout=layout)
+
+    for u, layout, dtype in itertools.product(UNPOOLS, ("NCHW", "NHWC"), FLOATS + INTS):
+        shape = shaped(u.lead, u.spatial, layout)
+        # every index dtype for the 2D k2 planes (48 positions: int8 holds them), else int64
+        for idt in (INTS if u.id == "2d-k2" else ("int64",)):
+            yield Case(f"unpool-{dtype}-idx_{idt}-{layout}-{u.id}",
+                       inputs(u, shape, layout, dtype, idt), run(u, shape, layout), True,
+                       requests=("max_unpool",), tags=frozenset({"idx64"}))
+
+
+# ----------------------------------------------------------------------------- adaptive
+
+ADAPTIVES = [  # id, lead, spatial, output size
+    ("1d-10to3", (2, 3), (10,), (3,)),
+    ("1d-9to3-divides", (2, 3), (9,), (3,)),
+    ("2d-7x9to3x4", (2, 3), (7, 9), (3, 4)),
+    ("2d-8x8to4x2-divides", (2, 3), (8, 8), (4, 2)),
+    ("2d-5x5to7x6-upsample", (2, 3), (5, 5), (7, 6)),
+    ("2d-6x7to1x1", (2, 3), (6, 7), (1, 1)),
+    ("3d-5x6x7to2x3x4", (1, 3), (5, 6, 7), (2, 3, 4)),
+    ("3d-4x4x4to2x2x2-divides", (1, 3), (4, 4, 4), (2, 2, 2)),
+]
+WIDE_ADAPTIVES = ("1d-10to3", "2d-7x9to3x4", "3d-5x6x7to2x3x4")
+ADAPTIVE_OPS = {
+    "amax": (FLOATS + INTS, "max", True,
+             lambda x, o, L: gpupool.adaptive_max_pool(x, o, layout=L)),
+    "amax-idx": (FLOATS + INTS, "max", True,
+                 lambda x, o, L: gpupool.adaptive_max_pool(x, o, return_indices=True, layout=L)),
+    "aavg": (FLOATS, "sum", False, lambda x, o, L: gpupool.adaptive_avg_pool(x, o, layout=L)),
+}
+
+
+def adaptive_cases():
+    for (gid, lead, spatial, out), layout, (op, (dtypes, values, exact, call)) in \
+            itertools.product(ADAPTIVES, ("NCHW", "NHWC"), ADAPTIVE_OPS.items()):
+        for dtype in dtypes:
+            yield Case(f"{op}-{dtype}-{layout}-{gid}",
+                       random_input(shaped(lead, spatial, layout), dtype, values),
+                       lambda x, o=out, L=layout, f=call: f(x, o, L), exact,
+                       tags=frozenset({"idx64"} if gid in WIDE_ADAPTIVES else ()))
+
+
+# ----------------------------------------------------------------------------- global
+
+GLOBALS = [  # id, shape, spatial_dims, layout, input values ("specials": NaN/inf), launches
+    ("lanes4-1pass", (2, 3, 3, 3), 2, "NCHW", True, ("global_lanes",)),
+    ("lanes8-1pass", (2, 3, 5, 5), 2, "NCHW", False, ("global_lanes",)),
+    ("lanes16-7x7-1pass", (2, 3, 7, 7), 2, "NCHW", False, ("global_lanes",)),
+    ("lanes32-1pass", (2, 3, 20, 20), 2, "NCHW", False, ("global_lanes",)),
+    ("lanes16-1d", (4, 50), 1, "NCHW", False, ("global_lanes",)),
+    ("block-1pass", (2, 3, 40, 41), 2, "NCHW", False, ("global_block",)),
+    ("block-1pass-3d", (2, 10, 12, 14), 3, "NCHW", False, ("global_block",)),
+    ("block-2pass-300x301", (1, 2, 300, 301), 2, "NCHW", False, ("global_block", "global_lanes")),
+    ("lanes32-4d", (2, 3, 2, 3, 4, 5), 4, "NCHW", False, ("global_lanes",)),
+    ("channels-1pass-7x7", (2, 7, 7, 5), 2, "NHWC", True, ("global_channels",)),
+    ("channels-2pass-3d-C70", (2, 4, 5, 6, 70), 3, "NHWC", False,
+     ("global_channels", "global_channels")),
+    ("channels-2pass-30x30", (1, 30, 30, 3), 2, "NHWC", False,
+     ("global_channels", "global_channels")),
+    ("channels-2pass-300x301", (1, 300, 301, 3), 2, "NHWC", False,
+     ("global_channels", "global_channels")),
+]
+GLOBAL_OPS = {
+    "gmax": (FLOATS + INTS, "max", True, gpupool.global_max_pool),
+    "gavg": (FLOATS, "sum", False, gpupool.global_avg_pool),
+}
+
+
+def global_cases():
+    for (gid, shape, nd, layout, specials, launches), (op, (dtypes, values, exact, call)) in \
+            itertools.product(GLOBALS, GLOBAL_OPS.items()):
+        for dtype in dtypes:
+            yield Case(f"{op}-{dtype}-{layout}-{gid}",
+                       random_input(shape, dtype, values if specials else "plain"),
+                       lambda x, f=call, nd=nd, L=layout: f(x, spatial_dims=nd, layout=L), exact,
+                       launches=launches, tags=frozenset({"idx64"}))
+
+
+# ----------------------------------------------------------------------------- quantized
+
+QWINDOWS = ("1d-k3-s2-p1-ceil", "2d-k2", "2d-k3-s2-p1", "2d-k23-s12-pairs", "2d-empty-windows-ceil",
+            "2d-k5-s2-d2-perdim-ceil", "3d-k2", "3d-k133-s122-p011", "4d-host-fallback")
+QLAYOUTS = {"NCHW": 5, "NHWC-C5": 5, "NHWC-C8": 8}  # layout -> channels (C % 4 == 0: vmax4)
+
+
+def _qavg(cip, requant):
+    extra = dict(out_scale=0.07, out_zero_point=3, rounding="half_to_even") if requant else {}
+    return lambda q, w, L: Q.avg_pool(q, w.kernel, w.stride, w.padding, w.ceil, cip, layout=L,
+                                      **extra)
+
+
+QWINDOW_OPS = {
+    "qmax": lambda q, w, L: Q.max_pool(q, w.kernel, w.stride, w.padding, w.dilation, w.ceil,
+                                       layout=L),
+    "qavg": _qavg(False, False),
+    "qavg-cip-requant": _qavg(True, True),
+}
+
+
+def quantized(dtype, call):
+    """``run`` for a quantized op: wrap the codes in a QArray of the dtype's scale/zero point."""
+    return lambda data: call(Q.QArray(data, *QPARAMS[dtype]))
+
+
+def qinputs(shape, dtype):
+    return lambda rng: (codes(rng, shape, dtype),)
+
+
+def quantized_cases():
+    windows = {w.id: w for w in WINDOWS}
+    for wid, (layout, chans), (op, call), dtype in itertools.product(
+            QWINDOWS, QLAYOUTS.items(), QWINDOW_OPS.items(), QDTYPES):
+        w = windows[wid]
+        if op != "qmax" and w.dilation != 1:
+            continue  # quantized avg_pool has no dilation
+        L = layout[:4]
+        shape = shaped(w.lead[:-1] + (chans,), w.spatial, L)
+        nd = len(w.spatial)
+        kernels = ("qmax_pool_nhwc4" if chans % 4 == 0 and L == "NHWC" else "max_pool"
+                   ) if op == "qmax" else "qavg_pool"
+        tags = {"acc64"} if op != "qmax" and nd <= 3 else set()
+        if wid in ("2d-k2", "2d-k3-s2-p1", "2d-k23-s12-pairs"):
+            tags |= {"idx64"}
+        yield Case(f"{op}-{dtype}-{layout}-{wid}", qinputs(shape, dtype),
+                   quantized(dtype, lambda q, w=w, L=L, f=call: f(q, w, L)), True,
+                   requests=None if nd > 3 else (kernels,),
+                   static_k=None if nd > 3 else w.static_k, tags=frozenset(tags))
+    adaptive = [("1d-10to3", (2, 5), (10,), (3,)), ("2d-7x9to3x4", (2, 5), (7, 9), (3, 4)),
+                ("2d-8x8to4x2-divides", (2, 5), (8, 8), (4, 2)),
+                ("3d-5x6x7to2x3x4", (1, 5), (5, 6, 7), (2, 3, 4)),
+                ("4d-host-fallback", (2,), (3, 3, 4, 4), (2, 2, 1, 3))]
+    for (gid, lead, spatial, out), layout, dtype in itertools.product(
+            adaptive, ("NCHW", "NHWC"), QDTYPES):
+        requant = dict(out_scale=0.11, out_zero_point=-1 if dtype == "int8" else 9)
+        yield Case(f"qadaptive-{dtype}-{layout}-{gid}",
+                   qinputs(shaped(lead, spatial, layout), dtype),
+                   quantized(dtype, lambda q, o=out, L=layout, kw=requant:
+                             Q.adaptive_avg_pool(q, o, layout=L, **kw)), True,
+                   requests=None if len(spatial) > 3 else ("qavg_adaptive",),
+                   tags=frozenset({"acc64", "idx64"} if len(spatial) <= 3 else ()))
+    glob = [("7x7", (2, 5, 7, 7), 2, "NCHW"), ("300x301", (1, 2, 300, 301), 2, "NCHW"),
+            ("1d", (4, 50), 1, "NCHW"), ("3d", (2, 4, 5, 6, 3), 3, "NHWC"),
+            ("7x7", (2, 7, 7, 5), 2, "NHWC"), ("4d", (2, 3, 2, 3, 4, 5), 4, "NCHW")]
+    for (gid, shape, nd, layout), dtype in itertools.product(glob, QDTYPES):
+        kernel = "qavg_global_nhwc" if layout == "NHWC" else "qavg_global"
+        yield Case(f"qglobal-{dtype}-{layout}-{gid}", qinputs(shape, dtype),
+                   quantized(dtype, lambda q, nd=nd, L=layout:
+                             Q.global_avg_pool(q, spatial_dims=nd, layout=L, out_scale=0.02)),
+                   True, requests=(kernel,), tags=frozenset({"acc64", "idx64"}))
+
+
+def natural_int64_accumulator_cases():
+    """Windows of 8421505 > 2**31 / 255 taps take int64 accumulators without any hook."""
+    taps = 2 ** 31 // 255 + 1
+    cases = [("qadaptive", (1, 1, taps, 1), "NCHW", "qavg_adaptive",
+              lambda q: Q.adaptive_avg_pool(q, (1, 2))),
+             ("qglobal", (1, taps), "NCHW", "qavg_global",
+              lambda q: Q.global_avg_pool(q, spatial_dims=1)),
+             ("qglobal", (1, taps, 1), "NHWC", "qavg_global_nhwc",
+              lambda q: Q.global_avg_pool(q, spatial_dims=1, layout="NHWC"))]
+    for op, shape, layout, kernel, call in cases:
+        yield Case(f"{op}-int8-{layout}-{taps}-taps", qinputs(shape, "int8"),
+                   quantized("int8", call), True, requests=(kernel,), paths=frozenset({"acc64"}))
+
+
+# ----------------------------------------------------------------------------- planes > 65535
+
+def many_plane_cases():
+    """More planes than grid y holds (65535): the planner puts the rest on grid z."""
+    n = 66000
+    f32 = [
+        ("max", (1, n, 2, 2), "NCHW", lambda x: gpupool.max_pool(x, 2), True),
+        ("max-idx", (1, n, 2, 2), "NCHW", lambda x: gpupool.max_pool(x, 2, return_indices=True),
+         True),
+        ("max", (n, 2, 2, 1), "NHWC", lambda x: gpupool.max_pool(x, 2, layout="NHWC"), True),
+        ("avg-cip", (1, n, 2, 2), "NCHW",
+         lambda x: gpupool.avg_pool(x, 2, 2, ((1, 1), (0, 0)), count_include_pad=True), False),
+        ("lp2", (n, 1, 2), "NCHW", lambda x: gpupool.lp_pool(x, 2, (2,)), False),
+        ("amax-idx", (n, 3), "NCHW",
+         lambda x: gpupool.adaptive_max_pool(x, (2,), return_indices=True), True),
+        ("aavg", (n, 3), "NCHW", lambda x: gpupool.adaptive_avg_pool(x, (2,)), False),
+        ("gmax", (n, 1, 1), "NHWC",
+         lambda x: gpupool.global_max_pool(x, spatial_dims=1, layout="NHWC"), True),
+        ("gavg", (n, 1, 1), "NHWC",
+         lambda x: gpupool.global_avg_pool(x, spatial_dims=1, layout="NHWC"), False),
+    ]
+    for op, shape, layout, call, exact in f32:
+        yield Case(f"{op}-float32-{layout}-{'x'.join(map(str, shape))}",
+                   random_input(shape, "float32", "max" if exact else "sum"), call, exact,
+                   grid_z=True)
+    q = [("qmax", (1, n, 2, 2), "NCHW", lambda q: Q.max_pool(q, 2)),
+         ("qmax", (n, 2, 2, 4), "NHWC", lambda q: Q.max_pool(q, 2, layout="NHWC")),
+         ("qavg-cip", (1, n, 2, 2), "NCHW",
+          lambda q: Q.avg_pool(q, 2, 2, ((1, 1), (0, 0)), count_include_pad=True)),
+         ("qadaptive", (n, 3), "NCHW", lambda q: Q.adaptive_avg_pool(q, (2,)))]
+    for op, shape, layout, call in q:
+        yield Case(f"{op}-int8-{layout}-{'x'.join(map(str, shape))}", qinputs(shape, "int8"),
+                   quantized("int8", call), True, grid_z=True)
+    yield Case(f"qglobal-int8-NHWC-{n}x1x1", qinputs((n, 1, 1), "int8"),
+               quantized("int8", lambda q: Q.global_avg_pool(q, spatial_dims=1, layout="NHWC")),
+               True, requests=("qavg_global_nhwc",))
+
+
+# ----------------------------------------------------------------------------- non-contiguous
+
+def misaligned(a):
+    """A C-contiguous copy of ``a`` one element past the start of a fresh buffer (1-byte codes:
+    not 4-byte aligned), with array methods only, so it works on NumPy and CuPy alike."""
+    flat = a.reshape(-1)
+    view = flat.repeat(2)[1:flat.size + 1]
+    view[...] = flat
+    return view.reshape(a.shape)
+
+
+def strided_cases():
+    """Strided and transposed views on both sides (the CUDA backend copies them first), and a
+    contiguous but misaligned buffer (no 4-channel words)."""
+    every_other = lambda a: a[..., ::2]  # noqa: E731
+    views = [
+        ("max-idx-float32-NCHW-k3s2p1-last-axis-step2", (2, 3, 9, 20), "float32", "max",
+         lambda x: gpupool.max_pool(x, 3, 2, 1, return_indices=True), True, every_other),
+        ("avg-float64-NCHW-k2-transposed-HW", (2, 3, 8, 6), "float64", "sum",
+         lambda x: gpupool.avg_pool(x, 2, 1, count_include_pad=True), False,
+         lambda a: a.swapaxes(-1, -2)),
+        ("lp3.5-float16-NHWC-k3-channel-step2", (2, 7, 6, 10), "float16", "sum",
+         lambda x: gpupool.lp_pool(x, 3.5, 3, 1, 1, layout="NHWC"), False, every_other),
+        ("amax-int16-NCHW-7x9to3x4-reversed", (2, 3, 7, 9), "int16", "max",
+         lambda x: gpupool.adaptive_max_pool(x, (3, 4)), True, lambda a: a[:, ::-1]),
+        ("gavg-float32-NCHW-300x301-plane-step2", (2, 4, 300, 301), "float32", "plain",
+         gpupool.global_avg_pool, False, lambda a: a[:, ::2]),
+        ("gmax-uint8-NHWC-30x30-batch-step2", (4, 30, 30, 3), "uint8", "max",
+         lambda x: gpupool.global_max_pool(x, layout="NHWC"), True, lambda a: a[::2]),
+    ]
+    for cid, shape, dtype, values, call, exact, view in views:
+        yield Case(cid, random_input(shape, dtype, values), call, exact, view=view)
+    for layout, shape in (("NCHW", (2, 5, 9, 8)), ("NHWC", (2, 9, 8, 16))):
+        yield Case(f"qmax-int8-{layout}-k3s2-last-axis-step2", qinputs(shape, "int8"),
+                   quantized("int8", lambda q, L=layout: Q.max_pool(q, 3, 2, 1, layout=L)), True,
+                   view=every_other)
+        yield Case(f"qavg-uint8-{layout}-k2-last-axis-step2", qinputs(shape, "uint8"),
+                   quantized("uint8", lambda q, L=layout: Q.avg_pool(q, 2, 1, layout=L)), True,
+                   view=every_other)
+    yield Case("qmax-int8-NHWC-C8-misaligned", qinputs((2, 9, 8, 8), "int8"),
+               quantized("int8", lambda q: Q.max_pool(q, 3, 2, 1, layout="NHWC")), True,
+               view=misaligned, requests=("max_pool",))
+
+
+# ----------------------------------------------------------------------------- small device
+
+def small_device_cases():
+    """On a 1-SM device these few planes fill the GPU: each thread computes several output
+    rows (NHWC: positions), in one chunk per plane or several."""
+    cases = [  # op, dtype, layout, shape, call, exact
+        ("max", "float32", "NCHW", (8, 8, 100), lambda x: gpupool.max_pool(x, 3, 1, 1), True),
+        ("max-idx", "int32", "NCHW", (4, 16, 100),
+         lambda x: gpupool.max_pool(x, (2, 3), 1, 1, 2, return_indices=True), True),
+        ("avg", "float16", "NCHW", (8, 8, 100), lambda x: gpupool.avg_pool(x, 2, 1), False),
+        ("lp2", "float64", "NHWC", (8, 4, 4, 64),
+         lambda x: gpupool.lp_pool(x, 2, 2, 1, layout="NHWC"), False),
+        ("max-3d", "float32", "NHWC", (8, 2, 2, 4, 64),
+         lambda x: gpupool.max_pool(x, (2, 2, 2), 1, 1, layout="NHWC"), True),
+        ("aavg", "float32", "NCHW", (8, 17, 130),
+         lambda x: gpupool.adaptive_avg_pool(x, (8, 100)), False),
+        ("amax-idx", "float32", "NHWC", (8, 9, 9, 64),
+         lambda x: gpupool.adaptive_max_pool(x, (4, 4), return_indices=True, layout="NHWC"), True),
+    ]
+    for op, dtype, layout, shape, call, exact in cases:
+        yield Case(f"{op}-{dtype}-{layout}-{'x'.join(map(str, shape))}",
+                   random_input(shape, dtype, "max" if exact else "sum"), call, exact,
+                   paths=frozenset({"rows"}))
+    for dtype, shape, layout in (("int8", (8, 8, 100), "NCHW"), ("uint8", (8, 4, 4, 64), "NHWC")):
+        yield Case(f"qavg-{dtype}-{layout}-{'x'.join(map(str, shape))}", qinputs(shape, dtype),
+                   quantized(dtype, lambda q, L=layout: Q.avg_pool(q, 3, 1, 1, layout=L)), True,
+                   paths=frozenset({"rows"}))
+    yield Case("qmax-int8-NHWC-vmax4-8x4x4x64", qinputs((8, 4, 4, 64), "int8"),
+               quantized("int8", lambda q: Q.max_pool(q, 2, 1, 1, layout="NHWC")), True,
+               paths=frozenset({"rows"}))
+
+
+# ----------------------------------------------------------------------------- the tables
+
+CASES = (list(window_cases()) + list(unpool_cases()) + list(adaptive_cases())
+         + list(global_cases()) + list(quantized_cases()) + list(many_plane_cases())
+         + list(strided_cases()) + list(natural_int64_accumulator_cases()))
+HOOKED = ([("idx64", c) for c in CASES if "idx64" in c.tags]
+          + [("acc64", c) for c in CASES if "acc64" in c.tags]
+          + [("idx64+acc64", c) for c in CASES if {"acc64", "idx64"} <= c.tags]
+          + [("small-device", c) for c in small_device_cases()])
+assert len({c.id for c in CASES}) == len(CASES)
+
+
+def apply_hooks(mp, hooks: str) -> None:
+    """Install the named test hooks (see the module docstring) with ``mp``; the caller clears
+    the memoized plans before and after."""
+    from gpupool import cuda_backend as CB
+    if "idx64" in hooks:
+        mp.setattr(planner, "INT32_LIMIT", 100)
+    if "acc64" in hooks:
+        mp.setattr(Q, "_acc_dtype", lambda taps: ("int64", 255 * taps))
+    if "small-device" in hooks:
+        mp.setattr(CB, "device_info", lambda device_id: planner.DeviceInfo(
+            name="test: 1 SM", sm_count=1))
+
+
+def clear_plans() -> None:
+    from gpupool import cuda_backend as CB
+    PLAN.cache_clear()
+    CB.prepared.cache_clear()
+    Q._avg_plan.cache_clear()
+
+
+# ----------------------------------------------------------------------------- running a case
+
+@dataclass
+class Record:
+    plans: list = field(default_factory=list)  # (spec, Plan) of every planner.plan call
+    names: list = field(default_factory=list)  # (source file, name expression) asked for
+
+
+def record(mp, kernel=None) -> Record:
+    """Record plans and kernel requests of the CUDA backends from now on (``kernel``: what to
+    hand out instead of the compiled kernel, e.g. a no-op)."""
+    from gpupool import cuda_backend as CB
+    rec, real_kernel = Record(), CB.kernel
+
+    def plan_spy(spec, device=None):
+        p = PLAN(spec, device)
+        rec.plans.append((spec, p))
+        return p
+
+    def kernel_spy(source_file, name):
+        rec.names.append((source_file, name))
+        return kernel if kernel is not None else real_kernel(source_file, name)
+    mp.setattr(planner, "plan", plan_spy)
+    mp.setattr(CB, "kernel", kernel_spy)
+    CB.prepared.cache_clear()  # launch steps ask for their kernels again
+    return rec
+
+
+def unpack(result):
+    """A tuple of ``(array, scale, zero point)`` (None for float results)."""
+    results = result if isinstance(result, tuple) else (result,)
+    return [(r.data, r.scale, r.zero_point) if isinstance(r, Q.QArray) else (r, None, None)
+            for r in results]
+
+
+def compare(case: Case, got, want, cupy) -> None:
+    got, want = unpack(got), unpack(want)
+    assert len(got) == len(want)
+    for (g, gs, gz), (w, ws, wz) in zip(got, want):
+        assert type(w) is np.ndarray, type(w)
+        assert isinstance(g, cupy.ndarray), f"CuPy in gave {type(g)} out"
+        assert (gs, gz) == (ws, wz)
+        g = cupy.asnumpy(g)
+        assert (g.dtype, g.shape) == (w.dtype, w.shape)
+        if w.dtype.kind == "f" and case.exact:  # bit for bit, but any NaN for a NaN
+            nan = np.isnan(w)
+            assert_array_equal(np.isnan(g), nan)
+            assert_array_equal(g[~nan].view(f"u{w.itemsize}"), w[~nan].view(f"u{w.itemsize}"))
+        elif w.dtype.kind == "f":
+            assert_allclose(g, w, equal_nan=True, **TOL[w.dtype.name])
+        else:
+            assert_array_equal(g, w)
+
+
+def run_case(case: Case, mp, cupy) -> Record:
+    """Run ``case`` on NumPy and on CuPy, compare, and return what the CUDA run recorded."""
+    rng = np.random.default_rng(zlib.crc32(case.id.encode()))
+    host = case.inputs(rng)
+    view = case.view or (lambda a: a)
+    want = case.run(view(host[0]), *host[1:])
+    dev = [cupy.asarray(a) for a in host]
+    rec = record(mp)
+    got = case.run(view(dev[0]), *dev[1:])
+    compare(case, got, want, cupy)
+    launches = [la for _, p in rec.plans for la in p.launches]
+    if case.launches is not None:
+        assert tuple(la.kernel for la in launches) == case.launches, [str(p) for _, p in rec.plans]
+    if case.requests is not None:
+        assert tuple(n.split("<")[0] for _, n in rec.names) == case.requests, rec.names
+    if case.static_k is not None:
+        assert [planner.static_window(s) for s, _ in rec.plans] == [case.static_k], rec.plans
+    if case.grid_z:
+        assert launches and all(la.grid[2] > 1 for la in launches), launches
+    check_paths(rec, case.paths)
+    return rec
+
+
+def check_paths(rec: Record, paths) -> None:
+    """``idx64``: 64-bit index variants only; ``acc64``: int64 accumulators in every quantized
+    average kernel; ``rows``: the (first) launch computes several rows per thread."""
+    assert rec.names or not paths
+    if "idx64" in paths:
+        assert all(p.index_type == "long long" for _, p in rec.plans), rec.plans
+        assert all("long long" in n for _, n in rec.names), rec.names
+    if "acc64" in paths:
+        accs = [n.split("<")[1].split(", ")[1] for _, n in rec.names if n.startswith("qavg")]
+        assert accs and set(accs) == {"long long"}, rec.names
+    if "rows" in paths:
+        assert rec.plans[0][1].launches[0].rows > 1, str(rec.plans[0][1])
+
+
+@pytest.fixture
+def cupy():
+    import cupy
+    return cupy
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_cuda_matches_numpy(case, cupy, monkeypatch):
+    run_case(case, monkeypatch, cupy)
+
+
+@pytest.fixture
+def hooked(request, monkeypatch):
+    """The hooks named by the parameter, installed (plans cleared before and after)."""
+    clear_plans()
+    apply_hooks(monkeypatch, request.param)
+    yield request.param
+    clear_plans()
+
+
+@pytest.mark.parametrize("hooked, case", HOOKED, ids=[f"{h}-{c.id}" for h, c in HOOKED],
+                         indirect=["hooked"])
+def test_cuda_matches_numpy_under_hooks(hooked, case, cupy, monkeypatch):
+    check_paths(run_case(case, monkeypatch, cupy), set(hooked.split("+")))
+
+
+# ----------------------------------------------------------------------------- tied elements
+
+def tie_input(kind, dtype):
+    """One plane of 8 whose 2-tap windows tie: zeros of both signs, or NaNs of several signs
+    and payloads (``v > m or isnan(v)``: ties keep the first tap, NaNs the last)."""
+    u = f"u{np.dtype(dtype).itemsize}"
+    if kind == "signed-zeros":
+        return np.array([[-0.0, 0.0, 0.0, -0.0, 1.0, -0.0, -0.0, 1.0]], dtype)
+    x = np.array([[np.nan, np.nan, 2, np.nan, 0.5, np.nan, 3, -np.inf]], dtype)
+    bits = x.view(u)
+    bits[0, 1] |= 1  # another payload
+    bits[0, 3] |= np.array(1, u) << (8 * x.itemsize - 1)  # negative NaN
+    return x
+
+
+TIE_OPS = {
+    "max": lambda x: gpupool.max_pool(x, (2,)),
+    "max-idx": lambda x: gpupool.max_pool(x, (2,), return_indices=True)[0],
+    "amax": lambda x: gpupool.adaptive_max_pool(x, (4,)),
+    "amax-idx": lambda x: gpupool.adaptive_max_pool(x, (4,), return_indices=True)[0],
+}
+SIGNED_ZEROS = ("NumPy backend: tied zeros give the last tap (np.maximum), not the first: "
+                "max_pool/adaptive_max_pool of [-0., 0., 0., -0., 1., -0., -0., 1.] in 2-tap "
+                "windows give [+0, -0, 1, 1] ([+0, +0, 1, 1] for float16 without indices); CUDA "
+                "and tests/reference.py give [-0, +0, 1, 1]. NumPy's indices [0, 2, 4, 7] are "
+                "right, so its values differ from x[indices]")
+NAN_FIRST = ("NumPy backend: of two NaNs in a window it returns the first NaN's bits (np.maximum) "
+             "though its index is the last one, as on CUDA and in tests/reference.py: the window "
+             "[nan, nan|1] gives nan (x[0]) on NumPy, nan|1 (x[1]) on CUDA")
+FLOAT16_NAN = (NAN_FIRST + "; float16 max without indices returns every NaN as 0x7fff (its int16 "
+               "keys drop sign and payload): bits [7e00, 7e01, 4000, fe00, 3800, 7e00, 4200, "
+               "fc00] give [7fff, 7fff, 7fff, 4200]; CUDA gives [7e01, fe00, 7e00, 4200]")
+
+
+def tie_params():
+    for kind, dtype, backend in itertools.product(
+            ("signed-zeros", "nan-payloads"), FLOATS, ("numpy", "cupy")):
+        reason = (SIGNED_ZEROS if kind == "signed-zeros" else
+                  FLOAT16_NAN if dtype == "float16" else NAN_FIRST)
+        marks = [pytest.mark.xfail(strict=True, reason=reason)] if backend == "numpy" else []
+        yield pytest.param(kind, dtype, backend, marks=marks, id=f"{kind}-{dtype}-{backend}")
+
+
+@pytest.mark.parametrize("kind, dtype, backend", list(tie_params()))
+def test_max_returns_the_winning_element_bit_for_bit(kind, dtype, backend, cupy):
+    """Bit patterns the random inputs never hold: every max op returns exactly x[i], i the
+    reference's index (first of tied taps, last NaN)."""
+    import reference as ref
+    x = tie_input(kind, dtype)
+    u = f"u{x.itemsize}"
+    want = x.view(u)[0, ref.max_pool(x.astype(np.float64), (2,))[1][0]].tolist()
+    xb = cupy.asarray(x) if backend == "cupy" else x
+    got = {op: cupy.asnumpy(f(xb)).view(u)[0].tolist() for op, f in TIE_OPS.items()}
+    assert got == dict.fromkeys(TIE_OPS, want)
+
+
+# ----------------------------------------------------------------------------- coverage
+
+def test_every_instantiation_is_requested(cupy):
+    """All cases together (no-op kernels) ask for every kernel instantiation the host can."""
+    from gpupool import cuda_backend as CB
+    from gpupool import quantized_cuda as QC
+    requested = set()
+    groups = [("", CASES)] + [(h, [c for g, c in HOOKED if g == h])
+                              for h in dict.fromkeys(g for g, _ in HOOKED)]
+    for hooks, cases in groups:
+        with pytest.MonkeyPatch.context() as mp:
+            clear_plans()
+            apply_hooks(mp, hooks)
+            rec = record(mp, kernel=lambda grid, block, args: None)
+            for case in cases:
+                host = case.inputs(np.random.default_rng(0))
+                case.run(*[cupy.asarray(a) for a in host])
+            requested |= set(rec.names)
+        clear_plans()
+    listed = set(CB.instantiations()) | set(QC.instantiations())
+    assert requested <= listed, sorted(requested - listed)
+    assert not listed - requested, sorted(listed - requested)
