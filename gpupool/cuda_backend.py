@@ -261,7 +261,9 @@ def device_info(device_id: int) -> planner.DeviceInfo:
         max_threads_per_sm=int(p["maxThreadsPerMultiProcessor"]),
         smem_per_block=int(p.get("sharedMemPerBlockOptin", p["sharedMemPerBlock"])),
         smem_per_sm=int(p.get("sharedMemPerMultiprocessor", p["sharedMemPerBlock"])),
-        l2_bytes=int(p.get("l2CacheSize", 0)))
+        l2_bytes=int(p.get("l2CacheSize", 0)),
+        # double data rate: 2 transfers per clock (kHz) of the bus width (bits)
+        dram_gbps=2 * p.get("memoryClockRate", 0) * 1e3 * p.get("memoryBusWidth", 0) / 8 / 1e9)
 
 
 def _itype_scalar(itype: str):

@@ -22,6 +22,7 @@ GPU. NHWC launches put threads along the channels (contiguous), with planes bein
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from . import spec as S
 INT32_LIMIT = 2**31 - 1
 GRID_YZ_MAX = 65535
 BLOCK_THREADS = 256
+MIN_BLOCK_THREADS = 64  # a block smaller than two warps wastes the SM's block slots
+BLOCK_Z_MAX = 64  # CUDA's limit on blockDim.z
 MAX_ROWS = 4  # outputs per thread along rows (several independent loads in flight)
 SPECIALISED_K = (2, 3)  # window sizes compiled as template constants (H and W equal)
 LANE_WIDTHS = (4, 8, 16, 32)  # lanes per segment of the small-plane global reduction
@@ -50,6 +53,9 @@ class DeviceInfo:
     smem_per_block: int = 227 * 1024
     smem_per_sm: int = 228 * 1024
     l2_bytes: int = 50 * 2**20
+    #: DRAM bandwidth, GB/s: the peak from the memory clock and bus width (H100 SXM: 3352);
+    #: 0 when unknown. Sets the roofline floor that explain() reports.
+    dram_gbps: float = 3352.0
 
 
 H100 = DeviceInfo()
@@ -57,17 +63,31 @@ H100 = DeviceInfo()
 
 @dataclass(frozen=True)
 class Launch:
-    """One kernel launch: the kernel template's base name, grid and block, outputs per thread,
-    and kernel-specific integers (``extra``, as sorted (name, value) pairs)."""
+    """One kernel launch: the kernel template's base name, grid and block, outputs per thread
+    along rows (``rows``), kernel-specific integers (``extra``, as sorted (name, value)
+    pairs), and the outputs it writes and bytes it moves (set by :func:`plan`)."""
 
     kernel: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     rows: int = 1
     extra: tuple[tuple[str, int], ...] = ()
+    outputs: int = 0
+    bytes_read: int = 0  # the least DRAM traffic the launch needs: each input byte once
+    bytes_written: int = 0
 
     def get(self, name: str) -> int:
         return dict(self.extra)[name]
+
+    @property
+    def threads(self) -> int:
+        return math.prod(self.grid) * math.prod(self.block)
+
+    def floor_seconds(self, device: "DeviceInfo") -> float:
+        """The roofline floor: the launch's bytes at the device's DRAM bandwidth."""
+        if not device.dram_gbps:
+            return 0.0
+        return (self.bytes_read + self.bytes_written) / (device.dram_gbps * 1e9)
 
 
 @dataclass(frozen=True)
@@ -175,31 +195,44 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list) -> P
         n_x = _cdiv(ow, tx)
         unit_name = "output rows"
     ty = max(1, min(BLOCK_THREADS // tx, _pow2ceil(units)))
-    target = _fill_target(device, tx * ty)
+    # planes packed along block z when a plane's outputs leave the block under two warps: as
+    # many as make 256 threads, fewer while that leaves too few blocks, never under 64 threads
+    tz = 1
+    if tx * ty < MIN_BLOCK_THREADS and planes > 1:
+        tz = min(BLOCK_Z_MAX, BLOCK_THREADS // (tx * ty), _pow2ceil(planes))
+        while (tx * ty * (tz // 2) >= MIN_BLOCK_THREADS
+               and _cdiv(planes, tz) * n_x < _fill_target(device, tx * ty * tz)):
+            tz //= 2
+    groups = _cdiv(planes, tz)
+    target = _fill_target(device, tx * ty * tz)
     overlap = any((k - 1) * d + 1 > s for k, d, s in zip(
         getattr(spec, "kernel", ()), getattr(spec, "dilation", ()), getattr(spec, "stride", ())))
     padded = any(pb or pe for pb, pe in getattr(spec, "pads", ()))
 
     def fits(rows, ty_):
-        if nhwc or family != "window":
+        if nhwc or family != "window" or not overlap:  # no input is read twice
             return True
-        resident = max(1, device.max_threads_per_sm // (tx * ty_))
+        resident = max(1, device.max_threads_per_sm // (tx * ty_ * tz))
         budget = device.smem_per_sm // resident
-        return _footprint(spec, rows * ty_, tx, itemsize, out_dhw, in_dhw) <= budget
+        return tz * _footprint(spec, rows * ty_, tx, itemsize, out_dhw, in_dhw) <= budget
 
+    if tz > 1:
+        plane_outputs = units * (g.channels if nhwc else ow)
+        words.append(f"packing: {tz} planes per block (a plane has {plane_outputs} outputs; "
+                     f"blocks of {tx * ty} threads would leave the SMs' block slots idle)")
     rows_whole = _cdiv(units, ty)
-    if rows_whole <= MAX_ROWS and planes * n_x >= target and fits(rows_whole, ty):
+    if rows_whole <= MAX_ROWS and groups * n_x >= target and fits(rows_whole, ty):
         rows, chunks = rows_whole, 1
         words.append(f"split: across the {planes} planes only (grid y/z); one block column "
                      f"covers a whole plane, {rows} {unit_name.split()[-1]} per thread")
     else:
         rows = 1
         for cand in range(min(MAX_ROWS, rows_whole), 0, -1):
-            if planes * n_x * _cdiv(units, ty * cand) >= target and fits(cand, ty):
+            if groups * n_x * _cdiv(units, ty * cand) >= target and fits(cand, ty):
                 rows = cand
                 break
-        while ty > 1 and tx * ty > 64 and (
-                planes * n_x * _cdiv(units, ty * rows) < target or not fits(rows, ty)):
+        while ty > 1 and tx * ty * tz > MIN_BLOCK_THREADS and (
+                groups * n_x * _cdiv(units, ty * rows) < target or not fits(rows, ty)):
             ty //= 2
         chunks = _cdiv(units, ty * rows)
         per_block = ty * rows
@@ -210,7 +243,7 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list) -> P
         else:
             dims = "D and H" if od > 1 else ("H" if nd >= 2 else "the single row")
             cut = f"{chunks} chunks of {per_block} {unit_name} (cutting {dims}; W kept whole)"
-        why = ("too few planes to fill the GPU" if planes * n_x < target
+        why = ("too few planes to fill the GPU" if groups * n_x < target
                else "planes too large for one block column")
         words.append(f"split: {planes} planes (grid y/z) x {cut}: {why}")
         if family == "window" and not nhwc and chunks > 1:
@@ -223,15 +256,14 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list) -> P
             else:
                 words.append("chunks: aligned (windows do not overlap and there is no padding)")
     if family == "window" and not nhwc:
-        fp = _footprint(spec, rows * ty, tx, itemsize, out_dhw, in_dhw)
+        fp = tz * _footprint(spec, rows * ty, tx, itemsize, out_dhw, in_dhw)
         words.append(f"block input footprint: {fp} bytes (fits the block's on-chip share)")
-    grid_yz = _plane_grid(planes)
+    grid_yz = _plane_grid(groups)
     grid = (n_x * chunks, grid_yz[0], grid_yz[1])
     if grid[0] > INT32_LIMIT:
         raise ValueError(f"gpupool: grid x {grid[0]} exceeds the CUDA limit")
-    words.append(f"launch: {kernel} grid {grid} block ({tx}, {ty}, 1), {rows} outputs per "
-                 f"thread, threads along {'channels' if nhwc else 'W'}")
-    return Plan(family, index_type(spec), (Launch(kernel, grid, (tx, ty, 1), rows),),
+    words.append(f"threads along {'channels' if nhwc else 'W'}")
+    return Plan(family, index_type(spec), (Launch(kernel, grid, (tx, ty, tz), rows),),
                 tuple(words))
 
 
@@ -301,8 +333,6 @@ def _global(spec: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
                 launches.append(Launch("global_lanes", (_cdiv(planes, BLOCK_THREADS // 32), 1, 1),
                                        (BLOCK_THREADS, 1, 1), 1,
                                        (("lanes", 32), ("second", 1), ("seglen", nchunks))))
-    for la in launches:
-        words.append(f"launch: {la.kernel} grid {la.grid} block {la.block}")
     return Plan("global", index_type(spec), tuple(launches), tuple(words))
 
 
@@ -341,8 +371,46 @@ def plan(spec, device: DeviceInfo | None = None) -> Plan:
         if k:
             words.append(f"window {k}x{k} compiled as a template constant")
         p = _tiled(spec, device, "window", kernel, words)
+    launches = _with_traffic(spec, p.launches)
     words = list(p.words) + [f"index arithmetic: {'32' if p.index_type == 'int' else '64'}-bit"]
-    return Plan(p.family, p.index_type, p.launches, tuple(words))
+    for la in launches:
+        floor = la.floor_seconds(device)
+        words.append(
+            f"launch: {la.kernel} grid {la.grid} block {la.block}: {la.threads} threads, "
+            f"{la.outputs / la.threads:.3g} outputs per thread, reads {_mb(la.bytes_read)}, writes "
+            f"{_mb(la.bytes_written)}; floor "
+            + (f"{floor * 1e6:.2f} us at {device.dram_gbps:.0f} GB/s DRAM" if floor
+               else "unknown (DRAM bandwidth unknown)"))
+    return Plan(p.family, p.index_type, launches, tuple(words))
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.3f} MB"
+
+
+def _with_traffic(spec, launches: tuple[Launch, ...]) -> tuple[Launch, ...]:
+    """The launches with the bytes each must move: its input once, its output once (with
+    int64 indices; unpool also zero-fills its output first)."""
+    g = spec.geom
+    item = _ITEMSIZE[g.dtype]
+    x_bytes = math.prod(g.shape) * item
+    out_elems = math.prod(spec.out_shape)
+    if isinstance(spec, S.UnpoolSpec):
+        (la,) = launches
+        n = math.prod(g.shape)
+        return (dataclasses.replace(la, outputs=n, bytes_read=x_bytes + 8 * n,
+                                    bytes_written=2 * out_elems * item),)
+    indices = 8 * out_elems if getattr(spec, "return_indices", False) else 0
+    if len(launches) == 1:
+        return (dataclasses.replace(launches[0], outputs=out_elems, bytes_read=x_bytes,
+                                    bytes_written=out_elems * item + indices),)
+    first, second = launches
+    part = 4 if (g.dtype == "float16" and spec.op == "avg") else item
+    partials = out_elems * first.get("nchunks")
+    return (dataclasses.replace(first, outputs=partials, bytes_read=x_bytes,
+                                bytes_written=partials * part),
+            dataclasses.replace(second, outputs=out_elems, bytes_read=partials * part,
+                                bytes_written=out_elems * item))
 
 
 _OPS = {
@@ -358,7 +426,10 @@ def explain(op: str, shape, kernel_size=None, stride=None, padding=0, dilation=1
             count_include_pad: bool = False, divisor_override: int | None = None,
             return_indices: bool = False, spatial_dims: int = 2, dtype: str = "float32",
             layout: str = "NCHW", device: DeviceInfo | None = None) -> str:
-    """How the CUDA backend would run ``op`` on an input of ``shape``, in words.
+    """How the CUDA backend would run ``op`` on an input of ``shape``, in words: the split,
+    then per launch its grid and block, threads, outputs per thread, the bytes it must read
+    and write, and their time at the device's DRAM bandwidth (the roofline floor a measured
+    time compares with).
 
     Arguments mirror the public op of the same name (``op`` is its name, e.g. ``"max_pool"``);
     ``device`` defaults to an H100's properties, so this works without a GPU. Raises what the

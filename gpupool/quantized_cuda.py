@@ -9,8 +9,8 @@ the host (:func:`gpupool.quantized._avg_plan`) and copied to each device once pe
   per 32-bit word with ``__vmaxs4`` / ``__vmaxu4``; otherwise the float backend's integer
   ``max_pool`` kernel (one code per thread: packing bytes would cost more than it saves).
 * average: ``qavg_pool`` (window), ``qavg_adaptive``, ``qavg_global`` (one block per NCHW plane)
-  and ``qavg_global_nhwc`` (one thread per channel), int32 accumulation (int64 where a window
-  could overflow it).
+  and ``qavg_global_nhwc`` (threads along channels and positions, one block per batch row),
+  int32 accumulation (int64 where a window could overflow it).
 * more than 3 spatial dims: the NumPy backend through a host round trip, as the float ops.
 """
 from __future__ import annotations
@@ -165,10 +165,11 @@ def qavg_adaptive(x, spec: AdaptiveSpec, out, plan: AvgPlan) -> None:
         itype = "int" if span <= planner.INT32_LIMIT else "long long"
         it = CB._itype_scalar(itype)
         fn = _kernel(qavg_global_name(g.dtype, plan.acc_dtype, itype, nhwc))
-        if nhwc:
-            tx = min(GLOBAL_THREADS, planner._pow2ceil(g.channels))
+        if nhwc:  # threads along channels (up to 64) and positions, one block a batch row
+            tx = min(64, planner._pow2ceil(g.channels))
+            ty = max(1, min(GLOBAL_THREADS // tx, planner._pow2ceil(seglen)))
             y, z = planner._plane_grid(g.batch)
-            fn((planner._cdiv(g.channels, tx), y, z), (tx, 1, 1),
+            fn((planner._cdiv(g.channels, tx), y, z), (tx, ty, 1),
                (x, out, it(g.batch), it(seglen), it(g.channels), table) + _requant_args(plan))
         else:
             fn((g.planes, 1, 1), (GLOBAL_THREADS, 1, 1),

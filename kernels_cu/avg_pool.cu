@@ -19,61 +19,22 @@ __device__ __forceinline__ int count_taps(I o, int s, int pb, int k, int d, I lo
   return n;
 }
 
-// Sum over the valid taps of the window of (o_d, o_h, o_w) of f(x) where f is the identity
-// (LP false) or |x|**p (LP true; p == 1 and p == 2 without pow).
-template <typename T, typename I, int K, bool LP>
-__device__ __forceinline__ typename Num<T>::acc sum_window(
-    const T* __restrict__ xp, I cs, const Geo<I>& g, I o_d, I o_h, I o_w,
-    typename Num<T>::acc p) {
-  typedef typename Num<T>::acc A;
-  const int kh = K ? K : g.kh;
-  const int kw = K ? K : g.kw;
-  const I d0 = o_d * (I)g.sd - (I)g.pd;
-  const I h0 = o_h * (I)g.sh - (I)g.ph;
-  const I w0 = o_w * (I)g.sw - (I)g.pw;
-  A s = 0;
-  for (int a = 0; a < g.kd; ++a) {
-    const I d = d0 + (I)a * (I)g.dd;
-    if (d < 0 || d >= g.id) continue;
-#pragma unroll
-    for (int b = 0; b < kh; ++b) {
-      const I h = h0 + (I)b * (I)g.dh;
-      if (h < 0 || h >= g.ih) continue;
-      const I rowbase = (d * g.ih + h) * g.iw;
-#pragma unroll
-      for (int c = 0; c < kw; ++c) {
-        const I w = w0 + (I)c * (I)g.dw;
-        if (w < 0 || w >= g.iw) continue;
-        A v = Num<T>::load(xp[(rowbase + w) * cs]);
-        if (LP) {
-          v = fabs(v);
-          if (p == (A)2) {
-            v = v * v;
-          } else if (p != (A)1) {
-            v = pow(v, p);
-          }
-        }
-        s += v;
-      }
-    }
-  }
-  return s;
-}
-
 }  // namespace gp
 
 // Average pooling. The divisor is divisor_override when > 0, else the product over dims of the
 // taps inside [-pad_begin, size + pad_end) (include_pad) or inside [0, size); an empty window
 // (divisor 0) gives 0. ped/peh/pew are the end pads.
 // Geometry: see gp::for_outputs_nchw / gp::for_outputs_nhwc (grid x = spatial chunks,
-// y/z = planes; block (TX, TY); one thread = `rows` outputs).
+// y/z = plane groups; block (TX, TY, TZ planes); one thread = `rows` outputs).
 template <typename T, typename I, int K, bool NHWC>
 __global__ void avg_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I),
                          int ped, int peh, int pew, int include_pad, int divisor_override) {
   GP_GEO(I);
   typedef typename gp::Num<T>::acc A;
-  auto body = [&](const T* __restrict__ xp, I cs, I o_d, I o_h, I o_w, I oi) {
-    const A s = gp::sum_window<T, I, K, false>(xp, cs, g, o_d, o_h, o_w, (A)1);
+  const gp::WindowTaps<K, I> taps{g};
+  gp::for_outputs<NHWC>(g, x, [&](const T* __restrict__ xp, I cs, I o_d, I o_h, I o_w, I oi) {
+    gp::SumOfTaps<T, I, false> acc(xp, cs, (A)1);
+    taps(o_d, o_h, o_w, acc);
     long long divisor = divisor_override;
     if (divisor <= 0) {
       const I lod = include_pad ? -(I)g.pd : (I)0, hid = include_pad ? g.id + (I)ped : g.id;
@@ -83,13 +44,8 @@ __global__ void avg_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PA
                 gp::count_taps<I>(o_h, g.sh, g.ph, g.kh, g.dh, loh, hih) *
                 gp::count_taps<I>(o_w, g.sw, g.pw, g.kw, g.dw, low, hiw);
     }
-    out[oi] = gp::Num<T>::store(divisor > 0 ? s / (A)divisor : (A)0);
-  };
-  if constexpr (NHWC) {
-    gp::for_outputs_nhwc<I>(g, x, body);
-  } else {
-    gp::for_outputs_nchw<I>(g, x, body);
-  }
+    out[oi] = gp::Num<T>::store(divisor > 0 ? acc.s / (A)divisor : (A)0);
+  });
 }
 
 // Lp pooling: (sum over the valid taps of |x|**p) ** (1/p), p > 0 finite (A is float for
@@ -99,21 +55,18 @@ __global__ void lp_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PAR
                         typename gp::Num<T>::acc p) {
   GP_GEO(I);
   typedef typename gp::Num<T>::acc A;
-  auto body = [&](const T* __restrict__ xp, I cs, I o_d, I o_h, I o_w, I oi) {
-    const A s = gp::sum_window<T, I, K, true>(xp, cs, g, o_d, o_h, o_w, p);
+  const gp::WindowTaps<K, I> taps{g};
+  gp::for_outputs<NHWC>(g, x, [&](const T* __restrict__ xp, I cs, I o_d, I o_h, I o_w, I oi) {
+    gp::SumOfTaps<T, I, true> acc(xp, cs, p);
+    taps(o_d, o_h, o_w, acc);
     A r;
     if (p == (A)1) {
-      r = s;
+      r = acc.s;
     } else if (p == (A)2) {
-      r = sqrt(s);
+      r = sqrt(acc.s);
     } else {
-      r = pow(s, (A)1 / p);
+      r = pow(acc.s, (A)1 / p);
     }
     out[oi] = gp::Num<T>::store(r);
-  };
-  if constexpr (NHWC) {
-    gp::for_outputs_nhwc<I>(g, x, body);
-  } else {
-    gp::for_outputs_nchw<I>(g, x, body);
-  }
+  });
 }

@@ -5,89 +5,23 @@
 // and the host specialised it (0: read kh/kw at run time); NHWC the layout.
 #include "common.cuh"
 
-namespace gp {
-
-// Max over the window of output (o_d, o_h, o_w), taps scanned row-major (D, then H, then W);
-// taps outside the input are skipped, so padding never wins. With IDX also the flat position
-// (d*IH + h)*IW + w of the winner inside the spatial plane: the first tap holding the max, or
-// the last NaN; -1 (and the lowest value) for a window with no valid tap.
-template <typename T, typename I, int K, bool IDX>
-__device__ __forceinline__ void max_window(const T* __restrict__ xp, I cs, const Geo<I>& g,
-                                           I o_d, I o_h, I o_w,
-                                           typename Num<T>::acc& m_out, I& best_out) {
-  typedef typename Num<T>::acc A;
-  const int kh = K ? K : g.kh;
-  const int kw = K ? K : g.kw;
-  const I d0 = o_d * (I)g.sd - (I)g.pd;
-  const I h0 = o_h * (I)g.sh - (I)g.ph;
-  const I w0 = o_w * (I)g.sw - (I)g.pw;
-  A m = Num<T>::lowest();
-  I best = -1;
-  for (int a = 0; a < g.kd; ++a) {
-    const I d = d0 + (I)a * (I)g.dd;
-    if (d < 0 || d >= g.id) continue;
-#pragma unroll
-    for (int b = 0; b < kh; ++b) {
-      const I h = h0 + (I)b * (I)g.dh;
-      if (h < 0 || h >= g.ih) continue;
-      const I rowbase = (d * g.ih + h) * g.iw;
-#pragma unroll
-      for (int c = 0; c < kw; ++c) {
-        const I w = w0 + (I)c * (I)g.dw;
-        if (w < 0 || w >= g.iw) continue;
-        const A v = Num<T>::load(xp[(rowbase + w) * cs]);
-        if (IDX) {
-          if (best < 0 || max_takes(v, m)) {
-            m = v;
-            best = rowbase + w;
-          }
-        } else if (max_takes(v, m)) {
-          m = v;
-        }
-      }
-    }
-  }
-  m_out = m;
-  best_out = best;
-}
-
-}  // namespace gp
-
-// Values-only max pooling. Geometry: see gp::for_outputs_nchw / gp::for_outputs_nhwc
-// (grid x = spatial chunks, y/z = planes; block (TX, TY); one thread = `rows` outputs).
+// Values-only max pooling over the window (gp::WindowTaps, gp::MaxOfTaps: padding never wins,
+// NaN propagates, a window with no valid tap gives the lowest value). Geometry: see
+// gp::for_outputs_nchw / gp::for_outputs_nhwc (grid x = spatial chunks, y/z = plane groups;
+// block (TX, TY, TZ planes); one thread = `rows` outputs).
 template <typename T, typename I, int K, bool NHWC>
 __global__ void max_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I)) {
   GP_GEO(I);
-  auto body = [&](const T* __restrict__ xp, I cs, I o_d, I o_h, I o_w, I oi) {
-    typename gp::Num<T>::acc m;
-    I best;
-    gp::max_window<T, I, K, false>(xp, cs, g, o_d, o_h, o_w, m, best);
-    out[oi] = gp::Num<T>::store(m);
-  };
-  if constexpr (NHWC) {
-    gp::for_outputs_nhwc<I>(g, x, body);
-  } else {
-    gp::for_outputs_nchw<I>(g, x, body);
-  }
+  gp::max_outputs<T, I, false, NHWC>(x, out, nullptr, gp::WindowTaps<K, I>{g}, g);
 }
 
-// Max pooling with int64 indices (per-plane flat spatial positions). Geometry as max_pool.
+// Max pooling with int64 indices: the flat position (d*IH + h)*IW + w of the winner inside
+// the spatial plane, -1 for a window with no valid tap. Geometry as max_pool.
 template <typename T, typename I, int K, bool NHWC>
 __global__ void max_pool_indices(const T* __restrict__ x, T* __restrict__ out,
                                  long long* __restrict__ indices, GP_GEO_PARAMS(I)) {
   GP_GEO(I);
-  auto body = [&](const T* __restrict__ xp, I cs, I o_d, I o_h, I o_w, I oi) {
-    typename gp::Num<T>::acc m;
-    I best;
-    gp::max_window<T, I, K, true>(xp, cs, g, o_d, o_h, o_w, m, best);
-    out[oi] = gp::Num<T>::store(m);
-    indices[oi] = (long long)best;
-  };
-  if constexpr (NHWC) {
-    gp::for_outputs_nhwc<I>(g, x, body);
-  } else {
-    gp::for_outputs_nchw<I>(g, x, body);
-  }
+  gp::max_outputs<T, I, true, NHWC>(x, out, indices, gp::WindowTaps<K, I>{g}, g);
 }
 
 // Max unpooling scatter into an `out` the host has already zero-filled. Elements move as

@@ -33,136 +33,92 @@ __device__ __forceinline__ int requantize(A acc, const long long* __restrict__ r
   return min(max(q, qmin), qmax);
 }
 
-// Sum of (q - zp) over the valid taps of the window of (o_d, o_h, o_w).
-template <typename T, typename A, typename I, int K>
-__device__ __forceinline__ A sum_window(const T* __restrict__ xp, I cs, const gp::Geo<I>& g,
-                                        I o_d, I o_h, I o_w, int zp) {
-  const int kh = K ? K : g.kh;
-  const int kw = K ? K : g.kw;
-  const I d0 = o_d * (I)g.sd - (I)g.pd;
-  const I h0 = o_h * (I)g.sh - (I)g.ph;
-  const I w0 = o_w * (I)g.sw - (I)g.pw;
-  A s = 0;
-  for (int a = 0; a < g.kd; ++a) {
-    const I d = d0 + (I)a * (I)g.dd;
-    if (d < 0 || d >= g.id) continue;
-#pragma unroll
-    for (int b = 0; b < kh; ++b) {
-      const I h = h0 + (I)b * (I)g.dh;
-      if (h < 0 || h >= g.ih) continue;
-      const I rowbase = (d * g.ih + h) * g.iw;
-#pragma unroll
-      for (int c = 0; c < kw; ++c) {
-        const I w = w0 + (I)c * (I)g.dw;
-        if (w < 0 || w >= g.iw) continue;
-        s += (A)((int)xp[(rowbase + w) * cs] - zp);
-      }
-    }
+// Sum of (q - zp) over the taps it is given (gp::WindowTaps, gp::AdaptiveTaps).
+template <typename T, typename A, typename I>
+struct CodeSum {
+  const T* __restrict__ xp;
+  I cs;
+  int zp;
+  A s;
+  __device__ __forceinline__ CodeSum(const T* __restrict__ xp_, I cs_, int zp_)
+      : xp(xp_), cs(cs_), zp(zp_), s(0) {}
+  __device__ __forceinline__ void operator()(I pos) { s += (A)((int)xp[pos * cs] - zp); }
+};
+
+// Byte-wise max of words of 4 codes (signed or unsigned); the dtype minimum in every byte
+// when no tap is valid.
+template <bool SIGNED, typename I>
+struct WordMax {
+  const unsigned* __restrict__ xp;
+  I cs;
+  unsigned m;
+  __device__ __forceinline__ WordMax(const unsigned* __restrict__ xp_, I cs_)
+      : xp(xp_), cs(cs_), m(SIGNED ? 0x80808080u : 0u) {}
+  __device__ __forceinline__ void operator()(I pos) {
+    m = SIGNED ? __vmaxs4(m, xp[pos * cs]) : __vmaxu4(m, xp[pos * cs]);
   }
-  return s;
-}
+};
 
-// 4 codes per 32-bit word: byte-wise max, signed or unsigned.
-template <bool SIGNED>
-__device__ __forceinline__ unsigned vmax4(unsigned a, unsigned b) {
-  return SIGNED ? __vmaxs4(a, b) : __vmaxu4(a, b);
-}
-
-template <typename I>
-__device__ __forceinline__ void adaptive_bounds(I o, I n, I m, I& start, I& end) {
-  start = (o * n) / m;
-  end = ((o + 1) * n + m - 1) / m;
+// Requantized averages over any walk: out = requantize(sum of (q - zp_in)) with table row
+// row_of[output position].
+template <typename T, typename A, typename I, bool NHWC, typename Taps>
+__device__ __forceinline__ void average_outputs(const T* __restrict__ x, T* __restrict__ out,
+                                                const Taps& taps, const gp::Geo<I>& g,
+                                                const int* __restrict__ row_of,
+                                                const long long* __restrict__ table, int zp_in,
+                                                int zp_out, int qmin, int qmax) {
+  gp::for_outputs<NHWC>(g, x, [&](const T* __restrict__ xp, I cs, I o_d, I o_h, I o_w, I oi) {
+    CodeSum<T, A, I> acc(xp, cs, zp_in);
+    taps(o_d, o_h, o_w, acc);
+    const I pos = (o_d * g.oh + o_h) * g.ow + o_w;
+    const long long* __restrict__ row = table + (long long)row_of[pos] * GPQ_ROW;
+    out[oi] = (T)requantize<A>(acc.s, row, zp_out, qmin, qmax);
+  });
 }
 
 }  // namespace gpq
 
 // Average pooling of codes, requantized. Geometry: see gp::for_outputs_nchw /
-// gp::for_outputs_nhwc (grid x = spatial chunks, y/z = planes; block (TX, TY); one thread =
-// `rows` outputs). row_of: table row of each output position (od*oh*ow, int32).
+// gp::for_outputs_nhwc (grid x = spatial chunks, y/z = plane groups; block (TX, TY, TZ
+// planes); one thread = `rows` outputs). row_of: table row of each output position
+// (od*oh*ow, int32).
 template <typename T, typename A, typename I, int K, bool NHWC>
 __global__ void qavg_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I),
                           const int* __restrict__ row_of, const long long* __restrict__ table,
                           int zp_in, int zp_out, int qmin, int qmax) {
   GP_GEO(I);
-  auto body = [&](const T* __restrict__ xp, I cs, I o_d, I o_h, I o_w, I oi) {
-    const A acc = gpq::sum_window<T, A, I, K>(xp, cs, g, o_d, o_h, o_w, zp_in);
-    const I pos = (o_d * g.oh + o_h) * g.ow + o_w;
-    const long long* __restrict__ row = table + (long long)row_of[pos] * GPQ_ROW;
-    out[oi] = (T)gpq::requantize<A>(acc, row, zp_out, qmin, qmax);
-  };
-  if constexpr (NHWC) {
-    gp::for_outputs_nhwc<I>(g, x, body);
-  } else {
-    gp::for_outputs_nchw<I>(g, x, body);
-  }
+  gpq::average_outputs<T, A, I, NHWC>(x, out, gp::WindowTaps<K, I>{g}, g, row_of, table, zp_in,
+                                      zp_out, qmin, qmax);
 }
 
 // Max over codes, channels-last with C % 4 == 0: x and out are read as 32-bit words of 4
 // channels (Geo.chans = C / 4) and combined with __vmaxs4 / __vmaxu4; a window with no valid
 // tap gives the dtype minimum in every byte. Geometry: gp::for_outputs_nhwc (grid x = word
-// chunks x position chunks, y/z = batch; block (TX along words, TY); one thread = `rows`
-// output positions of 4 channels).
+// chunks x position chunks, y/z = batch row groups; block (TX along words, TY, TZ); one
+// thread = `rows` output positions of 4 channels).
 template <bool SIGNED, typename I, int K>
 __global__ void qmax_pool_nhwc4(const unsigned* __restrict__ x, unsigned* __restrict__ out,
                                 GP_GEO_PARAMS(I)) {
   GP_GEO(I);
-  auto body = [&](const unsigned* __restrict__ xp, I cs, I o_d, I o_h, I o_w, I oi) {
-    const int kh = K ? K : g.kh;
-    const int kw = K ? K : g.kw;
-    const I d0 = o_d * (I)g.sd - (I)g.pd;
-    const I h0 = o_h * (I)g.sh - (I)g.ph;
-    const I w0 = o_w * (I)g.sw - (I)g.pw;
-    unsigned m = SIGNED ? 0x80808080u : 0u;
-    for (int a = 0; a < g.kd; ++a) {
-      const I d = d0 + (I)a * (I)g.dd;
-      if (d < 0 || d >= g.id) continue;
-#pragma unroll
-      for (int b = 0; b < kh; ++b) {
-        const I h = h0 + (I)b * (I)g.dh;
-        if (h < 0 || h >= g.ih) continue;
-        const I rowbase = (d * g.ih + h) * g.iw;
-#pragma unroll
-        for (int c = 0; c < kw; ++c) {
-          const I w = w0 + (I)c * (I)g.dw;
-          if (w < 0 || w >= g.iw) continue;
-          m = gpq::vmax4<SIGNED>(m, xp[(rowbase + w) * cs]);
-        }
-      }
-    }
-    out[oi] = m;
-  };
-  gp::for_outputs_nhwc<I>(g, x, body);
+  const gp::WindowTaps<K, I> taps{g};
+  gp::for_outputs_nhwc<I>(g, x, [&](const unsigned* __restrict__ xp, I cs, I o_d, I o_h,
+                                    I o_w, I oi) {
+    gpq::WordMax<SIGNED, I> acc(xp, cs);
+    taps(o_d, o_h, o_w, acc);
+    out[oi] = acc.m;
+  });
 }
 
-// Adaptive average of codes, requantized (windows [floor(o*n/m), ceil((o+1)*n/m)), never
-// empty). Geometry as qavg_pool.
+// Adaptive average of codes, requantized (windows of gp::AdaptiveTaps). Geometry as
+// qavg_pool.
 template <typename T, typename A, typename I, bool NHWC>
 __global__ void qavg_adaptive(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I),
                               const int* __restrict__ row_of,
                               const long long* __restrict__ table, int zp_in, int zp_out,
                               int qmin, int qmax) {
   GP_GEO(I);
-  auto body = [&](const T* __restrict__ xp, I cs, I o_d, I o_h, I o_w, I oi) {
-    I d0, d1, h0, h1, w0, w1;
-    gpq::adaptive_bounds<I>(o_d, g.id, g.od, d0, d1);
-    gpq::adaptive_bounds<I>(o_h, g.ih, g.oh, h0, h1);
-    gpq::adaptive_bounds<I>(o_w, g.iw, g.ow, w0, w1);
-    A acc = 0;
-    for (I d = d0; d < d1; ++d) {
-      for (I h = h0; h < h1; ++h) {
-        const I rowbase = (d * g.ih + h) * g.iw;
-        for (I w = w0; w < w1; ++w) acc += (A)((int)xp[(rowbase + w) * cs] - zp_in);
-      }
-    }
-    const I pos = (o_d * g.oh + o_h) * g.ow + o_w;
-    const long long* __restrict__ row = table + (long long)row_of[pos] * GPQ_ROW;
-    out[oi] = (T)gpq::requantize<A>(acc, row, zp_out, qmin, qmax);
-  };
-  if constexpr (NHWC) {
-    gp::for_outputs_nhwc<I>(g, x, body);
-  } else {
-    gp::for_outputs_nchw<I>(g, x, body);
-  }
+  gpq::average_outputs<T, A, I, NHWC>(x, out, gp::AdaptiveTaps<I>{g}, g, row_of, table, zp_in,
+                                      zp_out, qmin, qmax);
 }
 
 // Global average of contiguous planes (NCHW). grid: x = planes (up to 2**31 - 1); block: 256
@@ -177,33 +133,41 @@ __global__ void qavg_global(const T* __restrict__ x, T* __restrict__ out, I segl
   const T* __restrict__ xp = x + plane * seglen;
   A s = 0;
   for (I i = (I)threadIdx.x; i < seglen; i += (I)blockDim.x) s += (A)((int)xp[i] - zp_in);
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+  s = gp::group_reduce<false, 32>(s);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) partial[warp] = s;
   __syncthreads();
   if (warp == 0) {
     const int nwarps = blockDim.x / 32;
-    s = lane < nwarps ? partial[lane] : (A)0;
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+    s = gp::group_reduce<false, 32>(lane < nwarps ? partial[lane] : (A)0);
     if (lane == 0) out[plane] = (T)gpq::requantize<A>(s, table, zp_out, qmin, qmax);
   }
 }
 
-// Global average, channels last: x is (batch, positions, C). grid: x = channel chunks of the
-// block, y = batch rows (y/z past 65535, gp::block_plane); block: up to 256 threads along
-// channels. thread: one (batch row, channel), summing over the positions (consecutive threads
-// read consecutive channels).
+// Global average, channels last: x is (batch, positions, C). grid: x = channel chunks of
+// blockDim.x, y/z = batch rows (gp::block_plane). block: (TX along channels, TY along
+// positions), TX * TY <= 256. thread: channel c, positions threadIdx.y + k*TY (consecutive
+// lanes read consecutive channels); the TY partial sums of a channel are added in shared
+// memory by threadIdx.y == 0, which requantizes with table row 0.
 template <typename T, typename A, typename I>
 __global__ void qavg_global_nhwc(const T* __restrict__ x, T* __restrict__ out, I batch,
                                  I positions, I chans, const long long* __restrict__ table,
                                  int zp_in, int zp_out, int qmin, int qmax) {
+  __shared__ A partial[256];
   const long long b = gp::block_plane();
+  if (b >= (long long)batch) return;  // uniform over the block
   const I c = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x;
-  if (b >= (long long)batch || c >= chans) return;
-  const T* __restrict__ xp = x + (I)b * positions * chans + c;
   A s = 0;
-  for (I p = 0; p < positions; ++p) s += (A)((int)xp[p * chans] - zp_in);
-  out[(I)b * chans + c] = (T)gpq::requantize<A>(s, table, zp_out, qmin, qmax);
+  if (c < chans) {
+    const T* __restrict__ xp = x + (I)b * positions * chans + c;
+    for (I p = (I)threadIdx.y; p < positions; p += (I)blockDim.y) {
+      s += (A)((int)xp[p * chans] - zp_in);
+    }
+  }
+  partial[threadIdx.y * blockDim.x + threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < chans) {
+    for (unsigned j = 1; j < blockDim.y; ++j) s += partial[j * blockDim.x + threadIdx.x];
+    out[(I)b * chans + c] = (T)gpq::requantize<A>(s, table, zp_out, qmin, qmax);
+  }
 }

@@ -16,7 +16,8 @@ together they request every name of ``cuda_backend.instantiations()`` and
 Test hooks (monkeypatched, memoized plans cleared on both sides):
   * ``idx64``: ``planner.INT32_LIMIT = 100`` forces the ``long long`` index variants;
   * ``acc64``: ``quantized._acc_dtype`` picks int64 accumulators (naturally only past 8.4M taps);
-  * ``small-device``: a 1-SM device, so tiny inputs fill it and threads compute several rows.
+  * ``small-device``: a 1-SM device, so tiny inputs fill it and threads compute several rows;
+  * ``grid64``: grid y and z hold 64 blocks each, so planes spill onto grid z.
 """
 from __future__ import annotations
 
@@ -84,8 +85,8 @@ class Case:
     gpupool (arrays are NumPy or CuPy), ``view`` makes the first argument non-contiguous on
     both sides. Expectations on the CUDA run: ``launches``: kernels of the recorded plans, in
     order; ``requests``: base names of the kernels asked for, in order; ``static_k``: the
-    template window size; ``grid_z``: planes spill onto grid z; ``paths``: see
-    :func:`check_paths`. ``tags``: the hooked runs the case also takes part in."""
+    template window size; ``paths``: see :func:`check_paths`. ``tags``: the hooked runs the
+    case also takes part in."""
 
     id: str
     inputs: Callable
@@ -95,7 +96,6 @@ class Case:
     launches: tuple | None = None
     requests: tuple | None = None
     static_k: int | None = None
-    grid_z: bool = False
     paths: frozenset = field(default=frozenset())
     tags: frozenset = field(default=frozenset())
 
@@ -392,7 +392,9 @@ def natural_int64_accumulator_cases():
 # ----------------------------------------------------------------------------- planes > 65535
 
 def many_plane_cases():
-    """More planes than grid y holds (65535): the planner puts the rest on grid z."""
+    """More planes than grid y holds: the planner puts the rest on grid z. Small planes are
+    packed 64 to a block (block z), so the ``grid64`` hook lowers grid y's limit to 64 rather
+    than launching 2**22 planes; unhooked, the same cases run packed on grid y."""
     n = 66000
     f32 = [
         ("max", (1, n, 2, 2), "NCHW", lambda x: gpupool.max_pool(x, 2), True),
@@ -411,9 +413,11 @@ def many_plane_cases():
          lambda x: gpupool.global_avg_pool(x, spatial_dims=1, layout="NHWC"), False),
     ]
     for op, shape, layout, call, exact in f32:
+        packed = not op.startswith("g")  # global NHWC: one block per batch row, on grid z
         yield Case(f"{op}-float32-{layout}-{'x'.join(map(str, shape))}",
                    random_input(shape, "float32", "max" if exact else "sum"), call, exact,
-                   grid_z=True)
+                   tags=frozenset({"grid64"} if packed else ()),
+                   paths=frozenset(() if packed else {"gridz"}))
     q = [("qmax", (1, n, 2, 2), "NCHW", lambda q: Q.max_pool(q, 2)),
          ("qmax", (n, 2, 2, 4), "NHWC", lambda q: Q.max_pool(q, 2, layout="NHWC")),
          ("qavg-cip", (1, n, 2, 2), "NCHW",
@@ -421,7 +425,7 @@ def many_plane_cases():
          ("qadaptive", (n, 3), "NCHW", lambda q: Q.adaptive_avg_pool(q, (2,)))]
     for op, shape, layout, call in q:
         yield Case(f"{op}-int8-{layout}-{'x'.join(map(str, shape))}", qinputs(shape, "int8"),
-                   quantized("int8", call), True, grid_z=True)
+                   quantized("int8", call), True, tags=frozenset({"grid64"}))
     yield Case(f"qglobal-int8-NHWC-{n}x1x1", qinputs((n, 1, 1), "int8"),
                quantized("int8", lambda q: Q.global_avg_pool(q, spatial_dims=1, layout="NHWC")),
                True, requests=("qavg_global_nhwc",))
@@ -511,6 +515,7 @@ CASES = (list(window_cases()) + list(unpool_cases()) + list(adaptive_cases())
 HOOKED = ([("idx64", c) for c in CASES if "idx64" in c.tags]
           + [("acc64", c) for c in CASES if "acc64" in c.tags]
           + [("idx64+acc64", c) for c in CASES if {"acc64", "idx64"} <= c.tags]
+          + [("grid64", c) for c in CASES if "grid64" in c.tags]
           + [("small-device", c) for c in small_device_cases()])
 assert len({c.id for c in CASES}) == len(CASES)
 
@@ -523,6 +528,8 @@ def apply_hooks(mp, hooks: str) -> None:
         mp.setattr(planner, "INT32_LIMIT", 100)
     if "acc64" in hooks:
         mp.setattr(Q, "_acc_dtype", lambda taps: ("int64", 255 * taps))
+    if "grid64" in hooks:
+        mp.setattr(planner, "GRID_YZ_MAX", 64)
     if "small-device" in hooks:
         mp.setattr(CB, "device_info", lambda device_id: planner.DeviceInfo(
             name="test: 1 SM", sm_count=1))
@@ -606,15 +613,14 @@ def run_case(case: Case, mp, cupy) -> Record:
         assert tuple(n.split("<")[0] for _, n in rec.names) == case.requests, rec.names
     if case.static_k is not None:
         assert [planner.static_window(s) for s, _ in rec.plans] == [case.static_k], rec.plans
-    if case.grid_z:
-        assert launches and all(la.grid[2] > 1 for la in launches), launches
     check_paths(rec, case.paths)
     return rec
 
 
 def check_paths(rec: Record, paths) -> None:
     """``idx64``: 64-bit index variants only; ``acc64``: int64 accumulators in every quantized
-    average kernel; ``rows``: the (first) launch computes several rows per thread."""
+    average kernel; ``rows``: the (first) launch computes several rows per thread; ``gridz``
+    (and the ``grid64`` hook): every launch spills onto grid z."""
     assert rec.names or not paths
     if "idx64" in paths:
         assert all(p.index_type == "long long" for _, p in rec.plans), rec.plans
@@ -622,6 +628,9 @@ def check_paths(rec: Record, paths) -> None:
     if "acc64" in paths:
         accs = [n.split("<")[1].split(", ")[1] for _, n in rec.names if n.startswith("qavg")]
         assert accs and set(accs) == {"long long"}, rec.names
+    if paths & {"grid64", "gridz"}:
+        launches = [la for _, p in rec.plans for la in p.launches]
+        assert all(la.grid[2] > 1 for la in launches), launches
     if "rows" in paths:
         assert rec.plans[0][1].launches[0].rows > 1, str(rec.plans[0][1])
 

@@ -45,7 +45,7 @@ def test_window_plan_covers_every_output(shape, k, s, p, layout, device):
     assert pl.family == "window" and len(pl.launches) == 1
     la = pl.launches[0]
     tx, ty, tz = la.block
-    assert tz == 1 and tx * ty <= 256 and la.rows >= 1
+    assert tx * ty * tz <= 256 and tz <= 64 and la.rows >= 1
     units, cols = covered_outputs(sp, la)
     od, oh, ow = planner._canonical3(sp.out_spatial, 1)
     if layout == "NHWC":
@@ -57,8 +57,80 @@ def test_window_plan_covers_every_output(shape, k, s, p, layout, device):
         # no wasted block rows: the last chunk holds at least one row
         assert units - ty * la.rows < od * oh
     assert la.grid[1] <= 65535 and la.grid[2] <= 65535
-    assert la.grid[1] * la.grid[2] >= planes
-    assert la.grid[1] * (la.grid[2] - 1) < planes
+    groups = -(-planes // tz)
+    assert la.grid[1] * la.grid[2] >= groups
+    assert la.grid[1] * (la.grid[2] - 1) < groups
+
+
+def _small_plane_specs():
+    """Window, adaptive and indices specs over small planes, few and many of them."""
+    for planes in ((1,), (3,), (2, 5), (64,), (40, 7), (1000,), (70000,)):
+        for spatial in ((1,), (5,), (10,), (2, 2), (3, 7), (4, 4), (7, 7), (9, 1), (2, 3, 4)):
+            nd = len(spatial)
+            for layout, channels in (("NCHW", ()), ("NHWC", (3,)), ("NHWC", (1,))):
+                if layout == "NHWC" and len(planes) != 1:
+                    continue
+                shape = planes + spatial + channels
+                for k in (1, 2, 3):
+                    kernel = tuple(min(k, i) for i in spatial)
+                    yield window(shape, kernel, 1, layout=layout)
+                    yield window(shape, kernel, kernel, layout=layout, op="avg")
+                yield S.adaptive_spec("adaptive_max_pool", "max", shape, "float32", (1,) * nd,
+                                      layout, return_indices=True)
+
+
+@pytest.mark.parametrize("device", [H100, SMALL_GPU])
+def test_blocks_hold_two_warps_when_there_are_64_outputs(device):
+    """Small planes are packed several to a block (block z), so no launch with >= 64
+    outputs runs blocks under 64 threads (a streaming multiprocessor holds at most 32
+    blocks); every output is still covered."""
+    for sp in _small_plane_specs():
+        (la,) = plan(sp, device).launches
+        tx, ty, tz = la.block
+        outputs = math.prod(sp.out_shape)
+        if outputs >= 64:
+            assert tx * ty * tz >= 64, (sp.geom.shape, sp.out_spatial, la)
+        assert tx * ty * tz <= 256 and tz <= 64
+        planes = sp.geom.batch if sp.geom.layout == "NHWC" else sp.geom.planes
+        assert la.grid[1] * la.grid[2] * tz >= planes
+        units, cols = covered_outputs(sp, la)
+        od, oh, ow = planner._canonical3(sp.out_spatial, 1)
+        if sp.geom.layout == "NHWC":
+            assert units >= od * oh * ow and cols >= sp.geom.channels
+        else:
+            assert units >= od * oh and cols >= ow
+
+
+@pytest.mark.parametrize("op, shape, kw", [
+    ("avg_pool", (256, 2048, 7, 7), dict(kernel_size=7)),
+    ("adaptive_max_pool", (256, 2048, 7, 7), dict(output_size=(1, 1), return_indices=True)),
+    ("max_pool", (512, 512, 4, 4), dict(kernel_size=2)),
+    ("max_pool", (4096, 64, 10), dict(kernel_size=(2,))),
+])
+def test_launches_that_wasted_the_gpu_now_fill_blocks(op, shape, kw):
+    text = explain(op, shape, **kw)
+    block = eval(text.split(" block ")[-1].split(":")[0])
+    assert math.prod(block) >= 64, text
+    assert "packing:" in text
+
+
+def test_explain_reports_traffic_and_the_roofline_floor():
+    text = explain("max_pool", (8, 64, 112, 112), kernel_size=3, stride=2, padding=1,
+                   return_indices=True, device=DeviceInfo(dram_gbps=1000.0))
+    line = [w for w in text.splitlines() if w.startswith("launch:")][0]
+    read, written = 8 * 64 * 112 * 112 * 4, 8 * 64 * 56 * 56 * (4 + 8)
+    assert f"reads {read / 1e6:.3f} MB, writes {written / 1e6:.3f} MB" in line
+    assert f"floor {(read + written) / 1e12 * 1e6:.2f} us at 1000 GB/s DRAM" in line
+    (la,) = plan(S.window_spec("max_pool", "max", (8, 64, 112, 112), "float32", 3, 2, 1, 1,
+                               False, "NCHW", return_indices=True), H100).launches
+    assert (la.bytes_read, la.bytes_written, la.outputs) == (read, written, 8 * 64 * 56 * 56)
+    assert la.floor_seconds(DeviceInfo(dram_gbps=0)) == 0
+    first, second = plan(S.global_spec("g", "avg", (1, 2, 4096, 4096), "float16", 2, "NCHW"),
+                         H100).launches
+    n = first.get("nchunks")
+    assert (first.bytes_read, first.bytes_written) == (2 * 4096 * 4096 * 2, 2 * n * 4)
+    assert (second.bytes_read, second.bytes_written) == (2 * n * 4, 2 * 2)
+    assert "unknown" in explain("global_max_pool", (2, 3, 4, 4), device=DeviceInfo(dram_gbps=0))
 
 
 def test_many_planes_split_across_planes_only():
@@ -93,9 +165,12 @@ def test_3d_chunks_cut_depth_before_height():
 
 
 def test_planes_beyond_grid_y_go_to_z():
-    sp = window((3, 40000, 4, 4), 2, 2)
+    sp = window((3, 40000, 16, 16), 2, 2)  # 8x8 outputs: 64 threads a plane, no packing
     la = plan(sp, H100).launches[0]
-    assert la.grid[1] == 65535 and la.grid[2] == 2
+    assert la.block[2] == 1 and la.grid[1] == 65535 and la.grid[2] == 2
+    sp = window((3, 40000, 4, 4), 2, 2)  # 2x2 outputs: 64 planes a block
+    la = plan(sp, H100).launches[0]
+    assert la.block == (2, 2, 64) and la.grid[1:] == (1875, 1)
 
 
 def test_nhwc_threads_along_channels():

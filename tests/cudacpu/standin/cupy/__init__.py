@@ -165,7 +165,8 @@ class _Runtime:
                 "multiProcessorCount": 132, "maxThreadsPerBlock": 1024,
                 "maxThreadsPerMultiProcessor": 2048, "sharedMemPerBlockOptin": 227 * 1024,
                 "sharedMemPerBlock": 48 * 1024, "sharedMemPerMultiprocessor": 228 * 1024,
-                "l2CacheSize": 50 * 2**20, "totalGlobalMem": 80 * 2**30}
+                "l2CacheSize": 50 * 2**20, "totalGlobalMem": 80 * 2**30,
+                "memoryClockRate": 2619000, "memoryBusWidth": 5120}
 
 
 # ----------------------------------------------------------------------------- arrays
