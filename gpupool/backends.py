@@ -8,9 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from typing import Callable
+import numbers
+from typing import TYPE_CHECKING, Callable, Union
 
 import numpy as np
+
+if TYPE_CHECKING:  # annotations only: importing gpupool never imports CuPy
+    import cupy
+
+#: What the ops return: a NumPy array (CPU) or a CuPy array (GPU), the input's kind.
+Array = Union[np.ndarray, "cupy.ndarray"]
+#: What the ops take as input: a NumPy or CuPy array, or a (nested) list/tuple of numbers,
+#: which becomes a NumPy array.
+ArrayLike = Union[np.ndarray, "cupy.ndarray", list, tuple]
 
 #: the modules of each backend: the float ops, then the quantized ones.
 _MODULES = {"numpy": ("gpupool.numpy_backend", "gpupool.quantized_numpy"),
@@ -41,15 +51,28 @@ def is_cupy_array(x) -> bool:
 
 
 def as_array(func: str, x, name: str = "x"):
-    """Return ``(array, backend, xp)``; plain sequences become NumPy arrays."""
+    """Return ``(array, backend, xp)``; plain (nested) lists and tuples become NumPy arrays.
+
+    Errors name ``gpupool.<func>`` and the parameter: a scalar or another type is a
+    ``TypeError``, a ragged nested sequence a ``ValueError``."""
     if is_cupy_array(x):  # first: an array type may be both
         import cupy
         return x, "cupy", cupy
     if isinstance(x, np.ndarray):
         return x, "numpy", np
     if isinstance(x, (list, tuple)):
-        return np.asarray(x), "numpy", np
-    raise TypeError(f"gpupool.{func}: {name} must be a NumPy or CuPy array (or a list), "
+        try:
+            return np.asarray(x), "numpy", np
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"gpupool.{func}: {name} is a nested sequence that is not a "
+                             f"rectangular array of numbers (every row must have the same "
+                             f"length); pass a NumPy or CuPy array") from e
+    if isinstance(x, (numbers.Number, np.generic)):
+        raise TypeError(f"gpupool.{func}: {name} is a scalar ({type(x).__module__}."
+                        f"{type(x).__name__} {x}); pooling needs an array with the spatial "
+                        f"dims, e.g. of shape (N, C, H, W): a NumPy or CuPy array or a nested "
+                        f"list")
+    raise TypeError(f"gpupool.{func}: {name} must be a NumPy or CuPy array (or a nested list), "
                     f"got {type(x).__module__}.{type(x).__name__}")
 
 

@@ -2,10 +2,10 @@
 that matches the input's array type (NumPy in -> NumPy out, CuPy in -> CuPy out)."""
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+from typing import Sequence, Union
 
 from . import spec as S
-from .backends import as_array, device_scope, dtype_name, implementation
+from .backends import Array, ArrayLike, as_array, device_scope, dtype_name, implementation
 
 Size = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]
@@ -16,8 +16,8 @@ def _result(func: str, out, shape, dtype, x, xp):
     if out is None:
         return xp.empty(shape, dtype=dtype)
     if type(out) is not type(x):
-        raise ValueError(f"gpupool.{func}: out is a {type(out).__module__}.{type(out).__name__}; "
-                         f"expected the input's array type {type(x).__module__}.{type(x).__name__}")
+        raise TypeError(f"gpupool.{func}: out is a {type(out).__module__}.{type(out).__name__}; "
+                        f"expected the input's array type {type(x).__module__}.{type(x).__name__}")
     if getattr(out, "device", None) != getattr(x, "device", None):
         raise ValueError(f"gpupool.{func}: out is on device {out.device}, the input on {x.device}")
     S.check_out(func, out.shape, dtype_name(out.dtype), shape, dtype_name(dtype))
@@ -37,9 +37,9 @@ def _run(func: str, family: str, x, backend, xp, spec, out, indices_needed: bool
     return (result, indices) if indices_needed else result
 
 
-def max_pool(x: Any, kernel_size: Size, stride: Size | None = None, padding: Padding = 0,
+def max_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, padding: Padding = 0,
              dilation: Size = 1, ceil_mode: bool = False, *, return_indices: bool = False,
-             layout: str = "NCHW", out: Any = None):
+             layout: str = "NCHW", out: Array | None = None) -> Array | tuple[Array, Array]:
     """Max over each window; padded taps never win.
 
     ``len(kernel_size)`` spatial dims (an int means 2), every dim before them is a plane dim
@@ -57,10 +57,10 @@ def max_pool(x: Any, kernel_size: Size, stride: Size | None = None, padding: Pad
     return _run("max_pool", "window", x, backend, xp, spec, out, spec.return_indices)
 
 
-def avg_pool(x: Any, kernel_size: Size, stride: Size | None = None, padding: Padding = 0,
+def avg_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, padding: Padding = 0,
              ceil_mode: bool = False, count_include_pad: bool = False,
              divisor_override: int | None = None, *, dilation: Size = 1, layout: str = "NCHW",
-             out: Any = None):
+             out: Array | None = None) -> Array:
     """Mean over each window.
 
     The divisor is the number of valid taps (``count_include_pad=False``, the default, as
@@ -78,9 +78,9 @@ def avg_pool(x: Any, kernel_size: Size, stride: Size | None = None, padding: Pad
     return _run("avg_pool", "window", x, backend, xp, spec, out)
 
 
-def lp_pool(x: Any, p: float, kernel_size: Size, stride: Size | None = None,
+def lp_pool(x: ArrayLike, p: float, kernel_size: Size, stride: Size | None = None,
             padding: Padding = 0, dilation: Size = 1, ceil_mode: bool = False, *,
-            layout: str = "NCHW", out: Any = None):
+            layout: str = "NCHW", out: Array | None = None) -> Array:
     """``(sum |x|**p) ** (1/p)`` over the valid taps of each window (ONNX LpPool; PyTorch
     omits the abs). ``p`` is a finite real > 0. Float dtypes only.
 
@@ -93,7 +93,8 @@ def lp_pool(x: Any, p: float, kernel_size: Size, stride: Size | None = None,
     return _run("lp_pool", "window", x, backend, xp, spec, out)
 
 
-def global_avg_pool(x: Any, *, spatial_dims: int = 2, layout: str = "NCHW", out: Any = None):
+def global_avg_pool(x: ArrayLike, *, spatial_dims: int = 2, layout: str = "NCHW",
+                    out: Array | None = None) -> Array:
     """Mean over the last ``spatial_dims`` spatial dims; they are kept with size 1.
 
     >>> global_avg_pool(np.ones((2, 3, 7, 7), np.float32)).shape
@@ -104,7 +105,8 @@ def global_avg_pool(x: Any, *, spatial_dims: int = 2, layout: str = "NCHW", out:
     return _run("global_avg_pool", "adaptive", x, backend, xp, spec, out)
 
 
-def global_max_pool(x: Any, *, spatial_dims: int = 2, layout: str = "NCHW", out: Any = None):
+def global_max_pool(x: ArrayLike, *, spatial_dims: int = 2, layout: str = "NCHW",
+                    out: Array | None = None) -> Array:
     """Max over the spatial dims (NaN propagates); they are kept with size 1.
 
     >>> global_max_pool(np.arange(8.).reshape(1, 2, 2, 2))
@@ -115,7 +117,8 @@ def global_max_pool(x: Any, *, spatial_dims: int = 2, layout: str = "NCHW", out:
     return _run("global_max_pool", "adaptive", x, backend, xp, spec, out)
 
 
-def adaptive_avg_pool(x: Any, output_size: Size, *, layout: str = "NCHW", out: Any = None):
+def adaptive_avg_pool(x: ArrayLike, output_size: Size, *, layout: str = "NCHW",
+                      out: Array | None = None) -> Array:
     """Mean over adaptive windows: output i spans ``[floor(i*I/O), ceil((i+1)*I/O))``.
 
     >>> adaptive_avg_pool(np.arange(6.).reshape(1, 1, 6), (2,))
@@ -126,8 +129,9 @@ def adaptive_avg_pool(x: Any, output_size: Size, *, layout: str = "NCHW", out: A
     return _run("adaptive_avg_pool", "adaptive", x, backend, xp, spec, out)
 
 
-def adaptive_max_pool(x: Any, output_size: Size, *, return_indices: bool = False,
-                      layout: str = "NCHW", out: Any = None):
+def adaptive_max_pool(x: ArrayLike, output_size: Size, *, return_indices: bool = False,
+                      layout: str = "NCHW", out: Array | None = None
+                      ) -> Array | tuple[Array, Array]:
     """Max over adaptive windows (as :func:`adaptive_avg_pool`), optionally with indices
     (as :func:`max_pool`).
 
@@ -140,14 +144,19 @@ def adaptive_max_pool(x: Any, output_size: Size, *, return_indices: bool = False
     return _run("adaptive_max_pool", "adaptive", x, backend, xp, spec, out, spec.return_indices)
 
 
-def max_unpool(x: Any, indices: Any, kernel_size: Size, stride: Size | None = None,
+def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_size: Size, stride: Size | None = None,
                padding: Padding = 0, output_size: Sequence[int] | None = None, *,
-               layout: str = "NCHW", out: Any = None):
+               dilation: Size = 1, layout: str = "NCHW", out: Array | None = None) -> Array:
     """Scatter ``x`` into zeros at ``indices`` (flat positions in each output plane, as
-    returned by :func:`max_pool`). Output spatial size ``(I-1)*s - pb - pe + k`` or
-    ``output_size`` (spatial dims or the full shape). An index outside the plane raises
-    ``ValueError``; on the GPU that check costs one device-to-host sync. Where indices repeat,
-    which value lands is unspecified.
+    returned by :func:`max_pool` with the same kernel_size, stride, padding and dilation).
+
+    The output spatial size is ``D = (I-1)*s - pb - pe + d*(k-1) + 1``, or ``output_size``
+    (spatial dims or the full shape), each dim of which must lie strictly between ``D - s`` and
+    ``D + s`` as in PyTorch (see :func:`gpupool.spec.unpool_sizes` for pads larger than PyTorch
+    allows and for ``"same"`` padding, which needs ``output_size``), else ``ValueError``:
+    indices pooled from another size would land at wrong positions. An index outside the plane
+    raises ``ValueError``; on the GPU that check costs one device-to-host sync. Where indices
+    repeat, which value lands is unspecified.
 
     >>> y, i = max_pool(np.arange(4.).reshape(1, 1, 2, 2), 2, return_indices=True)
     >>> max_unpool(y, i, 2)
@@ -159,7 +168,7 @@ def max_unpool(x: Any, indices: Any, kernel_size: Size, stride: Size | None = No
     if ibackend != backend:
         raise TypeError(f"gpupool.{func}: indices is a {ibackend} array but x is a {backend} array")
     spec = S.unpool_spec(func, x.shape, dtype_name(x.dtype), indices.shape, dtype_name(indices.dtype),
-                         kernel_size, stride, padding, output_size, layout)
+                         kernel_size, stride, padding, output_size, layout, dilation=dilation)
     if getattr(indices, "device", None) != getattr(x, "device", None):
         raise ValueError(f"gpupool.{func}: indices is on device {indices.device}, x on {x.device}")
     with device_scope(x, backend):

@@ -54,12 +54,12 @@ import math
 import numbers
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Sequence, Union
+from typing import Sequence, Union
 
 import numpy as np
 
 from . import spec as S
-from .backends import as_array, dtype_name, implementation
+from .backends import Array, ArrayLike, as_array, dtype_name, implementation
 
 Size = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]
@@ -94,6 +94,8 @@ def _check_zero_point(func: str, name: str, zero_point, dtype: str) -> int:
 
 
 def _check_qdtype(func: str, dtype) -> str:
+    if isinstance(dtype, str) and dtype.casefold() in QDTYPES:  # "INT8" as "int8"
+        return dtype.casefold()
     try:
         name = np.dtype(dtype).name
     except TypeError:
@@ -117,7 +119,7 @@ class QArray:
 
     __slots__ = ("data", "scale", "zero_point")
 
-    def __init__(self, data: Any, scale: float, zero_point: int = 0):
+    def __init__(self, data: ArrayLike, scale: float, zero_point: int = 0) -> None:
         data, _, _ = as_array("quantized.QArray", data, "data")
         dtype = _check_qdtype("QArray", data.dtype)
         self.data = data
@@ -144,7 +146,7 @@ def _qarray(func: str, q) -> QArray:
     return q
 
 
-def quantize(x: Any, scale: float, zero_point: int = 0, dtype: str = "int8") -> QArray:
+def quantize(x: ArrayLike, scale: float, zero_point: int = 0, dtype: str = "int8") -> QArray:
     """``saturate(round_half_to_even(x / scale) + zero_point)`` as ``dtype`` (int8 or uint8).
 
     ``x / scale`` is evaluated in float64; infinities saturate; NaN raises ``ValueError`` (it
@@ -168,7 +170,7 @@ def quantize(x: Any, scale: float, zero_point: int = 0, dtype: str = "int8") -> 
     return QArray(codes, scale, zero_point)
 
 
-def dequantize(q: QArray):
+def dequantize(q: QArray) -> Array:
     """``scale * (q - zero_point)`` as float32 (the float64 product rounded once), on the
     codes' device.
 
@@ -216,10 +218,12 @@ def _requant_row(num: int, den: int, rounding: str, divisor: int, amax: int) -> 
     return (m, sh, xcap) + tuple(thresholds)
 
 
-def requant_table(scale: float, out_scale: float, rounding: str, divisors, amax: int):
+def requant_table(scale: float, out_scale: float, rounding: str, divisors: Sequence[int],
+                  amax: int) -> np.ndarray:
     """Read-only int64 table, one row ``(M, sh, xcap, T[0..LEVELS+1])`` per divisor, that maps
     an accumulator to ``round(acc * scale / (out_scale * divisor))`` exactly (module
     docstring). ``amax`` bounds ``|acc|``."""
+    rounding = S.choice("quantized.requant_table", "rounding", rounding, ROUNDINGS)
     ratio = Fraction(scale) / Fraction(out_scale)
     rows = [_requant_row(ratio.numerator, ratio.denominator, rounding, int(d), int(amax))
             for d in divisors]
@@ -307,9 +311,8 @@ def _out_params(func, q, out_scale, out_zero_point, rounding):
     out_scale = q.scale if out_scale is None else _check_scale(func, "out_scale", out_scale)
     zp_out = (q.zero_point if out_zero_point is None
               else _check_zero_point(func, "out_zero_point", out_zero_point, dtype))
-    if rounding not in ROUNDINGS:
-        _fail(func, f"rounding={rounding!r} is not one of {ROUNDINGS}")
-    return dtype, out_scale, zp_out
+    rounding = S.choice(f"quantized.{func}", "rounding", rounding, ROUNDINGS)
+    return dtype, out_scale, zp_out, rounding
 
 
 def _device(data):
@@ -358,7 +361,8 @@ def avg_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: 
     ``acc = sum(q - zp_in)`` over the valid taps; the divisor counts valid taps, or with
     ``count_include_pad`` also the explicit padding (never the ceil-mode overhang).
     ``out_scale`` / ``out_zero_point`` default to the input's. ``rounding`` is
-    ``"half_away_from_zero"`` or ``"half_to_even"``; anything else is a ``ValueError``.
+    ``"half_away_from_zero"`` or ``"half_to_even"`` (in any case); anything else is a
+    ``ValueError``.
 
     >>> avg_pool(QArray(np.array([[[1, 2, 4, 4]]], np.int8), 1.0), (2,)).data
     array([[[2, 4]]], dtype=int8)
@@ -368,7 +372,8 @@ def avg_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: 
     data, backend, xp = as_array(f"quantized.{func}", q.data)
     spec = _int_window_spec(func, "avg", data.shape, dtype_name(data.dtype), kernel_size, stride,
                             padding, 1, ceil_mode, layout, count_include_pad)
-    _, out_scale, zp_out = _out_params(func, q, out_scale, out_zero_point, rounding)
+    _, out_scale, zp_out, rounding = _out_params(func, q, out_scale, out_zero_point,
+                                                 rounding)
     return _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, "qavg_window")
 
 
@@ -386,7 +391,8 @@ def global_avg_pool(q: QArray, *, spatial_dims: int = 2, out_scale: float | None
     data, backend, xp = as_array(f"quantized.{func}", q.data)
     spec = _int_adaptive_spec(S.global_spec(f"quantized.{func}", "max", data.shape,
                                             dtype_name(data.dtype), spatial_dims, layout))
-    _, out_scale, zp_out = _out_params(func, q, out_scale, out_zero_point, rounding)
+    _, out_scale, zp_out, rounding = _out_params(func, q, out_scale, out_zero_point,
+                                                 rounding)
     return _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, "qavg_adaptive")
 
 
@@ -404,7 +410,8 @@ def adaptive_avg_pool(q: QArray, output_size: Size, *, out_scale: float | None =
     data, backend, xp = as_array(f"quantized.{func}", q.data)
     spec = _int_adaptive_spec(S.adaptive_spec(f"quantized.{func}", "max", data.shape,
                                               dtype_name(data.dtype), output_size, layout))
-    _, out_scale, zp_out = _out_params(func, q, out_scale, out_zero_point, rounding)
+    _, out_scale, zp_out, rounding = _out_params(func, q, out_scale, out_zero_point,
+                                                 rounding)
     return _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, "qavg_adaptive")
 
 

@@ -8,6 +8,10 @@ backend.
 Shape conventions (``nd`` spatial dims):
   * ``layout="NCHW"``: ``x.shape == lead + spatial``; every leading dim is a plane dim.
   * ``layout="NHWC"``: ``x.shape == lead + spatial + (C,)``.
+
+String options (``padding``, ``layout``; in :mod:`gpupool.quantized` also ``rounding`` and
+``dtype``) are matched case-insensitively: ``"same"``, ``"SAME"`` and ``"Same"`` are one
+option (:func:`choice`).
 """
 from __future__ import annotations
 
@@ -23,6 +27,12 @@ INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64")
 PADDING_STRINGS = ("valid", "same", "same_lower")
 #: largest kernel size, stride, dilation and pad (the CUDA kernels take them as int32)
 WINDOW_PARAM_MAX = 2**31 - 1
+#: largest output, in bytes (values, plus int64 indices where returned), counting at least one
+#: plane: 2**48 bytes = 256 TiB, the 48-bit virtual address space of x86-64 and of CUDA GPUs.
+#: No machine can allocate more, so a larger output is a geometry error, not an allocation.
+OUTPUT_BYTES_MAX = 2**48
+ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
+            "int32": 4, "int64": 8}
 
 
 def _fail(func: str, message: str, exc: type = ValueError):
@@ -63,21 +73,33 @@ def _window_ints(func: str, name: str, value, nd: int, minimum: int) -> tuple[in
     return _int_tuple(func, name, value, nd, minimum, WINDOW_PARAM_MAX)
 
 
-def spatial_rank(func: str, size) -> int:
-    """Spatial rank implied by a kernel or output size: its length when a sequence, else 2."""
+def spatial_rank(func: str, size, name: str = "kernel_size") -> int:
+    """Spatial rank implied by a kernel or output size (parameter ``name``): its length when a
+    sequence, else 2."""
     if isinstance(size, (tuple, list)):
         if len(size) == 0:
-            _fail(func, f"kernel/output size {size!r} must not be empty")
+            _fail(func, f"{name}={size!r} must not be empty")
         return len(size)
     if _is_int(size):
         return 2
-    _fail(func, f"size {size!r} must be an int or a tuple of ints", TypeError)
+    _fail(func, f"{name}={size!r} must be an int or a tuple of ints", TypeError)
+
+
+def choice(func: str, name: str, value, choices: tuple[str, ...]) -> str:
+    """The entry of ``choices`` that the string ``value`` names, ignoring case (every string
+    option follows this rule); anything else is a ``ValueError`` naming ``name``."""
+    if isinstance(value, str):
+        if value in choices:  # the canonical spelling: no search
+            return value
+        folded = value.casefold()
+        for c in choices:
+            if c.casefold() == folded:
+                return c
+    _fail(func, f"{name}={value!r} is not one of {choices} (case-insensitive)")
 
 
 def check_layout(func: str, layout) -> str:
-    if layout not in LAYOUTS:
-        _fail(func, f"layout={layout!r} is not one of {LAYOUTS}")
-    return layout
+    return choice(func, "layout", layout, LAYOUTS)
 
 
 def check_dtype(func: str, dtype: str, *, integers: bool) -> str:
@@ -85,10 +107,31 @@ def check_dtype(func: str, dtype: str, *, integers: bool) -> str:
     if dtype in FLOAT_DTYPES or (integers and dtype in INT_DTYPES):
         return dtype
     if dtype in INT_DTYPES:
-        _fail(func, f"dtype {dtype} is not supported: average/Lp pooling of integer data needs "
-                    f"a scale, use gpupool.quantized", TypeError)
+        _fail(func, f"x has dtype {dtype}, which is not supported: average/Lp pooling of "
+                    f"integer data needs a scale, use gpupool.quantized", TypeError)
     allowed = FLOAT_DTYPES + (INT_DTYPES if integers else ())
-    _fail(func, f"dtype {dtype} is not supported (supported: {', '.join(allowed)})", TypeError)
+    _fail(func, f"x has dtype {dtype}, which is not supported (supported: "
+                f"{', '.join(allowed)})", TypeError)
+
+
+def _binary_size(n: int) -> str:
+    for unit, shift in (("EiB", 60), ("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.3g} {unit}"
+    return f"{n} bytes"
+
+
+def check_output_size(func: str, g: "Geometry", out_spatial, cause: str,
+                      indices: bool = False) -> None:
+    """The output of ``out_spatial`` must fit in :data:`OUTPUT_BYTES_MAX` bytes (values, plus
+    int64 indices where returned), counting at least one plane so that an empty batch does not
+    hide an absurd geometry. ``cause`` names the parameters that chose the size."""
+    per_element = ITEMSIZE.get(g.dtype, 8) + (8 if indices else 0)
+    nbytes = max(g.planes, 1) * math.prod(out_spatial) * per_element
+    if nbytes > OUTPUT_BYTES_MAX:
+        _fail(func, f"{cause} would give output shape {g.with_spatial(tuple(out_spatial))}: "
+                    f"{_binary_size(nbytes)} of {g.dtype}{' and int64 indices' if indices else ''}"
+                    f", beyond the limit of 2**48 bytes (256 TiB) for one output")
 
 
 def _typed_key(value):
@@ -168,11 +211,11 @@ def geometry(func: str, shape, dtype: str, layout, nd: int, *, integers: bool,
     shape = tuple(int(s) for s in shape)
     need = nd + (layout == "NHWC")
     if len(shape) < need:
-        _fail(func, f"input of shape {shape} has rank {len(shape)}; {nd} spatial dims in layout "
+        _fail(func, f"x of shape {shape} has rank {len(shape)}; {nd} spatial dims in layout "
                     f"{layout} need rank >= {need}")
     g = Geometry(func, shape, dtype, layout, nd)
     if not allow_empty_spatial and any(s == 0 for s in g.spatial):
-        _fail(func, f"input of shape {shape} has an empty spatial dim {g.spatial}")
+        _fail(func, f"x of shape {shape} has an empty spatial dim {g.spatial}")
     return g
 
 
@@ -180,9 +223,7 @@ def resolve_padding(func: str, padding, nd: int, spatial, kernel, stride, dilati
                     ) -> tuple[tuple[int, int], ...]:
     """Per spatial dim (begin, end) pads from any accepted padding form."""
     if isinstance(padding, str):
-        mode = padding.lower()
-        if mode not in PADDING_STRINGS:
-            _fail(func, f"padding={padding!r} is not one of {PADDING_STRINGS}")
+        mode = choice(func, "padding", padding, PADDING_STRINGS)
         if mode == "valid":
             return ((0, 0),) * nd
         pads = []
@@ -264,6 +305,9 @@ def window_spec(func: str, op: str, shape, dtype: str, kernel_size, stride, padd
     if any(o < 1 for o in out):
         _fail(func, f"computed output size {out} is too small (input {g.spatial}, kernel_size "
                     f"{kernel}, stride {stride}, padding {pads}, dilation {dilation})")
+    check_output_size(func, g, out, f"padding={padding!r} with kernel_size={kernel}, "
+                                    f"stride={stride}, dilation={dilation} on x of shape "
+                                    f"{g.shape}", bool(return_indices))
     return WindowSpec(g, op, kernel, stride, dilation, pads, ceil_mode, out,
                       bool(return_indices), bool(count_include_pad), divisor_override, p)
 
@@ -306,9 +350,11 @@ def adaptive_window(i: int, size: int, out: int) -> tuple[int, int]:
 @memoized
 def adaptive_spec(func: str, op: str, shape, dtype: str, output_size, layout, *,
                   return_indices=False) -> AdaptiveSpec:
-    nd = spatial_rank(func, output_size)
+    nd = spatial_rank(func, output_size, "output_size")
     g = geometry(func, shape, dtype, layout, nd, integers=(op == "max"))
     out = _int_tuple(func, "output_size", output_size, nd, 1)
+    check_output_size(func, g, out, f"output_size={output_size!r} on x of shape {g.shape}",
+                      bool(return_indices))
     return AdaptiveSpec(g, op, out, bool(return_indices))
 
 
@@ -337,9 +383,40 @@ class UnpoolSpec:
         return math.prod(self.out_spatial)
 
 
+def unpool_sizes(spatial, kernel, stride, pads, dilation) -> tuple[tuple[int, int], ...]:
+    """Per dim, the range ``[lo, hi]`` of sizes ``O`` that max_unpool accepts as output_size
+    for a pooled size ``I``; ``pads`` is None for ``"same"``/``"same_lower"`` padding.
+
+    SAME padding: the sizes that it pools to ``I``, ``ceil(O / s) == I``. Explicit
+    ``(begin, end)`` pads: PyTorch's range, ``default - s < O < default + s`` with ``default =
+    (I - 1) * s - pb - pe + d * (k - 1) + 1``, which holds every size that max_pool with these
+    parameters pools to ``I`` (``ceil_mode`` False or True) while the pads are at most half
+    the window; with gpupool's larger pads ``default + s`` is such a size too when the end pad
+    covers a whole window (ceil mode drops the window that starts there), so it is included."""
+    if pads is None:
+        return tuple(((i - 1) * s + 1, i * s) for i, s in zip(spatial, stride))
+    sizes = []
+    for i, k, s, (b, e), d in zip(spatial, kernel, stride, pads, dilation):
+        span = d * (k - 1) + 1
+        default = (i - 1) * s - b - e + span
+        sizes.append((max(default - s + 1, 1), default + s - 1 + (e >= span)))
+    return tuple(sizes)
+
+
+def unpool_default(spatial, kernel, stride, pads, dilation) -> tuple[int, ...]:
+    """Unpooled size of each dim: ``(I - 1) * s - pb - pe + d * (k - 1) + 1`` (the smallest
+    input that ``max_pool`` with these parameters pools to ``I``)."""
+    return tuple((i - 1) * s - b - e + d * (k - 1) + 1
+                 for i, s, (b, e), k, d in zip(spatial, stride, pads, kernel, dilation))
+
+
 @memoized
 def unpool_spec(func: str, shape, dtype: str, indices_shape, indices_dtype: str, kernel_size,
-                stride, padding, output_size, layout) -> UnpoolSpec:
+                stride, padding, output_size, layout, dilation=1) -> UnpoolSpec:
+    """Validate a max_unpool. Each dim of ``output_size`` (spatial dims or the full shape)
+    must lie in :func:`unpool_sizes` (PyTorch's ``default - stride < O < default + stride``,
+    ``default`` being the size used when ``output_size`` is None): any other size would
+    scatter the per-plane flat indices to the wrong positions."""
     nd = spatial_rank(func, kernel_size)
     g = geometry(func, shape, dtype, layout, nd, integers=True)
     if tuple(indices_shape) != g.shape:
@@ -349,16 +426,20 @@ def unpool_spec(func: str, shape, dtype: str, indices_shape, indices_dtype: str,
                     f"returns)", TypeError)
     kernel = _window_ints(func, "kernel_size", kernel_size, nd, 1)
     stride = kernel if stride is None else _window_ints(func, "stride", stride, nd, 1)
+    dilation = _window_ints(func, "dilation", dilation, nd, 1)
+    mode = choice(func, "padding", padding, PADDING_STRINGS) if isinstance(padding, str) else None
     if output_size is None:
-        if isinstance(padding, str) and padding.lower() in ("same", "same_lower"):
+        if mode in ("same", "same_lower"):
             _fail(func, f"padding={padding!r} depends on the unknown unpooled size; pass "
                         f"output_size instead")
-        pads = resolve_padding(func, padding, nd, g.spatial, kernel, stride, (1,) * nd)
-        out = tuple((i - 1) * s - b - e + k
-                    for i, s, (b, e), k in zip(g.spatial, stride, pads, kernel))
+        pads = resolve_padding(func, padding, nd, g.spatial, kernel, stride, dilation)
+        out = unpool_default(g.spatial, kernel, stride, pads, dilation)
         if any(o < 1 for o in out):
             _fail(func, f"computed output size {out} is too small (input {g.spatial}, "
-                        f"kernel_size {kernel}, stride {stride}, padding {pads})")
+                        f"kernel_size {kernel}, stride {stride}, padding {pads}, dilation "
+                        f"{dilation})")
+        cause = (f"kernel_size={kernel}, stride={stride}, padding={pads}, dilation={dilation} "
+                 f"on x of shape {g.shape}")
     else:
         if not isinstance(output_size, (tuple, list)):
             _fail(func, f"output_size={output_size!r} must be a tuple", TypeError)
@@ -370,6 +451,24 @@ def unpool_spec(func: str, shape, dtype: str, indices_shape, indices_dtype: str,
                             f"non-spatial dims {g.shape}")
             sizes = sizes[len(g.lead):len(g.lead) + nd]
         out = _int_tuple(func, "output_size", sizes, nd, 1)
+        if mode in ("same", "same_lower"):
+            allowed = unpool_sizes(g.spatial, kernel, stride, None, dilation)
+            why = "the sizes O that SAME padding pools to x's: ceil(O / stride) == I"
+        else:
+            pads = resolve_padding(func, padding, nd, g.spatial, kernel, stride, dilation)
+            allowed = unpool_sizes(g.spatial, kernel, stride, pads, dilation)
+            why = (f"PyTorch's rule: strictly between default - stride and default + stride, "
+                   f"default {unpool_default(g.spatial, kernel, stride, pads, dilation)} = "
+                   f"(I - 1) * stride - pads + dilation * (kernel_size - 1) + 1, the sizes "
+                   f"that max_pool pools to I")
+        if any(not lo <= o <= hi for o, (lo, hi) in zip(out, allowed)):
+            _fail(func, f"output_size={output_size!r} does not fit x of spatial size "
+                        f"I = {g.spatial}: with kernel_size {kernel}, stride {stride}, padding "
+                        f"{padding!r} and dilation {dilation} each dim must lie in "
+                        f"{' x '.join(f'[{lo}, {hi}]' for lo, hi in allowed)} ({why}); indices "
+                        f"pooled from another size would land at wrong positions")
+        cause = f"output_size={output_size!r} on x of shape {g.shape}"
+    check_output_size(func, g, out, cause)
     return UnpoolSpec(g, out)
 
 

@@ -1,9 +1,9 @@
-"""Independent reference for the pooling semantics of gpupool (issue 2), used by the tests.
+"""Independent reference for the pooling semantics of gpupool, used by the tests.
 
 Direct Python loops over the formulas, in float64 (Python ints for integer max), over planes,
 output positions and window taps. Deliberately slow and obvious: nothing here imports gpupool,
 and every rule (padding forms, output size with ceil mode, divisors, NaN, ties, empty windows,
-adaptive bounds) is written out again from the issue text.
+adaptive bounds) is written out again from the documented semantics.
 
 Shapes: ``nd`` spatial dims; NCHW means ``x.shape == lead + spatial``; NHWC means
 ``x.shape == lead + spatial + (C,)``. Every other dim is a plane dim.
@@ -54,7 +54,7 @@ def resolve_padding(padding, spatial, kernel, stride, dilation):
 
 
 def output_length(size, k, s, pad, d, ceil_mode):
-    """Issue formula: O = floor((I + pb + pe - d*(k-1) - 1 + (s-1 if ceil)) / s) + 1, then with
+    """Documented formula: O = floor((I + pb + pe - d*(k-1) - 1 + (s-1 if ceil)) / s) + 1, then with
     ceil mode drop the last window once if it starts in the end padding."""
     pb, pe = pad
     numerator = size + pb + pe - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)

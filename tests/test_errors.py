@@ -1,5 +1,5 @@
-"""Every invalid-argument class of the core issue raises the same exception type on every
-backend, with a message that names the function, the parameter and the bad value."""
+"""Every class of invalid argument raises the same exception type on every backend, with a
+message that names the function, the parameter and the bad value."""
 from __future__ import annotations
 
 import re
@@ -81,10 +81,40 @@ def _window_kw(func):
 
 
 @pytest.mark.parametrize("func", list(ALL_OPS))
-@pytest.mark.parametrize("layout", ["NCDHW", "nchw", "CHW", None])
+@pytest.mark.parametrize("layout", ["NCDHW", "NCHW ", "CHW", "", None, 1])
 def test_unknown_layout(x, func, layout):
     with raises(ValueError, func, "layout", repr(layout)):
         ALL_OPS[func](x, layout=layout, **_window_kw(func))
+
+
+@pytest.mark.parametrize("func", list(ALL_OPS))
+def test_string_options_ignore_case(backend, func):
+    """One rule for every string option: case does not matter (padding always allowed
+    "SAME"; layout used to reject "nchw")."""
+    call, kw = ALL_OPS[func], _window_kw(func)
+    xn = np.arange(2 * 6 * 6 * 3, dtype=np.float32).reshape(2, 6, 6, 3)
+    nhwc = backend.to_backend(xn)
+    for spelling in ("nhwc", "Nhwc", "NHWC"):
+        assert_same(backend, call(nhwc, layout=spelling, **kw), call(nhwc, layout="NHWC", **kw))
+    nchw = backend.to_backend(np.ascontiguousarray(xn.transpose(0, 3, 1, 2)))
+    assert_same(backend, call(nchw, layout="nchw", **kw), call(nchw, **kw))
+    if func in WINDOW_OPS:
+        for lower, spellings in (("same", ("SAME", "Same")), ("valid", ("VALID", "Valid")),
+                                 ("same_lower", ("SAME_LOWER",))):
+            for spelling in spellings:
+                assert_same(backend, call(nchw, kernel_size=3, padding=spelling),
+                            call(nchw, kernel_size=3, padding=lower))
+
+
+def test_max_unpool_string_padding_ignores_case(backend):
+    x = backend.to_backend(np.arange(49, dtype=np.float32).reshape(1, 1, 7, 7))
+    y, i = gpupool.max_pool(x, 3, 2, "SAME", return_indices=True)
+    assert_same(backend, gpupool.max_unpool(y, i, 3, 2, "Same", output_size=(7, 7)),
+                gpupool.max_unpool(y, i, 3, 2, "same", output_size=(7, 7)))
+
+
+def assert_same(backend, a, b):
+    np.testing.assert_array_equal(backend.to_numpy(a), backend.to_numpy(b))
 
 
 @pytest.mark.parametrize("func", list(ALL_OPS))
@@ -171,8 +201,22 @@ def test_unpool_window_parameters_beyond_int32(x):
                                              ("2", TypeError), ((), ValueError),
                                              (True, TypeError)])
 def test_kernel_size_type(x, kernel_size, exc):
-    with raises(exc, "max_pool"):
+    with raises(exc, "max_pool", "kernel_size", repr(kernel_size)):
         gpupool.max_pool(x, kernel_size)
+
+
+@pytest.mark.parametrize("size", [2.0, "2", None, (), True])
+def test_scalar_or_empty_sizes_name_their_parameter(x, size):
+    """Regression: a scalar non-int size said "size 2.0 must be ..." without the parameter."""
+    exc = ValueError if size == () else TypeError
+    for func in WINDOW_OPS:
+        with raises(exc, func, "kernel_size=", repr(size)):
+            WINDOW_OPS[func](x, kernel_size=size)
+    for func in ("adaptive_avg_pool", "adaptive_max_pool"):
+        with raises(exc, func, "output_size=", repr(size)):
+            getattr(gpupool, func)(x, size)
+    with raises(exc, "max_unpool", "kernel_size=", repr(size)):
+        gpupool.max_unpool(x, x.astype("int64") * 0, size)
 
 
 # ----------------------------------------------------------------------------- dtypes, inputs
@@ -215,6 +259,42 @@ def test_non_array_non_sequence_input_is_a_type_error(func, make):
             ALL_OPS[func](x, **_window_kw(func))
 
 
+@pytest.mark.parametrize("func", list(ALL_OPS) + ["max_unpool"])
+@pytest.mark.parametrize("make", [lambda: np.float32(3), lambda: np.int64(3), lambda: 3.0,
+                                  lambda: 3, lambda: True],
+                         ids=["np.float32", "np.int64", "float", "int", "bool"])
+def test_scalar_input_says_what_is_expected(func, make):
+    """A scalar has no spatial dims: a TypeError that names x, calls it a scalar and says
+    what pooling needs (not a complaint about array types)."""
+    with raises(TypeError, func, "x is a scalar", "spatial dims"):
+        if func == "max_unpool":
+            gpupool.max_unpool(make(), np.zeros((1, 1, 2, 2), np.int64), 2)
+        else:
+            ALL_OPS[func](make(), **_window_kw(func))
+
+
+@pytest.mark.parametrize("func", list(ALL_OPS) + ["max_unpool"])
+@pytest.mark.parametrize("ragged", [[[1.0, 2.0], [3.0]], [[[1.0, 2.0]], [3.0, 4.0]],
+                                    ([1.0], (2.0, 3.0))])
+def test_ragged_nested_sequence_names_the_parameter(func, ragged):
+    """Regression: NumPy's own "inhomogeneous shape" error came through raw."""
+    if func == "max_unpool":
+        with raises(ValueError, func, "x is a nested sequence", "same length"):
+            gpupool.max_unpool(ragged, np.zeros((2, 2), np.int64), 1)
+        with raises(ValueError, func, "indices is a nested sequence", "same length"):
+            gpupool.max_unpool(np.ones((2, 2)), ragged, 1)
+    else:
+        with raises(ValueError, func, "x is a nested sequence", "same length"):
+            ALL_OPS[func](ragged, **_window_kw(func))
+
+
+@pytest.mark.parametrize("func", list(ALL_OPS))
+def test_zero_dim_array_names_x_and_the_rank_needed(backend, func):
+    x = backend.to_backend(np.float32(3))
+    with raises(ValueError, func, "x of shape ()", "rank 0", "need rank >= 2"):
+        ALL_OPS[func](x, **_window_kw(func))
+
+
 @pytest.mark.parametrize("func", list(ALL_OPS))
 def test_lists_and_tuples_are_accepted(func):
     nested = [[[[float(i * 4 + j) for j in range(4)] for i in range(4)]]]
@@ -238,10 +318,10 @@ def test_bad_out(backend, x, func):
         call(x, out=wrong_shape, **kw)
     with raises(ValueError, func, "out", "dtype"):
         call(x, out=backend.empty(shape, "float64"), **kw)
-    with raises(ValueError, func, "out"):  # wrong array type: a list, a NumPy array for CuPy
+    with raises(TypeError, func, "out"):  # wrong array type: a list, a NumPy array for CuPy
         call(x, out=backend.to_numpy(good).tolist(), **kw)
     if backend.name != "numpy":
-        with raises(ValueError, func, "out"):
+        with raises(TypeError, func, "out", "numpy.ndarray"):
             call(x, out=np.empty(shape, dtype), **kw)
     noncontig = backend.empty((2 * shape[0],) + shape[1:], dtype)[::2]
     assert not noncontig.flags.c_contiguous
@@ -350,3 +430,134 @@ def test_adaptive_validation_does_not_depend_on_earlier_valid_calls(x):
     gpupool.adaptive_avg_pool(x, (2, 3))
     with raises(TypeError, "adaptive_avg_pool", "output_size"):
         gpupool.adaptive_avg_pool(x, (2.0, 3))
+
+
+# ----------------------------------------------------------------------------- absurd geometry
+
+@pytest.mark.parametrize("func", list(WINDOW_OPS))
+@pytest.mark.parametrize("lead", [(2, 3), (0, 3)])
+def test_absurd_padding_is_a_value_error_before_any_allocation(backend, func, lead):
+    """Regression: padding=10**9 reached the allocator ("Unable to allocate 6.94 EiB"). An
+    output beyond 2**48 bytes is a geometry error naming the parameter and the output shape;
+    an empty batch counts as one plane."""
+    x = backend.to_backend(np.ones(lead + (6, 6), np.float32))
+    out = 10**9 + 3  # floor((6 + 2 * 10**9 - 2) / 2) + 1
+    with raises(ValueError, func, "padding=1000000000", f"output shape {lead + (out, out)}",
+                "2**48 bytes"):
+        WINDOW_OPS[func](x, kernel_size=2, padding=10**9)
+
+
+def test_output_bytes_limit_counts_dtype_and_indices(backend):
+    # (1, 1, 2**24, 2**22) float32 = 2**48 bytes exactly: allowed by the spec (not allocated
+    # here); one more row, or int64 indices on top, is over the limit
+    from gpupool import spec as S
+    shape = (1, 1, 1, 1)
+    for out_spatial, dtype, indices, ok in [((2**24, 2**22), "float32", False, True),
+                                            ((2**24 + 1, 2**22), "float32", False, False),
+                                            ((2**24, 2**22), "float32", True, False),
+                                            ((2**24, 2**23), "int8", True, False),
+                                            ((2**24, 2**20), "int8", True, True)]:
+        g = S.geometry("max_pool", shape, dtype, "NCHW", 2, integers=True)
+        if ok:
+            S.check_output_size("max_pool", g, out_spatial, "padding=p", indices)
+        else:
+            with raises(ValueError, "max_pool", "padding=p", str((1, 1) + out_spatial)):
+                S.check_output_size("max_pool", g, out_spatial, "padding=p", indices)
+
+
+@pytest.mark.parametrize("func", ["adaptive_avg_pool", "adaptive_max_pool"])
+def test_absurd_adaptive_output_size(x, func):
+    with raises(ValueError, func, "output_size=(100000000, 100000000)",
+                "output shape (2, 3, 100000000, 100000000)", "2**48 bytes"):
+        getattr(gpupool, func)(x, (10**8, 10**8))
+
+
+def test_absurd_unpool_stride(x):
+    idx = x.astype("int64") * 0
+    big = 2**30
+    out = 5 * big + 2
+    with raises(ValueError, "max_unpool", "stride=(1073741824, 1073741824)",
+                f"output shape (2, 3, {out}, {out})", "2**48 bytes"):
+        gpupool.max_unpool(x, idx, 2, big)
+
+
+# ----------------------------------------------------------------------------- unpool output_size
+
+def _pooled_7x7(backend, **kw):
+    x = backend.to_backend(np.arange(2 * 49, dtype=np.float32).reshape(2, 1, 7, 7))
+    return gpupool.max_pool(x, return_indices=True, **kw)
+
+
+@pytest.mark.parametrize("output_size", [(20, 20), (8, 7), (7, 4), (2, 1, 20, 20), [4, 4]])
+def test_max_unpool_output_size_outside_pytorchs_range(backend, output_size):
+    """Regression: indices pooled from a 7x7 plane were scattered into a 20x20 one, at the
+    wrong positions. Each dim must lie strictly between default - stride and default + stride
+    (default (6, 6) here: 5..7)."""
+    y, i = _pooled_7x7(backend, kernel_size=2)
+    with raises(ValueError, "max_unpool", f"output_size={output_size!r}", "(6, 6)",
+                "[5, 7] x [5, 7]"):
+        gpupool.max_unpool(y, i, 2, output_size=output_size)
+
+
+def test_max_unpool_output_sizes_inside_the_range(backend):
+    y, i = _pooled_7x7(backend, kernel_size=2)
+    x = np.arange(2 * 49, dtype=np.float32).reshape(2, 1, 7, 7)
+    up = backend.to_numpy(gpupool.max_unpool(y, i, 2, output_size=(7, 7)))
+    kept = up != 0
+    np.testing.assert_array_equal(up[kept], x[kept])
+    assert kept.sum() == 2 * 9
+    # 5 and 6 are allowed sizes; these indices reach position 40 and so do not fit them
+    with raises(ValueError, "max_unpool", "indices"):
+        gpupool.max_unpool(y, i, 2, output_size=(6, 6))
+
+
+def test_max_unpool_output_size_range_with_padding_ceil_and_dilation(backend):
+    # ceil mode: 7x7, k3 s2 p1 ceil -> 4x4; default (4-1)*2 - 2 + 3 = 7; range 6..8
+    y, i = _pooled_7x7(backend, kernel_size=3, stride=2, padding=1, ceil_mode=True)
+    assert gpupool.max_unpool(y, i, 3, 2, 1, output_size=(7, 7)).shape == (2, 1, 7, 7)
+    with raises(ValueError, "max_unpool", "output_size=(9, 7)", "[6, 8] x [6, 8]"):
+        gpupool.max_unpool(y, i, 3, 2, 1, output_size=(9, 7))
+    # dilation: 7x7, k3 d2 s1 -> 3x3; the unpool needs the pooling's dilation to accept 7
+    y, i = _pooled_7x7(backend, kernel_size=3, stride=1, dilation=2)
+    assert gpupool.max_unpool(y, i, 3, 1, dilation=2).shape == (2, 1, 7, 7)
+    assert gpupool.max_unpool(y, i, 3, 1, output_size=(7, 7), dilation=2).shape == (2, 1, 7, 7)
+    with raises(ValueError, "max_unpool", "output_size=(7, 7)", "dilation (1, 1)"):
+        gpupool.max_unpool(y, i, 3, 1, output_size=(7, 7))
+    with raises(ValueError, "max_unpool", "dilation=0"):
+        gpupool.max_unpool(y, i, 3, 1, dilation=0)
+    # "same": the pads follow from output_size; 7 pools to 4 with stride 2, 9 does not
+    y, i = _pooled_7x7(backend, kernel_size=3, stride=2, padding="same")
+    assert gpupool.max_unpool(y, i, 3, 2, "same", output_size=(7, 7)).shape == (2, 1, 7, 7)
+    with raises(ValueError, "max_unpool", "output_size=(9, 7)"):
+        gpupool.max_unpool(y, i, 3, 2, "same", output_size=(9, 7))
+
+
+def test_unpool_sizes_are_pytorchs_range_plus_every_size_that_pools_to_the_input():
+    """The accepted output_size range, checked by brute force: PyTorch's default +- stride
+    range united with every size that max_pool (either ceil_mode) pools to the pooled size,
+    which differ only with pads larger than PyTorch allows; SAME: ceil(O / s) == I."""
+    import itertools
+    from gpupool import spec as S
+    for i, k, s, b, e, d in itertools.product(range(1, 6), range(1, 4), range(1, 4), range(4),
+                                              range(4), range(1, 3)):
+        default = (i - 1) * s - b - e + d * (k - 1) + 1
+        sizes = {o for o in range(1, 60) if default - s < o < default + s or any(
+            S.output_length(o, k, s, (b, e), d, ceil) == i for ceil in (False, True))}
+        ((lo, hi),) = S.unpool_sizes((i,), (k,), (s,), ((b, e),), (d,))
+        assert sizes == set(range(lo, hi + 1)), (i, k, s, b, e, d)
+    for i, k, s, d, mode in itertools.product(range(1, 6), range(1, 4), range(1, 4), range(1, 3),
+                                              ("same", "same_lower")):
+        sizes = {o for o in range(1, 60) for ceil in (False, True) if S.output_length(
+            o, k, s, S.resolve_padding("f", mode, 1, (o,), (k,), (s,), (d,))[0], d, ceil) == i}
+        assert sizes == set(range((i - 1) * s + 1, i * s + 1)), (i, k, s, d, mode)
+        assert S.unpool_sizes((i,), (k,), (s,), None, (d,)) == (((i - 1) * s + 1, i * s),)
+
+
+def test_max_unpool_accepts_the_original_size_with_pads_beyond_pytorchs(backend):
+    # 1 wide, k1 s1, end pad 1, ceil mode: pooled to 1 (the window starting in the end
+    # padding is dropped); the default size is 0, PyTorch's range would exclude 1
+    x = backend.to_backend(np.array([[[5.0]]]))
+    y, i = gpupool.max_pool(x, (1,), (1,), ((0, 1),), ceil_mode=True, return_indices=True)
+    assert y.shape == (1, 1, 1)
+    up = gpupool.max_unpool(y, i, (1,), (1,), ((0, 1),), output_size=(1,))
+    assert backend.to_numpy(up).tolist() == [[[5.0]]]

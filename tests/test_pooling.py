@@ -2,7 +2,7 @@
 
 Every test takes the ``backend`` fixture, so the same body runs on NumPy and (with a GPU) on
 CuPy. Hypothesis property tests sweep the parameter space; example tests pin the edge cases
-the core issue names, hand-computed where small.
+the semantics name, hand-computed where small.
 """
 from __future__ import annotations
 
@@ -885,10 +885,12 @@ def test_max_unpool_round_trip_matches_reference(backend, case):
     if (inn < 0).any():  # an empty window's index -1 is outside every plane
         with pytest.raises(ValueError, match="gpupool.max_unpool"):
             gpupool.max_unpool(yb, ib, case["kernel"], case["stride"], case["padding"],
-                               output_size=output_size, layout=case["layout"])
+                               output_size=output_size, dilation=case["dilation"],
+                               layout=case["layout"])
         return
     up = gpupool.max_unpool(yb, ib, case["kernel"], case["stride"], case["padding"],
-                            output_size=output_size, layout=case["layout"])
+                            output_size=output_size, dilation=case["dilation"],
+                            layout=case["layout"])
     check(backend, up, ref.max_unpool(yn, inn, case["kernel"], case["stride"], case["padding"],
                                       output_size=spatial, layout=case["layout"]),
           case["dtype"], exact=True)

@@ -1,4 +1,4 @@
-"""Quantized (int8/uint8) pooling (issue 4) against an exact reference, tolerance 0.
+"""Quantized (int8/uint8) pooling against an exact reference, tolerance 0.
 
 The reference takes the real-number definition literally: each code is the rational
 ``Fraction(scale) * (q - zp)``, the average is a ``Fraction``, rounding and saturation are
@@ -521,10 +521,38 @@ def test_zero_point_must_be_an_int():
     lambda qa, r: Q.avg_pool(qa, 2, rounding=r),
     lambda qa, r: Q.global_avg_pool(qa, rounding=r),
     lambda qa, r: Q.adaptive_avg_pool(qa, 2, rounding=r)])
-@pytest.mark.parametrize("rounding", ["half_up", "HALF_TO_EVEN", None])
+@pytest.mark.parametrize("rounding", ["half_up", "half-to-even", "", None])
 def test_bad_rounding(qa, func, rounding):
     with pytest.raises(ValueError, match=r"gpupool\.quantized\.\w+: rounding="):
         func(qa, rounding)
+
+
+def test_string_options_ignore_case(backend):
+    """As every string option: rounding, dtype, padding and layout ignore case (rounding used
+    to reject "HALF_TO_EVEN" while padding accepted "SAME"; the public requant_table took
+    "HALF_TO_EVEN" for half away from zero)."""
+    codes = backend.to_backend(np.array([[[1, 2, 3, 4, -1, -2]]], np.int8))
+    qa = Q.QArray(codes, 0.25, 0)
+    for rounding in ROUNDINGS:
+        want = backend.to_numpy(Q.avg_pool(qa, (2,), rounding=rounding, out_scale=1.0).data)
+        for spelling in (rounding.upper(), rounding.title()):
+            got = Q.avg_pool(qa, (2,), rounding=spelling, out_scale=1.0, padding="VALID",
+                             layout="nchw")
+            np.testing.assert_array_equal(backend.to_numpy(got.data), want)
+        np.testing.assert_array_equal(Q.requant_table(0.25, 1.0, rounding.upper(), [2], 510),
+                                      Q.requant_table(0.25, 1.0, rounding, [2], 510))
+    with pytest.raises(ValueError, match=r"gpupool\.quantized\.requant_table: rounding="):
+        Q.requant_table(0.25, 1.0, "half_up", [2], 510)
+    for dtype in ("INT8", "Uint8"):
+        assert Q.quantize(np.zeros(3), 1.0, 0, dtype).data.dtype == dtype.lower()
+    assert Q.quantize(np.zeros(3), 1.0, 0, "B").data.dtype == np.uint8  # NumPy's code
+
+
+def test_input_errors_name_the_parameter():
+    with pytest.raises(TypeError, match=r"gpupool\.quantized\.quantize: x is a scalar"):
+        Q.quantize(np.float32(1.0), 1.0)
+    with pytest.raises(ValueError, match=r"gpupool\.quantized\.QArray: data is a nested seq"):
+        Q.QArray([[1, 2], [3]], 1.0)
 
 
 def test_geometry_errors_name_the_quantized_function(qa):
