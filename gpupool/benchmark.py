@@ -70,6 +70,32 @@ SUITE = (
 )
 
 
+#: the op names ``--ops`` accepts besides parts of case names
+OPS = ("max", "avg", "gavg", "aavg", "qmax", "qavg")
+
+
+def select_cases(ops=None) -> list[Case]:
+    """The cases whose op is in ``ops`` or whose name contains one of them (all for none).
+    ``ValueError`` naming every entry that selects nothing, and listing the valid names."""
+    if not ops:
+        return list(SUITE)
+    unknown = [o for o in ops if o not in OPS and not any(o in c.name for c in SUITE)]
+    if unknown:
+        raise ValueError(f"--ops {', '.join(map(repr, unknown))} matches no case: give an op "
+                         f"({', '.join(OPS)}) or part of a case name ("
+                         f"{'; '.join(c.name for c in SUITE)})")
+    return [c for c in SUITE if c.op in ops or any(o in c.name for o in ops)]
+
+
+def require_matplotlib() -> None:
+    """``ImportError`` saying how to install matplotlib, which ``--plot`` needs."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f"--plot needs matplotlib, which is not installed ({e}): "
+                          f"pip install \"gpupool[bench]\" (or pip install matplotlib)") from e
+
+
 def batch_size(case: Case, size: str) -> int:
     if size == "small":
         return 4
@@ -506,12 +532,17 @@ def plot(result: dict, path: str) -> None:
 
 def run(size: str = "small", ops=None, backend: str = "auto", json_path=None,
         markdown_path=None, plot_path=None) -> dict:
-    """Run the suite; print the table; write the files asked for; return the result dict."""
+    """Run the suite; print the table; write the files asked for; return the result dict.
+
+    Unknown ``ops`` (``ValueError``) and a ``plot_path`` without matplotlib (``ImportError``)
+    are reported before anything runs."""
+    cases = select_cases(ops)
+    if plot_path:
+        require_matplotlib()
     usable, reason = gpu_usable()
     if backend == "cupy" and not usable:
         raise SystemExit(f"gpupool bench: --backend cupy asked for, but {reason}")
     gpu = backend == "cupy" or (backend == "auto" and usable)
-    cases = [c for c in SUITE if not ops or c.op in ops or any(o in c.name for o in ops)]
     if gpu:
         import cupy
         cupy.get_default_memory_pool().free_all_blocks()

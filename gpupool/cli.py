@@ -1,4 +1,4 @@
-"""The ``gpupool`` command: ``gpupool info`` and ``gpupool bench``."""
+"""The gpupool command: gpupool info and gpupool bench."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +6,22 @@ import os
 import sys
 
 import gpupool
+
+DESCRIPTION = ("gpupool: pooling for NumPy arrays (CPU) and CuPy arrays (CUDA kernels). "
+               "'gpupool info' reports the version, the usable backends and the device; "
+               "'gpupool bench' runs the benchmark suite.")
+
+BENCH_DESCRIPTION = (
+    "Run the benchmark suite: real layer shapes, each checked and then timed, on the GPU when "
+    "one is usable, else on the CPU. The table goes to stdout, a progress bar to stderr. "
+    "Baselines appear as columns when installed: PyTorch (pip install torch), onnxruntime on "
+    "the CPU and plain CuPy on the GPU (pip install \"gpupool[bench]\" also gives the progress "
+    "bar and --plot).")
+
+
+def cuda_version(version: int) -> str:
+    """CUDA's integer version (1000 * major + 10 * minor) as "major.minor": 13020 -> "13.2"."""
+    return f"{version // 1000}.{(version % 1000) // 10}"
 
 
 def info() -> None:
@@ -21,7 +37,8 @@ def info() -> None:
     from .benchmark import gpu_usable
     usable, reason = gpu_usable()
     print(f"backend cupy: {'usable' if usable else 'not usable'}: {reason}")
-    print(f"cupy {cupy.__version__}, CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}")
+    print(f"cupy {cupy.__version__}, CUDA runtime "
+          f"{cuda_version(cupy.cuda.runtime.runtimeGetVersion())}")
     try:
         print(f"NVRTC {'.'.join(map(str, cupy.cuda.nvrtc.getVersion()))}")
     except Exception as e:  # noqa: BLE001 - reported, not fatal
@@ -31,30 +48,60 @@ def info() -> None:
         props = cupy.cuda.runtime.getDeviceProperties(dev)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         print(f"device {dev}: {name}, {props['multiProcessorCount']} SMs, compute capability "
-              f"{props['major']}.{props['minor']}, driver {cupy.cuda.runtime.driverGetVersion()}")
+              f"{props['major']}.{props['minor']}, driver "
+              f"{cuda_version(cupy.cuda.runtime.driverGetVersion())}")
     from .cuda_backend import cache_dir
     print(f"kernel cache: {cache_dir()} (set GPUPOOL_CACHE_DIR to move it)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpupool", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="versions, usable backends, device, kernel cache")
-    bench = sub.add_parser("bench", help="run the benchmark suite (GPU when usable, else CPU)")
+def parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The ``gpupool`` parser and its ``bench`` subparser."""
+    from .benchmark import OPS
+    top = argparse.ArgumentParser(prog="gpupool", description=DESCRIPTION)
+    top.add_argument("--version", action="version", version=f"gpupool {gpupool.__version__}")
+    sub = top.add_subparsers(dest="command", metavar="COMMAND")
+    sub.add_parser("info", help="versions, usable backends, device, kernel cache",
+                   description="Print the gpupool version, which backends are usable (and why "
+                               "not), the device, the CuPy/CUDA/NVRTC versions and the kernel "
+                               "cache directory.")
+    bench = sub.add_parser("bench", help="run the benchmark suite (GPU when usable, else CPU)",
+                           description=BENCH_DESCRIPTION)
     bench.add_argument("--size", choices=("small", "large"), default="small",
-                       help="small: N=4 per case; large: inputs of >= 256 MiB (default small)")
-    bench.add_argument("--ops", nargs="*", default=None,
-                       help="only cases whose op (max avg gavg aavg qmax qavg) or name matches")
-    bench.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
-    bench.add_argument("--json", help="write raw times, device, versions and commit here")
-    bench.add_argument("--markdown", help="write the Markdown table here")
-    bench.add_argument("--plot", help="write a PNG plot of GB/s per case here (matplotlib)")
-    args = parser.parse_args(argv)
+                       help="small: N=4 per case; large: inputs of at least 256 MiB "
+                            "(default: small)")
+    bench.add_argument("--ops", nargs="*", default=None, metavar="OP_OR_NAME",
+                       help=f"only the cases whose op ({', '.join(OPS)}) is given or whose name "
+                            f"contains one of these strings (default: every case)")
+    bench.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
+                       help="auto: the GPU when CuPy sees one, else the CPU; numpy: the CPU; "
+                            "cupy: the GPU, an error without one (default: auto)")
+    bench.add_argument("--json", metavar="PATH",
+                       help="write raw times, device, versions and commit here")
+    bench.add_argument("--markdown", metavar="PATH", help="write the Markdown table here")
+    bench.add_argument("--plot", metavar="PATH",
+                       help="write a PNG plot of GB/s per case here (needs matplotlib: "
+                            "pip install \"gpupool[bench]\")")
+    return top, bench
+
+
+def main(argv: list[str] | None = None) -> int:
+    top, bench = parsers()
+    args = top.parse_args(argv)
+    if args.command is None:
+        top.print_help()
+        return 0
     if args.command == "info":
         info()
         return 0
-    from .benchmark import run
-    result = run(args.size, args.ops, args.backend, args.json, args.markdown, args.plot)
+    from . import benchmark
+    try:  # every argument problem is reported before anything runs
+        benchmark.select_cases(args.ops)
+        if args.plot:
+            benchmark.require_matplotlib()
+    except (ValueError, ImportError) as e:
+        bench.error(str(e))  # exits with status 2
+    result = benchmark.run(args.size, args.ops, args.backend, args.json, args.markdown,
+                           args.plot)
     failed = [r["case"] for r in result["rows"] if r.get("error") or "FAILED" in r["check"]]
     if failed:
         print(f"gpupool bench: {len(failed)} case(s) failed: {', '.join(failed)}", file=sys.stderr)

@@ -82,3 +82,141 @@ def test_bench_reference_checks_every_case(case):
     wrong = got.copy()
     wrong.flat[wrong.size // 2] += 1
     assert benchmark._check(wrong, want, case.dtype).startswith("FAILED")
+
+
+# ----------------------------------------------------------------------------- the command line
+
+def test_version(capsys):
+    import gpupool
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"gpupool {gpupool.__version__}"
+
+
+def test_no_arguments_prints_help_and_exits_0(capsys):
+    assert cli.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: gpupool") and "info" in out and "bench" in out
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["info", "--help"], ["bench", "--help"]])
+def test_help_is_plain_text(capsys, argv):
+    """No reST markup (double backticks, roles) in --help."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for markup in ("``", ":func:", ":class:", ":mod:"):
+        assert markup not in out
+
+
+def test_every_option_has_help():
+    for parser in cli.parsers():
+        for action in parser._actions:
+            if action.option_strings:
+                assert action.help, action.option_strings
+    bench = cli.parsers()[1]
+    (backend,) = [a for a in bench._actions if "--backend" in a.option_strings]
+    assert "auto" in backend.help and "cupy" in backend.help
+
+
+def _no_run(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("the suite ran")
+    monkeypatch.setattr(benchmark, "run_case", fail)
+    monkeypatch.setattr(benchmark, "copy_bandwidth", fail)
+
+
+def test_unknown_op_exits_nonzero_before_running(monkeypatch, capsys):
+    _no_run(monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "--backend", "numpy", "--ops", "max", "nosuchop"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "'nosuchop'" in err and "'max'" not in err
+    assert "gavg" in err and "qavg" in err and "resnet50 head global avg" in err
+    with pytest.raises(ValueError, match="nosuchop"):
+        benchmark.run("small", ["nosuchop"], "numpy")
+
+
+def test_plot_without_matplotlib_exits_nonzero_before_running(monkeypatch, capsys, tmp_path):
+    _no_run(monkeypatch)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    png = tmp_path / "b.png"
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "--backend", "numpy", "--ops", "seed [64,7,7]", "--plot", str(png)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--plot needs matplotlib" in err and 'pip install "gpupool[bench]"' in err
+    assert not png.exists()
+    with pytest.raises(ImportError, match="pip install"):
+        benchmark.run("small", ["seed [64,7,7]"], "numpy", plot_path=str(png))
+
+
+@pytest.mark.parametrize("version, words", [(13020, "13.2"), (12080, "12.8"), (11000, "11.0"),
+                                            (12010, "12.1"), (13000, "13.0")])
+def test_cuda_versions_read_as_major_minor(version, words):
+    assert cli.cuda_version(version) == words
+
+
+def test_info_prints_cuda_runtime_and_driver_as_major_minor(monkeypatch, capsys):
+    cupy = pytest.importorskip("cupy")
+    runtime = cupy.cuda.runtime
+    monkeypatch.setattr(benchmark, "gpu_usable", lambda: (True, "1 GPU(s)"))
+    monkeypatch.setattr(runtime, "runtimeGetVersion", lambda: 13020)
+    monkeypatch.setattr(runtime, "driverGetVersion", lambda: 12080)
+    monkeypatch.setattr(runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(runtime, "getDeviceProperties", lambda dev: {
+        "name": b"Some GPU", "multiProcessorCount": 132, "major": 9, "minor": 0})
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "CUDA runtime 13.2" in out and "driver 12.8" in out
+    assert "13020" not in out and "12080" not in out
+
+
+# ----------------------------------------------------------------------------- bench/run.py
+
+def _run_script():
+    import datetime
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "run.py"
+    spec = importlib.util.spec_from_file_location("bench_run_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, datetime.date.today().isoformat()
+
+
+def test_run_script_never_overwrites_results_without_force(monkeypatch, tmp_path, capsys):
+    """Regression: a partial run (--ops) overwrote the committed results of the same date."""
+    script, today = _run_script()
+    calls = []
+    monkeypatch.setattr(cli, "main", lambda argv: calls.append(argv) or 0)
+    full = tmp_path / f"bench-numpy-small-{today}.md"
+    full.write_text("committed")
+    args = ["--backend", "numpy", "--results-dir", str(tmp_path)]
+    assert script.main(args) == 1
+    assert str(full) in capsys.readouterr().err and not calls
+    assert full.read_text() == "committed"
+    assert script.main(args + ["--force"]) == 0
+    (argv,) = calls
+    stem = str(tmp_path / f"bench-numpy-small-{today}")
+    assert argv == ["bench", "--size", "small", "--backend", "numpy", "--json", stem + ".json",
+                    "--markdown", stem + ".md", "--plot", stem + ".png"]
+
+
+def test_run_script_names_partial_runs_apart(monkeypatch, tmp_path):
+    script, today = _run_script()
+    calls = []
+    monkeypatch.setattr(cli, "main", lambda argv: calls.append(argv) or 0)
+    (tmp_path / f"bench-numpy-small-{today}.json").write_text("committed")
+    assert script.main(["--backend", "numpy", "--ops", "gavg", "--no-plot",
+                        "--results-dir", str(tmp_path)]) == 0
+    (argv,) = calls
+    stem = str(tmp_path / f"bench-numpy-small-{today}-partial")
+    assert argv == ["bench", "--size", "small", "--backend", "numpy", "--json", stem + ".json",
+                    "--markdown", stem + ".md", "--ops", "gavg"]
+    (tmp_path / f"bench-numpy-small-{today}-partial.md").write_text("earlier partial run")
+    assert script.main(["--backend", "numpy", "--ops", "gavg",
+                        "--results-dir", str(tmp_path)]) == 1
