@@ -5,7 +5,8 @@
 * Tests marked ``gpu`` run on CuPy when it sees a CUDA device; otherwise on the CPU executor
   for ``kernels_cu/`` (``tests/cudacpu``: the kernels compiled with the host C++ compiler,
   behind a stand-in ``cupy``), so they run wherever a host compiler exists. The report
-  header says which. ``GPUPOOL_GPU_TESTS=executor`` asks for the executor even with a GPU.
+  header says which; where neither exists they are left out, with one summary line.
+  ``GPUPOOL_GPU_TESTS=executor`` asks for the executor even with a GPU.
 * Hypothesis runs derandomized, without an example database and without deadlines, so CI is
   deterministic.
 """
@@ -52,7 +53,7 @@ def _choose_gpu_runtime() -> tuple[str | None, str]:
         return "cupy", f"CuPy {cupy.__version__} on {name.decode() if isinstance(name, bytes) else name}"
     no_compiler = executor.host_compiler_reason()
     if no_compiler is not None:
-        return None, f"skipped: {no_gpu}; {no_compiler}"
+        return None, f"not run: {no_gpu}; {no_compiler}"
     build = executor.Build.from_env()
     schedule = os.environ.get("CUDACPU_SCHEDULE", "forward")
     return "executor", (f"CPU executor for kernels_cu/ ({no_gpu}): {build.cxx} {build.opt}"
@@ -74,12 +75,21 @@ def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
-    if GPU_RUNTIME is None:
-        skip = pytest.mark.skip(reason=f"gpu test {GPU_RUNTIME_WORDS}")
-        for item in gpu_items:
-            item.add_marker(skip)
+    if GPU_RUNTIME is None:  # left out with one summary line, not one skip line per test
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+        config.hook.pytest_deselected(items=gpu_items)
+        config.stash[_GPU_LEFT_OUT] = len(gpu_items)
     elif GPU_RUNTIME == "executor":
         cudacpu.build_all(STANDIN)
+
+
+_GPU_LEFT_OUT = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    left_out = config.stash.get(_GPU_LEFT_OUT, 0)
+    if left_out:
+        terminalreporter.write_line(f"{left_out} gpu tests {GPU_RUNTIME_WORDS}")
 
 
 @pytest.fixture

@@ -571,3 +571,21 @@ def test_ftz_define_flushes_subnormals_and_only_inside_the_launch(lib):
     lib.kernel("scale_kernel")((1,), (8,), (values, kept) + args)
     np.testing.assert_array_equal(flushed, np.concatenate([np.zeros_like(subnormal), normal]))
     np.testing.assert_array_equal(kept.view(np.uint32), values.view(np.uint32))
+
+
+def test_without_gpu_or_compiler_gpu_tests_are_left_out_with_one_line():
+    """Where neither a GPU nor a host compiler is usable, the gpu tests are deselected and the
+    run says so once, instead of one skip line per test."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, CXX="false", GPUPOOL_GPU_TESTS="executor")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                           "tests/test_cuda_host.py"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+    out = done.stdout
+    assert done.returncode == 5, out  # no test left to run
+    assert out.count("gpu tests not run") == 1 and "SKIPPED" not in out, out
+    assert "6 gpu tests not run: executor requested; false --version failed" in out, out
