@@ -4,7 +4,7 @@ Imported lazily by :mod:`gpupool.backends` when the first CuPy array arrives.
 
 * Kernel source: ``gpupool/kernels_cu/`` inside an installed wheel, else ``<repo>/kernels_cu/``
   of a source checkout. Each family's ``.cu`` has ``#include "common.cuh"`` inlined by
-  :func:`read_source`, so CuPy's on-disk kernel cache keys on the full text.
+  :func:`read_source`, so the on-disk kernel cache keys on the full text.
 * Every static choice (element type, index type, layout, specialised window size, lanes) is a
   template argument: a kernel is one ``name_expression``, compiled once per (device, file,
   name expression) by :func:`load_module` (memoized per device, and kept on disk), never on a

@@ -154,6 +154,13 @@ def index_type(spec) -> str:
     return "int" if span <= INT32_LIMIT else "long long"
 
 
+def block_shape(inner: int, inner_cap: int, outer: int) -> tuple[int, int]:
+    """(TX, TY) of a 2-D block: TX threads along the contiguous dim of ``inner`` elements (a
+    power of two up to ``inner_cap``), TY along ``outer``, at most BLOCK_THREADS in all."""
+    tx = min(_pow2ceil(inner), inner_cap)
+    return tx, max(1, min(BLOCK_THREADS // tx, _pow2ceil(outer)))
+
+
 def _fill_target(device: DeviceInfo, threads: int) -> int:
     """Blocks for one full wave of resident blocks on every SM."""
     return device.sm_count * max(1, device.max_threads_per_sm // threads)
@@ -179,22 +186,21 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list) -> P
     """Window and adaptive launches (rules 1-3 of the module docstring)."""
     g = spec.geom
     nd = g.nd
-    itemsize = _ITEMSIZE[g.dtype]
+    itemsize = S.ITEMSIZE[g.dtype]
     out_dhw = _canonical3(spec.out_spatial, 1)
     in_dhw = _canonical3(g.spatial, 1)
     od, oh, ow = out_dhw
     nhwc = g.layout == "NHWC"
     if nhwc:
         planes, units = g.batch, od * oh * ow
-        tx = min(_pow2ceil(g.channels), 64)
+        tx, ty = block_shape(g.channels, 64, units)
         n_x = _cdiv(g.channels, tx)
         unit_name = "output positions"
     else:
         planes, units = g.planes, od * oh
-        tx = min(_pow2ceil(ow), 128)
+        tx, ty = block_shape(ow, 128, units)
         n_x = _cdiv(ow, tx)
         unit_name = "output rows"
-    ty = max(1, min(BLOCK_THREADS // tx, _pow2ceil(units)))
     # planes packed along block z when a plane's outputs leave the block under two warps: as
     # many as make 256 threads, fewer while that leaves too few blocks, never under 64 threads
     tz = 1
@@ -267,18 +273,13 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list) -> P
                 tuple(words))
 
 
-_ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
-             "int32": 4, "int64": 8}
-
-
 def _global(spec: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
     g = spec.geom
     seglen = math.prod(g.spatial)
     launches = []
     if g.layout == "NHWC":
         nb, chans = g.batch, g.channels
-        tx = min(_pow2ceil(chans), 64)
-        ty = max(1, min(BLOCK_THREADS // tx, _pow2ceil(seglen)))
+        tx, ty = block_shape(chans, 64, seglen)
         n_x = _cdiv(chans, tx)
         target = _fill_target(device, tx * ty)
         nchunks = 1
@@ -392,7 +393,7 @@ def _with_traffic(spec, launches: tuple[Launch, ...]) -> tuple[Launch, ...]:
     """The launches with the bytes each must move: its input once, its output once (with
     int64 indices; unpool also zero-fills its output first)."""
     g = spec.geom
-    item = _ITEMSIZE[g.dtype]
+    item = S.ITEMSIZE[g.dtype]
     x_bytes = math.prod(g.shape) * item
     out_elems = math.prod(spec.out_shape)
     if isinstance(spec, S.UnpoolSpec):

@@ -166,8 +166,7 @@ def qavg_adaptive(x, spec: AdaptiveSpec, out, plan: AvgPlan) -> None:
         it = CB._itype_scalar(itype)
         fn = _kernel(qavg_global_name(g.dtype, plan.acc_dtype, itype, nhwc))
         if nhwc:  # threads along channels (up to 64) and positions, one block a batch row
-            tx = min(64, planner._pow2ceil(g.channels))
-            ty = max(1, min(GLOBAL_THREADS // tx, planner._pow2ceil(seglen)))
+            tx, ty = planner.block_shape(g.channels, 64, seglen)
             y, z = planner._plane_grid(g.batch)
             fn((planner._cdiv(g.channels, tx), y, z), (tx, ty, 1),
                (x, out, it(g.batch), it(seglen), it(g.channels), table) + _requant_args(plan))

@@ -399,22 +399,15 @@ inline void run_block(Block& b, const dim3& bdim, const uint3& bid, const Option
     for (unsigned w = 0; w < nwarps && !b.failed; ++w) released |= release_warp(b, w, bid);
     if (b.failed) return;
     if (released) continue;
-    unsigned waiting = 0, done = 0, at_warp = 0;
+    // nothing released: no thread waits at a warp collective (release_warp releases a
+    // complete group or fails the block), so every live thread waits at __syncthreads
+    unsigned waiting = 0, done = 0;
     for (unsigned i = 0; i < b.nthreads; ++i) {
       St s = b.fibers[i].st;
       waiting += s == St::WaitBlock;
       done += s == St::Done;
-      at_warp += s == St::WaitWarp;
     }
     if (done == b.nthreads) return;
-    if (at_warp) {
-      for (unsigned i = 0; i < b.nthreads; ++i)
-        if (b.fibers[i].st == St::WaitWarp) {
-          fail(b, tid_str(bid, b.fibers[i].tid) + ": deadlock: " + wop_name(b.fibers[i].op) +
-                      " never completes (other threads wait at __syncthreads or exited)");
-          return;
-        }
-    }
     if (done && !o.allow_exit_barrier) {
       for (unsigned i = 0; i < b.nthreads; ++i)
         if (b.fibers[i].st == St::Done) {
