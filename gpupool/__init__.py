@@ -7,7 +7,9 @@ from .ops import (adaptive_avg_pool, adaptive_max_pool, avg_pool, global_avg_poo
                   global_max_pool, lp_pool, max_pool, max_unpool)
 from . import quantized
 from .planner import explain
+from .threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
 __all__ = ["max_pool", "avg_pool", "lp_pool", "global_avg_pool", "global_max_pool",
-           "adaptive_avg_pool", "adaptive_max_pool", "max_unpool", "quantized", "explain"]
+           "adaptive_avg_pool", "adaptive_max_pool", "max_unpool", "quantized", "explain",
+           "set_num_threads", "get_num_threads"]

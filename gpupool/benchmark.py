@@ -41,6 +41,7 @@ class Case:
     layout: str = "NCHW"
     output_size: tuple = ()
     batched: bool = True  # False: the seed documents' fixed shapes, no N
+    indices: bool = False  # max pooling that also returns the argmax indices
 
     def shape(self, n: int) -> tuple:
         return ((n,) + self.sample) if self.batched else self.sample
@@ -49,6 +50,8 @@ class Case:
 SUITE = (
     Case("resnet stem max 3x3 s2 p1", "max", (64, 112, 112), kernel=(3, 3), stride=(2, 2), padding=1),
     Case("resnet stem max f16", "max", (64, 112, 112), "float16", (3, 3), (2, 2), 1),
+    Case("resnet stem max + indices", "max", (64, 112, 112), kernel=(3, 3), stride=(2, 2),
+         padding=1, indices=True),
     Case("resnet stem max NHWC", "max", (112, 112, 64), kernel=(3, 3), stride=(2, 2), padding=1,
          layout="NHWC"),
     Case("vgg max 2x2 s2", "max", (64, 224, 224)),
@@ -58,9 +61,13 @@ SUITE = (
          layout="NHWC"),
     Case("resnet50 head global avg", "gavg", (2048, 7, 7)),
     Case("resnet50 head global avg f16", "gavg", (2048, 7, 7), "float16"),
+    Case("global avg N=64", "gavg", (64, 2048, 7, 7), batched=False),
+    Case("global avg N=64 f16", "gavg", (64, 2048, 7, 7), "float16", batched=False),
+    Case("global avg NHWC", "gavg", (7, 7, 2048), layout="NHWC"),
     Case("adaptive avg 14->7", "aavg", (512, 14, 14), output_size=(7, 7)),
     Case("3d max 2x2x2", "max", (64, 16, 56, 56), kernel=(2, 2, 2)),
     Case("1d max 3 s2 p1", "max", (64, 8192), kernel=(3,), stride=(2,), padding=1),
+    Case("1d avg 4 s4", "avg", (64, 8192), kernel=(4,), stride=(4,)),
     Case("int8 max 2x2 s2", "qmax", (64, 112, 112), "int8"),
     Case("int8 avg 2x2 s2", "qavg", (64, 112, 112), "int8"),
     Case("seed [64,56,56] max 2x2 s2", "max", (64, 56, 56), batched=False),
@@ -108,7 +115,8 @@ def gpupool_call(case: Case, x):
     """The gpupool function of ``case`` bound to input ``x`` (NumPy or CuPy)."""
     kw = {"layout": case.layout}
     if case.op == "max":
-        return lambda: gpupool.max_pool(x, case.kernel, case.stride, case.padding, **kw)
+        return lambda: gpupool.max_pool(x, case.kernel, case.stride, case.padding,
+                                        return_indices=case.indices, **kw)
     if case.op == "avg":
         return lambda: gpupool.avg_pool(x, case.kernel, case.stride, case.padding, **kw)
     if case.op == "gavg":
@@ -121,7 +129,8 @@ def gpupool_call(case: Case, x):
 
 
 def values(result):
-    """Host NumPy values of a gpupool result (array or QArray)."""
+    """Host NumPy values of a gpupool result (array, (values, indices) or QArray)."""
+    result = result[0] if isinstance(result, tuple) else result
     data = getattr(result, "data", result)
     return data.get() if hasattr(data, "get") else np.asarray(data)
 
@@ -160,9 +169,11 @@ def torch_call(case: Case, x, device: str):
     if case.op == "max":
         f = getattr(F, f"max_pool{nd}d")
         k, s = (case.kernel[0], (case.stride or case.kernel)[0]) if nd == 1 else (case.kernel, case.stride)
-        return lambda: f(t, k, s, case.padding)
+        return lambda: f(t, k, s, case.padding, return_indices=case.indices)
     if case.op == "avg":
-        return lambda: F.avg_pool2d(t, case.kernel, case.stride, case.padding, count_include_pad=False)
+        f = getattr(F, f"avg_pool{nd}d")
+        k, s = (case.kernel[0], (case.stride or case.kernel)[0]) if nd == 1 else (case.kernel, case.stride)
+        return lambda: f(t, k, s, case.padding, count_include_pad=False)
     if case.op == "gavg":
         return lambda: F.adaptive_avg_pool2d(t, 1)
     return lambda: F.adaptive_avg_pool2d(t, case.output_size)
@@ -190,9 +201,10 @@ def onnxruntime_call(case: Case, x):
         attrs = dict(kernel_shape=list(case.kernel), strides=list(case.stride or case.kernel),
                      pads=[case.padding] * (2 * nd))
         node = helper.make_node("MaxPool" if case.op in ("max", "qmax") else "AveragePool",
-                                ["X"], ["Y"], **attrs)
+                                ["X"], ["Y", "I"] if case.indices else ["Y"], **attrs)
     graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("X", elem, shape)],
-                              [helper.make_tensor_value_info("Y", elem, None)])
+                              [helper.make_tensor_value_info(name, type_, None) for name, type_
+                               in (("Y", elem), ("I", TensorProto.INT64))[:1 + case.indices]])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     model.ir_version = 9
     opts = ort.SessionOptions()
@@ -232,7 +244,7 @@ def cupy_call(case: Case, x):
 
 # ----------------------------------------------------------------- timing
 def time_host(funcs: dict, rounds=10, burst_s=0.05, min_reps=3, max_reps=200,
-              settle_s=0.02) -> dict:
+              settle_s=0.02, setups: dict | None = None) -> dict:
     """Wall times of each callable in steady state, as a user calling one library sees it.
 
     Each round runs every callable in turn for a burst of ``burst_s`` (``min_reps`` to
@@ -240,10 +252,13 @@ def time_host(funcs: dict, rounds=10, burst_s=0.05, min_reps=3, max_reps=200,
     shared machine still hits every library alike. Calls are never interleaved one by one: the
     worker threads of PyTorch (OpenMP) and onnxruntime keep spinning for a while after a
     call, and a library timed right after another one pays for those spinning threads (seen
-    on 2 cores: all three libraries 1.5-5x slower than alone)."""
+    on 2 cores: all three libraries 1.5-5x slower than alone). ``setups[name]``, when given,
+    runs before each of that callable's bursts (e.g. to set a library's thread count)."""
     times = {name: [] for name in funcs}
     for _ in range(rounds):
         for name, f in funcs.items():
+            if setups and name in setups:
+                setups[name]()
             time.sleep(settle_s)
             f()
             end = time.perf_counter() + burst_s
@@ -289,6 +304,7 @@ class Row:
     times_s: dict = field(default_factory=dict)  # name -> raw times
     missing: dict = field(default_factory=dict)  # baseline -> reason
     error: str | None = None
+    torch_threads: int | None = None  # the thread count of PyTorch's faster median (CPU)
 
     def median(self, name: str) -> float | None:
         t = self.times_s.get(name)
@@ -370,22 +386,31 @@ def run_case(case: Case, size: str, gpu: bool) -> Row:
             of, why = onnxruntime_call(case, x)
             if tf is not None:
                 ref = tf()
+                ref = ref[0] if isinstance(ref, tuple) else ref
                 ref = ref.permute(0, 2, 3, 1) if case.layout == "NHWC" else ref
                 row.check = _check(got, ref.numpy(), case.dtype) + " (vs torch)"
             elif of is not None:
                 row.check = _check(got, of(), case.dtype) + " (vs onnxruntime)"
             else:
                 row.check = _check(got, reference_values(case, x), case.dtype) + " (vs reference)"
-            funcs = {"gpupool": f}
+            funcs, setups = {"gpupool": f}, {}
             if tf is None:
                 row.missing["torch"] = "not installed" if _torch()[0] is None else "no such op"
-            else:
-                funcs["torch"] = tf
+            else:  # PyTorch at its best: one thread or every core, whichever is faster
+                torch = _torch()[0]
+                for n in sorted({1, os.cpu_count() or 1}):
+                    funcs[f"torch@{n}"] = tf
+                    setups[f"torch@{n}"] = lambda n=n: torch.set_num_threads(n)
             if of is None:
                 row.missing["onnxruntime"] = why
             else:
                 funcs["onnxruntime"] = of
-            row.times_s.update(time_host(funcs))
+            times = time_host(funcs, setups=setups)
+            torch_runs = {int(k[6:]): times.pop(k) for k in list(times) if k.startswith("torch@")}
+            if torch_runs:
+                row.torch_threads = min(torch_runs, key=lambda n: np.median(torch_runs[n]))
+                times["torch"] = torch_runs[row.torch_threads]
+            row.times_s.update(times)
     except Exception as e:  # noqa: BLE001 - a broken case is reported, the sweep goes on
         row.error = f"{type(e).__name__}: {str(e)[:200]}"
     return row
@@ -464,17 +489,20 @@ def summarise(rows: list[Row], copy_bw: float, gpu: bool) -> dict:
                     tb = r.median(name)
                     entry[f"{name}_ms"] = round(tb * 1e3, 4)
                     entry[f"{name}_over_gpupool"] = round(tb / tg, 3)
-                    if r.dtype == "float32" and not r.error:
-                        ratios.setdefault(name, []).append((r.case, tg / tb))
+                    if r.dtype in ("float32", "float16") and not r.error:
+                        ratios.setdefault((r.dtype, name), []).append((r.case, tg / tb))
+        if r.torch_threads is not None:
+            entry["torch_threads"] = r.torch_threads
         table.append(entry)
     geo = {}
-    for name, pairs in ratios.items():
+    for (dtype, name), pairs in sorted(ratios.items()):
         vals = [v for _, v in pairs]
         worst = max(pairs, key=lambda p: p[1])
-        geo[name] = {"cases": len(vals), "geomean_gpupool_time_over_baseline":
-                     round(math.exp(sum(math.log(v) for v in vals) / len(vals)), 3),
-                     "worst_case": worst[0], "worst_gpupool_time_over_baseline": round(worst[1], 3)}
-    return {"rows": table, "float32_summary": geo}
+        geo.setdefault(dtype, {})[name] = {
+            "cases": len(vals), "geomean_gpupool_time_over_baseline":
+            round(math.exp(sum(math.log(v) for v in vals) / len(vals)), 3),
+            "worst_case": worst[0], "worst_gpupool_time_over_baseline": round(worst[1], 3)}
+    return {"rows": table, "summary": geo}
 
 
 def markdown(result: dict) -> str:
@@ -499,10 +527,14 @@ def markdown(result: dict) -> str:
             cells += [str(r["first_call_ms"]), r["check"]]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    for name, s in result["float32_summary"].items():
-        lines.append(f"- float32 vs {name}: geomean gpupool time / {name} time = "
-                     f"{s['geomean_gpupool_time_over_baseline']} over {s['cases']} cases; worst "
-                     f"{s['worst_gpupool_time_over_baseline']} ({s['worst_case']})")
+    if any("torch_threads" in r for r in result["rows"]):
+        lines.append("- torch: the faster of 1 thread and every core, per case (JSON: "
+                     "`torch_threads`)")
+    for dtype, per_baseline in result["summary"].items():
+        for name, s in per_baseline.items():
+            lines.append(f"- {dtype} vs {name}: geomean gpupool time / {name} time = "
+                         f"{s['geomean_gpupool_time_over_baseline']} over {s['cases']} cases; "
+                         f"worst {s['worst_gpupool_time_over_baseline']} ({s['worst_case']})")
     return "\n".join(lines) + "\n"
 
 

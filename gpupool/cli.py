@@ -27,7 +27,9 @@ def cuda_version(version: int) -> str:
 def info() -> None:
     """Version, which backends are usable (and why not), device, CuPy/CUDA versions, cache."""
     print(f"gpupool {gpupool.__version__} ({os.path.dirname(gpupool.__file__)})")
-    print("backend numpy: usable")
+    from .threads import ENV_VAR, available_cpus, get_num_threads
+    print(f"backend numpy: usable, {get_num_threads()} threads ({available_cpus()} CPUs "
+          f"available; {ENV_VAR} or gpupool.set_num_threads to change)")
     try:
         import cupy
     except ImportError as e:

@@ -4,27 +4,26 @@ Every op works on a canonical view ``(B, *spatial)`` (NCHW) or ``(B, *spatial, C
 so spatial axes are always ``1..nd``. Python loops run over window taps only, never over
 output elements; values-only max, avg and lp are separable and reduce one spatial axis at a
 time. No padded copy is made: each tap's output range is clipped to the taps that land inside
-the input. Blocks of planes sized to stay in cache run on a thread pool (NumPy ufuncs release
-the GIL).
+the input. Blocks of planes sized to stay in cache run on the thread pool of
+:mod:`gpupool.threads` (NumPy ufuncs release the GIL); no BLAS is called, so no library starts
+threads of its own inside that pool.
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import math
-import os
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import threads
 from .backends import register
 from .spec import AdaptiveSpec, UnpoolSpec, WindowSpec, adaptive_window
 
 BLOCK_BYTES = 1 << 21  # input bytes per work item (best measured on 2 cores); 2+ blocks: threads
-_WORKERS = max(1, min(os.cpu_count() or 1, 8))
-_pool: ThreadPoolExecutor | None = None
 SCRATCH_BYTES = 1 << 22  # temporaries up to this size reuse a per-thread buffer
 _workspace = threading.local()
 
@@ -35,9 +34,9 @@ def _canonical(a, geom):
 
 
 def _in_blocks(func, n_items: int, item_bytes: int) -> None:
-    """Call ``func(start, stop)`` over ``[0, n_items)`` in cache-sized blocks, in parallel.
-    Floating-point warnings are silenced: inf - inf gives NaN, as on the GPU."""
-    global _pool
+    """Call ``func(start, stop)`` over ``[0, n_items)`` in cache-sized blocks, on the thread
+    pool of :mod:`gpupool.threads`. Floating-point warnings are silenced: inf - inf gives NaN,
+    as on the GPU."""
     inner = func
 
     def func(start, stop):
@@ -50,15 +49,7 @@ def _in_blocks(func, n_items: int, item_bytes: int) -> None:
         return
     blocks = -(-n_items // per_block)
     per_block = -(-n_items // blocks)  # blocks of even size: no short one at the end
-    bounds = [(i, min(i + per_block, n_items)) for i in range(0, n_items, per_block)]
-    if _WORKERS == 1:
-        for start, stop in bounds:
-            func(start, stop)
-        return
-    if _pool is None:
-        _pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="gpupool")
-    for future in [_pool.submit(func, start, stop) for start, stop in bounds]:
-        future.result()
+    threads.run_all(func, [(i, min(i + per_block, n_items)) for i in range(0, n_items, per_block)])
 
 
 def _scratch(slot, shape, dtype) -> np.ndarray:
@@ -86,10 +77,11 @@ def _accumulator(dtype) -> np.dtype:
 def _widened(xb, dtype):
     """``xb`` itself when already ``dtype``, else a copy widened to ``dtype`` in this thread's
     scratch. float16 -> float32 goes through integer passes (exact for every half, NaN stays
-    NaN), three times faster than NumPy's cast: the half's bits, sign-extended and shifted so
-    that sign, exponent and mantissa land in the float32 fields, are a float32 that times
-    2**112 (the bias difference) is the value, for normals and subnormals alike; inf/NaN get
-    the all-ones exponent first."""
+    NaN), several times faster than NumPy's cast: the half's bits, sign-extended to int32 and
+    shifted left by 13, hold exponent and mantissa in the float32 fields and the sign in bits
+    31..28; clearing bits 30..28 leaves a float32 that times 2**112 (the bias difference) is
+    the value, for normals and subnormals alike. Only when the block holds an inf or NaN (two
+    int16 maxima tell) do those get the all-ones exponent before the scaling."""
     if xb.dtype == dtype:
         return xb
     cur = _scratch("input", xb.shape, dtype)
@@ -98,12 +90,13 @@ def _widened(xb, dtype):
         return cur
     half, bits = xb.view(np.int16), cur.view(np.int32)
     np.copyto(bits, half)
-    np.left_shift(bits, 16, out=bits)
-    np.right_shift(bits, 3, out=bits)  # arithmetic: bits 30..28 now copy the sign
-    np.bitwise_and(bits, np.int32(-0x70000001), out=bits)  # clear them: 0x8FFFFFFF
-    magnitude = np.bitwise_and(half, 0x7FFF, out=_scratch("keys", xb.shape, np.int16))
-    special = np.greater_equal(magnitude, 0x7C00, out=_scratch("mask", xb.shape, np.bool_))
-    np.bitwise_or(bits, 0x70000000, out=bits, where=special)
+    np.left_shift(bits, 13, out=bits)
+    np.bitwise_and(bits, np.int32(-0x70000001), out=bits)  # 0x8FFFFFFF
+    # inf/NaN: bit patterns 0x7C00..0x7FFF (positive) and 0xFC00..0xFFFF (negative)
+    if half.size and (half.max() >= 0x7C00 or half.view(np.uint16).max() >= 0xFC00):
+        magnitude = np.bitwise_and(half, 0x7FFF, out=_scratch("keys", xb.shape, np.int16))
+        special = np.greater_equal(magnitude, 0x7C00, out=_scratch("mask", xb.shape, np.bool_))
+        np.bitwise_or(bits, 0x70000000, out=bits, where=special)
     np.multiply(cur, np.float32(2.0 ** 112), out=cur)
     return cur
 
@@ -353,45 +346,76 @@ def _expand(per_plane, geom):
     return per_plane[..., None] if geom.layout == "NHWC" else per_plane
 
 
-def _argmax_taps(xb, geom, taps_per_dim, maxima, indices):
+@dataclass(frozen=True)
+class _ArgmaxPlan:
+    """The window's valid taps for max with indices. ``taps``: per tap, in row-major window
+    order, the output and input slices of each dim; ``offsets``: the tap's flat offset from
+    its window's start, with one more entry (-1) for "no valid tap"; ``starts``: each
+    output's flat window start ``sum(o*s - pb) * plane stride``, shaped ``out_spatial``;
+    ``empty``: whether some window has no valid tap."""
+
+    taps: tuple
+    offsets: np.ndarray
+    starts: np.ndarray
+    empty: bool
+
+
+@functools.lru_cache(maxsize=256)
+def _argmax_plan(spec: WindowSpec) -> _ArgmaxPlan:
+    geom = spec.geom
+    plane_strides = [math.prod(geom.spatial[a + 1:]) for a in range(geom.nd)]
+    per_dim = [_window_taps(size, out, k, s, pb, d) for size, out, k, s, (pb, _), d in zip(
+        geom.spatial, spec.out_spatial, spec.kernel, spec.stride, spec.pads, spec.dilation)]
+    taps, offsets = [], []
+    for combo in itertools.product(*per_dim):
+        taps.append(tuple((dst, src) for _, dst, src in combo))
+        offsets.append(sum((off + spec.pads[a][0]) * plane_strides[a]
+                           for a, (off, _, _) in enumerate(combo)))
+    starts = np.zeros((), np.int64)
+    for a in range(geom.nd):
+        first = (np.arange(spec.out_spatial[a], dtype=np.int64) * spec.stride[a]
+                 - spec.pads[a][0]) * plane_strides[a]
+        starts = np.add.outer(starts, first)
+    if geom.layout == "NHWC":
+        starts = starts[..., None]
+    starts.flags.writeable = False
+    offsets = np.array(offsets + [-1], np.int64)
+    offsets.flags.writeable = False
+    empty = bool((_valid_counts(spec, False) == 0).any())
+    return _ArgmaxPlan(tuple(taps), offsets, starts, empty)
+
+
+def _argmax_taps(xb, plan: _ArgmaxPlan, maxima, indices):
     """Indices of the window maxima already computed in ``maxima``, PyTorch's rule
     (``v > m || isnan(v)`` scanning taps row-major from the first valid tap): the first tap
     equal to the max, or the last NaN tap where the max is NaN; -1 for an empty window.
-    Taps are scanned in reverse with unconditional overwrites, so the first match wins with
-    two array passes per tap."""
-    plane_strides = [math.prod(geom.spatial[a + 1:]) for a in range(geom.nd)]
-    indices[...] = -1
+    The tap number is found first, in a one-byte (or two-byte) array: taps scanned in reverse
+    with unconditional overwrites, so the first match wins; then one gather turns tap numbers
+    into flat offsets and one add puts the window starts on them."""
+    count = len(plan.taps)
+    tap_ids = _scratch("tap ids", maxima.shape, np.uint8 if count < 255 else np.int32)
+    tap_ids.fill(count)  # "no valid tap": its offset entry is -1
+    mask = _scratch("mask", maxima.shape, np.bool_)
 
-    def tap_views(combo):
-        dst, src, pos = (slice(None),), (slice(None),), np.zeros((), dtype=np.int64)
-        for a, j in enumerate(combo):
-            positions, dsl, ssl = taps_per_dim[a][j]
-            dst, src = dst + (dsl,), src + (ssl,)
-            pos = np.add.outer(pos, positions[dsl] * plane_strides[a])
-        return dst, xb[src], (pos[..., None] if geom.layout == "NHWC" else pos)
+    def views(t):
+        dst = (slice(None),) + tuple(d for d, _ in plan.taps[t])
+        src = (slice(None),) + tuple(s for _, s in plan.taps[t])
+        return dst, xb[src]
 
-    combos = list(np.ndindex(*[len(t) for t in taps_per_dim]))
-    for combo in reversed(combos):
-        dst, v, pos = tap_views(combo)
-        np.copyto(indices[dst], pos, where=v == maxima[dst])
+    for t in reversed(range(count)):
+        dst, v = views(t)
+        m = np.equal(v, maxima[dst], out=mask[dst])
+        np.copyto(tap_ids[dst], t, where=m, casting="unsafe")
     if maxima.dtype.kind == "f" and np.isnan(maxima).any():
-        for combo in combos:
-            dst, v, pos = tap_views(combo)
-            np.copyto(indices[dst], pos, where=np.isnan(v))
-
-
-def _window_indexed_taps(spec: WindowSpec):
-    """Per dim, per valid tap: (input position of each output, output slice, input slice)."""
-    per_dim = []
-    for a in range(spec.geom.nd):
-        size, out, k = spec.geom.spatial[a], spec.out_spatial[a], spec.kernel[a]
-        s, pb, d = spec.stride[a], spec.pads[a][0], spec.dilation[a]
-        taps = []
-        for offset, dsl, ssl in _window_taps(size, out, k, s, pb, d):
-            positions = np.arange(out, dtype=np.int64) * s + offset
-            taps.append((positions, dsl, ssl))
-        per_dim.append(taps)
-    return per_dim
+        for t in range(count):
+            dst, v = views(t)
+            m = np.isnan(v, out=mask[dst])
+            np.copyto(tap_ids[dst], t, where=m, casting="unsafe")
+    np.take(plan.offsets, tap_ids, out=indices)
+    if plan.empty:
+        np.add(indices, plan.starts, out=indices, where=tap_ids != count)
+    else:
+        np.add(indices, plan.starts, out=indices)
 
 
 @register("window", "numpy")
@@ -401,11 +425,11 @@ def window(x, spec: WindowSpec, out, indices) -> None:
     plane_bytes = x.itemsize * math.prod(geom.spatial) * geom.channels
     if indices is not None:
         ic = _canonical(indices, geom)
-        taps = _window_indexed_taps(spec)
+        plan = _argmax_plan(spec)
 
         def block(b0, b1):
             maxima = _separable_window(xc[b0:b1], spec, _accumulator(x.dtype))
-            _argmax_taps(xc[b0:b1], geom, taps, maxima, ic[b0:b1])
+            _argmax_taps(xc[b0:b1], plan, maxima, ic[b0:b1])
             oc[b0:b1] = maxima
         _in_blocks(block, geom.batch, plane_bytes)
         return
@@ -440,6 +464,32 @@ def _mean_weights(plane: int, dtype) -> np.ndarray:
     weights = np.full(plane, 1.0 / plane, dtype=dtype)
     weights.flags.writeable = False
     return weights
+
+
+SHORT_PLANE = 256  # up to this many values a sequential float sum loses less than 1e-5
+
+
+def _plane_means(flat, weights, nhwc: bool, target, owned: bool) -> None:
+    """``target[i(, c)] = sum_j flat[i, j(, c)] * weights[j]``: ``einsum``'s SIMD loops for short
+    planes; for longer ones the scaled values are summed pairwise (NumPy's ``add.reduce``
+    along contiguous rows, or halves folded onto halves across NHWC rows), so the rounding
+    error grows with log(plane), not plane. ``owned``: ``flat`` is scratch and may be
+    overwritten."""
+    plane = flat.shape[1]
+    if plane <= SHORT_PLANE:
+        np.einsum("j,ijk->ik" if nhwc else "ij,j->i", *((weights, flat) if nhwc else
+                                                        (flat, weights)), out=target)
+        return
+    scaled = flat if owned else _scratch("scaled", flat.shape, flat.dtype)
+    np.multiply(flat, weights[0], out=scaled)
+    if not nhwc:
+        np.add.reduce(scaled, axis=1, out=target)
+        return
+    while plane > 1:
+        half = plane // 2
+        np.add(scaled[:, :half], scaled[:, plane - half:plane], out=scaled[:, :half])
+        plane -= half
+    np.copyto(target, scaled[:, 0])
 
 
 HALF_NAN_KEY, HALF_NEG_INF_KEY = np.int16(0x7FFF), np.int16(-0x7C01)
@@ -501,19 +551,20 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
         nd, plane = geom.nd, math.prod(geom.spatial)
         acc = _accumulator(x.dtype)
         weights = _mean_weights(plane, acc) if spec.op == "avg" else None
+        nhwc = geom.layout == "NHWC"
 
         def block(b0, b1):
             xb = xc[b0:b1]
             if spec.op == "max":
                 oc[b0:b1] = np.max(xb, axis=spatial_axes, keepdims=True)
-            else:  # a BLAS mat-vec with weights 1/S: several times faster than np.mean
-                flat = _widened(xb, acc).reshape((b1 - b0, plane) + oc.shape[nd + 1:])
-                target = oc[b0:b1].reshape((b1 - b0,) + oc.shape[nd + 1:])
-                operands = (weights, flat) if geom.layout == "NHWC" else (flat, weights)
-                if target.dtype == acc:
-                    np.matmul(*operands, out=target)
-                else:
-                    target[...] = np.matmul(*operands)
+                return
+            flat = _widened(xb, acc).reshape((b1 - b0, plane) + oc.shape[nd + 1:])
+            target = oc[b0:b1].reshape((b1 - b0,) + oc.shape[nd + 1:])
+            direct = target.dtype == acc
+            means = target if direct else _scratch("result", target.shape, acc)
+            _plane_means(flat, weights, nhwc, means, owned=xb.dtype != acc)
+            if not direct:
+                np.copyto(target, means)
         _in_blocks(block, geom.batch, plane_bytes)
         return
     per_dim = [_adaptive_taps(i, o) for i, o in zip(geom.spatial, spec.out_spatial)]

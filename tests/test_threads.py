@@ -1,0 +1,197 @@
+"""The NumPy backend's thread policy: how many threads, from where, and nothing beyond them."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import gpupool
+from gpupool import numpy_backend, threads
+
+import reference as ref
+
+
+@pytest.fixture
+def restore_threads():
+    before = threads._requested
+    yield
+    threads._requested = before
+
+
+def multi_block_cases():
+    """One op of each NumPy-backend code path, on inputs of several cache blocks."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((6, 16, 64, 64)).astype(np.float32)  # 1.5 MiB: several blocks
+    h = x.astype(np.float16)
+    return {
+        "max": lambda a: gpupool.max_pool(a, 3, 2, 1),
+        "max indices": lambda a: gpupool.max_pool(a, 3, 2, 1, return_indices=True)[1],
+        "avg f16": lambda a: gpupool.avg_pool(a.astype(np.float16), 2),
+        "lp": lambda a: gpupool.lp_pool(a, 2, 3),
+        "global avg": lambda a: gpupool.global_avg_pool(a),
+        "global avg f16 NHWC": lambda a: gpupool.global_avg_pool(h.transpose(0, 2, 3, 1).copy(),
+                                                                 layout="NHWC"),
+        "global max": lambda a: gpupool.global_max_pool(a),
+        "adaptive": lambda a: gpupool.adaptive_avg_pool(a, (5, 7)),
+    }, x
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(numpy_backend, "BLOCK_BYTES", 1 << 14)
+
+
+def test_results_do_not_depend_on_the_thread_count(restore_threads, small_blocks):
+    """Blocks are computed independently: 1, 2 and 5 threads give the same bits."""
+    cases, x = multi_block_cases()
+    results = {}
+    for n in (1, 2, 5):
+        gpupool.set_num_threads(n)
+        results[n] = {name: f(x) for name, f in cases.items()}
+    for name in cases:
+        for n in (2, 5):
+            np.testing.assert_array_equal(results[n][name], results[1][name], err_msg=name)
+
+
+def test_one_thread_never_starts_the_pool(restore_threads, small_blocks, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a pool was started with one thread")
+    monkeypatch.setattr(threads, "ThreadPoolExecutor", refuse)
+    monkeypatch.setattr(threads, "_pool", None)
+    gpupool.set_num_threads(1)
+    cases, x = multi_block_cases()
+    for f in cases.values():
+        f(x)
+
+
+def test_work_runs_on_at_most_the_requested_threads(restore_threads, small_blocks, monkeypatch):
+    seen = set()
+    original = numpy_backend._separable_window
+
+    def spy(*args, **kwargs):
+        seen.add(threading.get_ident())
+        return original(*args, **kwargs)
+    monkeypatch.setattr(numpy_backend, "_separable_window", spy)
+    gpupool.set_num_threads(3)
+    cases, x = multi_block_cases()
+    for _ in range(3):
+        cases["max"](x)
+    assert 1 < len(seen) <= 3, seen
+    assert threading.get_ident() not in seen  # the caller waits, the pool works
+
+
+def test_a_call_from_inside_the_pool_runs_inline(restore_threads, small_blocks):
+    """An op called from a pool thread (a callback, a nested library) must not wait on the
+    pool it occupies: with two threads both busy, that would deadlock."""
+    gpupool.set_num_threads(2)
+    cases, x = multi_block_cases()
+    results = {}
+    threads.run_all(lambda a, b: results.update({a: cases["max"](x[a:b])}), [(0, 3), (3, 6)])
+    np.testing.assert_array_equal(np.concatenate([results[0], results[3]]), cases["max"](x))
+
+
+def test_no_blas_in_any_op(restore_threads, small_blocks, monkeypatch):
+    """BLAS may start threads of its own (how many depends on the library and its settings),
+    so the backend never calls it."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("BLAS called")
+    for name in ("matmul", "dot", "vdot", "inner", "tensordot"):
+        monkeypatch.setattr(np, name, refuse)
+    gpupool.set_num_threads(2)
+    cases, x = multi_block_cases()
+    for f in cases.values():
+        f(x)
+
+
+def test_global_avg_matches_the_reference_on_several_blocks(restore_threads, small_blocks):
+    rng = np.random.default_rng(3)
+    for layout, shape in (("NCHW", (9, 40, 7, 7)), ("NHWC", (9, 7, 7, 40)),
+                          ("NCHW", (3, 2, 30, 31)), ("NHWC", (3, 30, 31, 2))):
+        x = rng.standard_normal(shape)
+        for dtype, tol in (("float64", 1e-12), ("float32", 1e-5), ("float16", 1e-3)):
+            a = x.astype(dtype)
+            got = gpupool.global_avg_pool(a, layout=layout)
+            want = ref.global_avg_pool(a.astype(np.float64), 2, layout)
+            np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("n", [0, -2])
+def test_set_num_threads_rejects_counts_below_one(n):
+    with pytest.raises(ValueError, match=r"gpupool.set_num_threads: n must be >= 1"):
+        gpupool.set_num_threads(n)
+
+
+@pytest.mark.parametrize("n", [1.0, "2", True, None])
+def test_set_num_threads_rejects_non_integers(n):
+    with pytest.raises(TypeError, match=r"gpupool.set_num_threads: n must be an int"):
+        gpupool.set_num_threads(n)
+
+
+def test_set_and_get(restore_threads):
+    gpupool.set_num_threads(np.int64(3))
+    assert gpupool.get_num_threads() == 3
+    gpupool.set_num_threads(1)
+    assert gpupool.get_num_threads() == 1
+
+
+def _fresh_process(code: str, **env) -> subprocess.CompletedProcess:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(gpupool.__file__)))
+    environ = dict(os.environ, PYTHONPATH=root, **env)
+    environ.pop(threads.ENV_VAR, None)
+    environ.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=environ, timeout=120)
+
+
+def test_environment_variable_sets_the_default():
+    proc = _fresh_process("import gpupool; print(gpupool.get_num_threads())",
+                          GPUPOOL_NUM_THREADS="3")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "3"
+
+
+@pytest.mark.parametrize("value", ["zero", "0", "-1"])
+def test_a_bad_environment_variable_is_named(value):
+    proc = _fresh_process("import gpupool, numpy as np; "
+                          "gpupool.max_pool(np.ones((64, 128, 128), np.float32), 2)",
+                          GPUPOOL_NUM_THREADS=value)
+    assert proc.returncode != 0
+    assert "GPUPOOL_NUM_THREADS" in proc.stderr and "ValueError" in proc.stderr
+
+
+def test_default_is_the_cpus_this_process_may_use():
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs CPU affinity and two CPUs")
+    proc = _fresh_process("""
+        import os
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        import gpupool
+        print(gpupool.get_num_threads())
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "1"
+
+
+@pytest.mark.parametrize("files, limit", [
+    ({"cpu.max": "max 100000\n"}, None),
+    ({"cpu.max": "150000 100000\n"}, 1.5),
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 3.0),
+    ({}, None),
+])
+def test_cgroup_cpu_quota(tmp_path, files, limit):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert threads._cgroup_cpu_limit(str(tmp_path)) == limit
+
+
+def test_a_cgroup_quota_caps_the_default(monkeypatch):
+    monkeypatch.setattr(threads, "_cgroup_cpu_limit", lambda: 1.5)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert threads.available_cpus() == 2  # a quota of 1.5 CPUs can keep two threads busy
