@@ -50,6 +50,20 @@ def is_cupy_array(x) -> bool:
     return type(x).__module__.split(".")[0] == "cupy" and hasattr(x, "__cuda_array_interface__")
 
 
+def foreign_handler(x):
+    """The module that runs an op on ``x`` when ``x`` is neither NumPy, CuPy nor a list:
+    :mod:`gpupool.dask_backend` for a Dask array, :mod:`gpupool.dlpack` for another library's
+    tensor that exports DLPack (PyTorch, JAX); ``None`` otherwise. Each such module has
+    ``call(op, x, *args, **kwargs)``, where ``op`` is the public function on NumPy/CuPy."""
+    if isinstance(x, np.ndarray) or is_cupy_array(x) or isinstance(x, (list, tuple)):
+        return None
+    if type(x).__module__.split(".")[0] == "dask":
+        return importlib.import_module("gpupool.dask_backend")
+    if hasattr(x, "__dlpack__"):
+        return importlib.import_module("gpupool.dlpack")
+    return None
+
+
 def as_array(func: str, x, name: str = "x"):
     """Return ``(array, backend, xp)``; plain (nested) lists and tuples become NumPy arrays.
 
