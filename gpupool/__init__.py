@@ -1,7 +1,9 @@
 """gpupool: pooling for NumPy arrays (CPU) and CuPy arrays (CUDA kernels).
 
 The backend follows the input: a NumPy array runs on the CPU and returns NumPy, a CuPy array
-runs on its GPU and returns CuPy. ``import gpupool`` needs neither CuPy nor a GPU.
+runs on its GPU and returns CuPy. PyTorch tensors and JAX arrays go the same way without
+copies, through DLPack (:mod:`gpupool.dlpack`), and come back as the input's kind.
+``import gpupool`` needs neither CuPy nor a GPU.
 """
 from .ops import (adaptive_avg_pool, adaptive_max_pool, avg_pool, global_avg_pool,
                   global_max_pool, lp_pool, max_pool, max_unpool)

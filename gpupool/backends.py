@@ -1,8 +1,11 @@
 """Backend selection by array type, through a registry of (op, backend) -> implementation.
 
 A NumPy array (or a plain list/tuple) runs on the ``numpy`` backend; a CuPy array on the
-``cupy`` backend. Backend modules register their implementations when first imported, so CuPy
-is imported only when a CuPy array arrives: ``import gpupool`` needs neither CuPy nor a GPU.
+``cupy`` backend. The float ops also take PyTorch tensors and JAX arrays, viewed as NumPy or
+CuPy arrays through DLPack (:mod:`gpupool.dlpack`). Backend modules register their
+implementations when first imported, so CuPy is imported only when a CuPy array (or a CUDA
+tensor) arrives: ``import gpupool`` needs neither CuPy nor a GPU, and never imports PyTorch or
+JAX.
 """
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ if TYPE_CHECKING:  # annotations only: importing gpupool never imports CuPy
 #: What the ops return: a NumPy array (CPU) or a CuPy array (GPU), the input's kind.
 Array = Union[np.ndarray, "cupy.ndarray"]
 #: What the ops take as input: a NumPy or CuPy array, or a (nested) list/tuple of numbers,
-#: which becomes a NumPy array.
+#: which becomes a NumPy array. The float ops also take PyTorch tensors and JAX arrays
+#: (:mod:`gpupool.dlpack`) and return the input's kind.
 ArrayLike = Union[np.ndarray, "cupy.ndarray", list, tuple]
 
 #: the modules of each backend: the float ops, then the quantized ones.
@@ -50,6 +54,20 @@ def is_cupy_array(x) -> bool:
     return type(x).__module__.split(".")[0] == "cupy" and hasattr(x, "__cuda_array_interface__")
 
 
+def foreign_handler(x):
+    """The module that runs an op on ``x`` when ``x`` is neither NumPy, CuPy nor a list:
+    :mod:`gpupool.dask_backend` for a Dask array, :mod:`gpupool.dlpack` for another library's
+    tensor that exports DLPack (PyTorch, JAX); ``None`` otherwise. Each such module has
+    ``call(op, x, *args, **kwargs)``, where ``op`` is the public function on NumPy/CuPy."""
+    if isinstance(x, np.ndarray) or is_cupy_array(x) or isinstance(x, (list, tuple)):
+        return None
+    if type(x).__module__.split(".")[0] == "dask":
+        return importlib.import_module("gpupool.dask_backend")
+    if hasattr(x, "__dlpack__"):
+        return importlib.import_module("gpupool.dlpack")
+    return None
+
+
 def as_array(func: str, x, name: str = "x"):
     """Return ``(array, backend, xp)``; plain (nested) lists and tuples become NumPy arrays.
 
@@ -72,8 +90,10 @@ def as_array(func: str, x, name: str = "x"):
                         f"{type(x).__name__} {x}); pooling needs an array with the spatial "
                         f"dims, e.g. of shape (N, C, H, W): a NumPy or CuPy array or a nested "
                         f"list")
-    raise TypeError(f"gpupool.{func}: {name} must be a NumPy or CuPy array (or a nested list), "
-                    f"got {type(x).__module__}.{type(x).__name__}")
+    tensors = ("" if func.startswith("quantized.") or name != "x"
+               else ", a PyTorch tensor, a JAX array")
+    raise TypeError(f"gpupool.{func}: {name} must be a NumPy or CuPy array{tensors} or a nested "
+                    f"list, got {type(x).__module__}.{type(x).__name__}")
 
 
 _DTYPE_NAMES: dict = {}

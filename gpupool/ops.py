@@ -2,13 +2,27 @@
 that matches the input's array type (NumPy in -> NumPy out, CuPy in -> CuPy out)."""
 from __future__ import annotations
 
-from typing import Sequence, Union
+import functools
+from typing import Callable, Sequence, Union
 
 from . import spec as S
-from .backends import Array, ArrayLike, as_array, device_scope, dtype_name, implementation
+from .backends import (Array, ArrayLike, as_array, device_scope, dtype_name, foreign_handler,
+                       implementation)
 
 Size = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]
+
+
+def _accepts_foreign(op: Callable) -> Callable:
+    """Let ``op`` take Dask arrays and DLPack tensors: such an input goes to its handler
+    (:func:`gpupool.backends.foreign_handler`), which runs ``op`` on NumPy/CuPy data."""
+    @functools.wraps(op)
+    def dispatch(x, *args, **kwargs):
+        handler = foreign_handler(x)
+        if handler is None:
+            return op(x, *args, **kwargs)
+        return handler.call(op, x, *args, **kwargs)
+    return dispatch
 
 
 def _result(func: str, out, shape, dtype, x, xp):
@@ -37,6 +51,7 @@ def _run(func: str, family: str, x, backend, xp, spec, out, indices_needed: bool
     return (result, indices) if indices_needed else result
 
 
+@_accepts_foreign
 def max_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, padding: Padding = 0,
              dilation: Size = 1, ceil_mode: bool = False, *, return_indices: bool = False,
              layout: str = "NCHW", out: Array | None = None) -> Array | tuple[Array, Array]:
@@ -57,6 +72,7 @@ def max_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, paddin
     return _run("max_pool", "window", x, backend, xp, spec, out, spec.return_indices)
 
 
+@_accepts_foreign
 def avg_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, padding: Padding = 0,
              ceil_mode: bool = False, count_include_pad: bool = False,
              divisor_override: int | None = None, *, dilation: Size = 1, layout: str = "NCHW",
@@ -78,6 +94,7 @@ def avg_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, paddin
     return _run("avg_pool", "window", x, backend, xp, spec, out)
 
 
+@_accepts_foreign
 def lp_pool(x: ArrayLike, p: float, kernel_size: Size, stride: Size | None = None,
             padding: Padding = 0, dilation: Size = 1, ceil_mode: bool = False, *,
             layout: str = "NCHW", out: Array | None = None) -> Array:
@@ -93,6 +110,7 @@ def lp_pool(x: ArrayLike, p: float, kernel_size: Size, stride: Size | None = Non
     return _run("lp_pool", "window", x, backend, xp, spec, out)
 
 
+@_accepts_foreign
 def global_avg_pool(x: ArrayLike, *, spatial_dims: int = 2, layout: str = "NCHW",
                     out: Array | None = None) -> Array:
     """Mean over the last ``spatial_dims`` spatial dims; they are kept with size 1.
@@ -105,6 +123,7 @@ def global_avg_pool(x: ArrayLike, *, spatial_dims: int = 2, layout: str = "NCHW"
     return _run("global_avg_pool", "adaptive", x, backend, xp, spec, out)
 
 
+@_accepts_foreign
 def global_max_pool(x: ArrayLike, *, spatial_dims: int = 2, layout: str = "NCHW",
                     out: Array | None = None) -> Array:
     """Max over the spatial dims (NaN propagates); they are kept with size 1.
@@ -117,6 +136,7 @@ def global_max_pool(x: ArrayLike, *, spatial_dims: int = 2, layout: str = "NCHW"
     return _run("global_max_pool", "adaptive", x, backend, xp, spec, out)
 
 
+@_accepts_foreign
 def adaptive_avg_pool(x: ArrayLike, output_size: Size, *, layout: str = "NCHW",
                       out: Array | None = None) -> Array:
     """Mean over adaptive windows: output i spans ``[floor(i*I/O), ceil((i+1)*I/O))``.
@@ -129,6 +149,7 @@ def adaptive_avg_pool(x: ArrayLike, output_size: Size, *, layout: str = "NCHW",
     return _run("adaptive_avg_pool", "adaptive", x, backend, xp, spec, out)
 
 
+@_accepts_foreign
 def adaptive_max_pool(x: ArrayLike, output_size: Size, *, return_indices: bool = False,
                       layout: str = "NCHW", out: Array | None = None
                       ) -> Array | tuple[Array, Array]:
@@ -144,6 +165,7 @@ def adaptive_max_pool(x: ArrayLike, output_size: Size, *, return_indices: bool =
     return _run("adaptive_max_pool", "adaptive", x, backend, xp, spec, out, spec.return_indices)
 
 
+@_accepts_foreign
 def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_size: Size, stride: Size | None = None,
                padding: Padding = 0, output_size: Sequence[int] | None = None, *,
                dilation: Size = 1, layout: str = "NCHW", out: Array | None = None) -> Array:

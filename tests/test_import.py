@@ -28,3 +28,20 @@ def test_import_and_pool_numpy_without_cupy():
                           text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+def test_import_and_pool_do_not_import_torch_or_jax():
+    """PyTorch and JAX are reached only through a tensor's type, never imported by gpupool."""
+    code = textwrap.dedent("""
+        import sys
+        import numpy as np
+        import gpupool, gpupool.dlpack
+        gpupool.max_pool(np.ones((1, 1, 4, 4)), 2)
+        print(sorted(m for m in ("torch", "jax", "jaxlib", "cupy", "dask") if m in sys.modules))
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(gpupool.__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

@@ -1,0 +1,158 @@
+"""PyTorch tensors and JAX arrays in the float ops, shared without copies through DLPack.
+
+A tensor on the CPU is viewed as a NumPy array (``np.from_dlpack``), one on a CUDA GPU as a
+CuPy array (``cupy.from_dlpack``). Strides travel with it: a transposed or sliced tensor is
+not copied here either (the NumPy backend reads it in place; the CUDA backend, as for any
+strided CuPy array, first makes a contiguous copy). The op runs on that backend and its
+results go back, again as views, to the input's library on its device (``torch.from_dlpack``,
+``jax.numpy.from_dlpack``). PyTorch and JAX are looked up only once one of their tensors
+arrives, so they are already loaded: gpupool never loads them.
+
+* ``out=``: a tensor of the input's library on its device, written in place and returned
+  itself. JAX arrays are immutable, so a JAX input takes no ``out``.
+* ``indices`` of :func:`gpupool.max_unpool`: a tensor of the input's library on its device.
+* dtypes: float16/32/64 and int8/uint8/int16/int32/int64 (which op takes which is the NumPy
+  rule); any other (bfloat16, complex, bool, float8, ...) is a ``TypeError`` before any work.
+* A PyTorch tensor that requires grad is a ``TypeError``: gpupool records no gradients, and a
+  result silently cut off from autograd would train wrongly.
+* JAX on the CPU takes a result without a copy only where its buffer is 64-byte aligned (XLA's
+  rule), and copies it otherwise. Without ``jax_enable_x64`` JAX has no int64: indices come
+  back as int32, as from JAX's own index functions (a ``ValueError`` where one would not fit).
+"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from . import spec as S
+
+_CPU, _CUDA = 1, 2
+#: DLPack device types (``DLDeviceType``), for messages
+_DEVICE_TYPES = {1: "CPU", 2: "CUDA", 3: "CUDA host", 4: "OpenCL", 7: "Vulkan", 8: "Metal",
+                 9: "VPI", 10: "ROCm", 11: "ROCm host", 12: "ExtDev", 13: "CUDA managed",
+                 14: "oneAPI", 15: "WebGPU", 16: "Hexagon", 17: "MAIA"}
+#: the library of a tensor, by the top-level module of its type
+_LIBRARIES = {"torch": "torch", "jax": "jax", "jaxlib": "jax"}
+_TYPE_NAMES = {"torch": "torch.Tensor", "jax": "jax.Array"}
+#: the largest index a JAX array without x64 holds
+_INT32_MAX = 2**31 - 1
+#: what a tensor's DLPack export or import raises when it cannot be shared
+_EXPORT_ERRORS = (BufferError, RuntimeError, TypeError, ValueError)
+
+
+def call(op, x, *args, **kwargs):
+    """Run ``op``, a public op on NumPy/CuPy arrays, on the PyTorch tensor or JAX array ``x``;
+    return its result (values, or values and int64 indices) as tensors of ``x``'s library on
+    ``x``'s device, ``out`` itself where given."""
+    func = op.__name__
+    lib = _LIBRARIES.get(type(x).__module__.split(".")[0])
+    if lib is None:
+        raise TypeError(f"gpupool.{func}: x is a {_type_name(x)}; gpupool takes NumPy and CuPy "
+                        f"arrays, PyTorch tensors, JAX arrays and nested lists")
+    if lib == "jax" and isinstance(x, importlib.import_module("jax").core.Tracer):
+        raise TypeError(f"gpupool.{func}: x is a traced JAX value (inside jax.jit, grad or "
+                        f"vmap); gpupool runs eagerly on concrete arrays: call it outside the "
+                        f"transformation")
+    device = _device(func, x, "x")
+    view = _view(func, lib, device, x, "x")
+    out = kwargs.get("out")
+    if out is not None:
+        if lib == "jax":
+            raise TypeError(f"gpupool.{func}: out must be None for a JAX input: JAX arrays are "
+                            f"immutable, use the returned array")
+        kwargs["out"] = _operand(func, lib, device, out, "out")
+    if func == "max_unpool":
+        if args:
+            args = (_operand(func, lib, device, args[0], "indices"),) + args[1:]
+        elif "indices" in kwargs:
+            kwargs["indices"] = _operand(func, lib, device, kwargs["indices"], "indices")
+    result = op(view, *args, **kwargs)
+    if not isinstance(result, tuple):
+        return out if out is not None else _to_library(lib, result)
+    values, indices = result
+    if lib == "jax" and view.size > _INT32_MAX and indices.size:
+        _check_jax_indices(func, indices)
+    return (out if out is not None else _to_library(lib, values)), _to_library(lib, indices)
+
+
+def _type_name(t) -> str:
+    lib = _LIBRARIES.get(type(t).__module__.split(".")[0])
+    return _TYPE_NAMES[lib] if lib else f"{type(t).__module__}.{type(t).__name__}"
+
+
+def _device_name(device: tuple[int, int]) -> str:
+    kind, index = device
+    return f"{_DEVICE_TYPES.get(kind, f'DLPack device type {kind}')}:{index}"
+
+
+def _device(func: str, t, name: str) -> tuple[int, int]:
+    """``(DLPack device type, index)`` of ``t``: the CPU or a CUDA GPU."""
+    try:
+        kind, index = t.__dlpack_device__()
+    except _EXPORT_ERRORS as e:
+        raise TypeError(f"gpupool.{func}: {name} ({_type_name(t)}) cannot be shared through "
+                        f"DLPack ({e})") from e
+    device = (int(kind), int(index))
+    if device[0] not in (_CPU, _CUDA):
+        raise TypeError(f"gpupool.{func}: {name} is on device {_device_name(device)}; gpupool "
+                        f"runs on the CPU (NumPy) and on CUDA GPUs (CuPy): move it there first")
+    return device
+
+
+def _operand(func: str, lib: str, device: tuple[int, int], t, name: str):
+    """The NumPy/CuPy view of ``out`` or ``indices``: a tensor of ``x``'s library and device."""
+    if _LIBRARIES.get(type(t).__module__.split(".")[0]) != lib or not hasattr(t, "__dlpack__"):
+        raise TypeError(f"gpupool.{func}: {name} is a {_type_name(t)}; expected a "
+                        f"{_TYPE_NAMES[lib]} like x")
+    where = _device(func, t, name)
+    if where != device:
+        raise ValueError(f"gpupool.{func}: {name} is on device {_device_name(where)}, x on "
+                         f"{_device_name(device)}")
+    return _view(func, lib, where, t, name)
+
+
+def _view(func: str, lib: str, device: tuple[int, int], t, name: str):
+    """``t`` as a NumPy (CPU) or CuPy (CUDA) array over the same memory."""
+    if lib == "torch" and t.requires_grad:
+        raise TypeError(f"gpupool.{func}: {name} requires grad, and gpupool does not track "
+                        f"gradients (the result would be cut off from autograd); pass "
+                        f"{name}.detach()")
+    dtype = str(t.dtype).removeprefix("torch.") if lib == "torch" else np.dtype(t.dtype).name
+    if dtype not in S.ITEMSIZE:
+        raise TypeError(f"gpupool.{func}: {name} ({_TYPE_NAMES[lib]}) has dtype {dtype}, which "
+                        f"is not supported (supported: {', '.join(S.FLOAT_DTYPES)}; "
+                        f"{', '.join(S.INT_DTYPES)} for the max ops and max_unpool); convert it "
+                        f"first, e.g. to float32")
+    xp = np if device[0] == _CPU else _cupy(func, name)
+    try:
+        return xp.from_dlpack(t)
+    except _EXPORT_ERRORS as e:
+        raise TypeError(f"gpupool.{func}: {name} ({_TYPE_NAMES[lib]} of dtype {dtype}) cannot "
+                        f"be shared through DLPack ({e})") from e
+
+
+def _cupy(func: str, name: str):
+    try:
+        return importlib.import_module("cupy")
+    except ImportError as e:
+        raise TypeError(f"gpupool.{func}: {name} is on a CUDA GPU, which needs CuPy: "
+                        f"pip install \"gpupool[cuda13]\" (or [cuda12])") from e
+
+
+def _to_library(lib: str, a):
+    """The NumPy/CuPy result ``a`` as a tensor of ``lib`` on the same device."""
+    if lib == "torch":
+        return importlib.import_module("torch").from_dlpack(a)
+    return importlib.import_module("jax.numpy").from_dlpack(a)
+
+
+def _check_jax_indices(func: str, indices) -> None:
+    """Without ``jax_enable_x64`` JAX narrows int64 indices to int32, which wraps past 2**31."""
+    if importlib.import_module("jax").config.jax_enable_x64:
+        return
+    high = int(indices.max())
+    if high > _INT32_MAX:
+        raise ValueError(f"gpupool.{func}: return_indices: index {high} does not fit the int32 "
+                         f"indices of JAX without x64; enable it with "
+                         f"jax.config.update('jax_enable_x64', True)")
