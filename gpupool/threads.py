@@ -4,10 +4,12 @@ The default is the number of CPUs this process may use: its CPU affinity, capped
 CPU quota (containers, CI runners, batch schedulers). ``GPUPOOL_NUM_THREADS`` sets it when the
 first op runs; :func:`set_num_threads` changes it at any time. One pool serves every thread
 that calls gpupool, so concurrent callers (a Dask worker's threads, say) share these threads
-instead of multiplying them, and a call made from inside the pool runs inline. The pool
-runs NumPy ufuncs, reductions and ``einsum`` only, never BLAS, which may start threads of its
-own (how many depends on which BLAS NumPy links and its settings): gpupool's threads are the
-only ones, whatever the BLAS.
+instead of multiplying them, and a call made from inside the pool runs inline.
+
+The pool runs NumPy ufuncs, reductions and ``einsum``, never BLAS, which may start threads of
+its own (how many depends on which BLAS NumPy links and its settings). The one BLAS call, the
+global average's mat-vec, runs in the calling thread inside :func:`blas_threads`, which holds
+BLAS to gpupool's thread count through threadpoolctl: the same count, whatever the BLAS.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ _requested: int | None = None  # set_num_threads, else the environment, else ava
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 _in_pool = threading.local()
+_blas = None  # threadpoolctl's controller of the BLAS libraries loaded
 
 
 def _cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
@@ -123,3 +126,13 @@ def in_pool() -> bool:
     """Whether the calling thread is one of the pool's."""
     return getattr(_in_pool, "active", False)
 
+
+
+def blas_threads():
+    """A context in which every BLAS that threadpoolctl finds runs on :func:`get_num_threads`
+    threads (a process-wide setting while it lasts; threadpoolctl restores the old one)."""
+    global _blas
+    if _blas is None:
+        from threadpoolctl import ThreadpoolController
+        _blas = ThreadpoolController().select(user_api="blas")
+    return _blas.limit(limits=get_num_threads())

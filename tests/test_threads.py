@@ -28,7 +28,11 @@ def multi_block_cases():
     rng = np.random.default_rng(7)
     x = rng.standard_normal((6, 16, 64, 64)).astype(np.float32)  # 1.5 MiB: several blocks
     h = x.astype(np.float16)
+    small_planes = rng.standard_normal((32, 64, 7, 7)).astype(np.float32)  # BLAS's mat-vec
     return {
+        "global avg 7x7": lambda a: gpupool.global_avg_pool(small_planes),
+        "global avg 7x7 f16 NHWC": lambda a: gpupool.global_avg_pool(
+            small_planes.astype(np.float16).transpose(0, 2, 3, 1).copy(), layout="NHWC"),
         "max": lambda a: gpupool.max_pool(a, 3, 2, 1),
         "max indices": lambda a: gpupool.max_pool(a, 3, 2, 1, return_indices=True)[1],
         "avg f16": lambda a: gpupool.avg_pool(a.astype(np.float16), 2),
@@ -95,17 +99,32 @@ def test_a_call_from_inside_the_pool_runs_inline(restore_threads, small_blocks):
     np.testing.assert_array_equal(np.concatenate([results[0], results[3]]), cases["max"](x))
 
 
-def test_no_blas_in_any_op(restore_threads, small_blocks, monkeypatch):
-    """BLAS may start threads of its own (how many depends on the library and its settings),
-    so the backend never calls it."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("BLAS called")
-    for name in ("matmul", "dot", "vdot", "inner", "tensordot"):
-        monkeypatch.setattr(np, name, refuse)
-    gpupool.set_num_threads(2)
+def test_blas_runs_only_in_the_calling_thread_on_gpupool_threads(restore_threads, small_blocks,
+                                                                  monkeypatch):
+    """BLAS may start threads of its own (how many depends on the library and its settings):
+    the backend calls it only from the calling thread, never from the pool, and holds it to
+    gpupool's thread count while it runs."""
+    from threadpoolctl import threadpool_info
+    calls = []
+    matmul = np.matmul
+
+    def spy(*args, **kwargs):
+        blas = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+        calls.append((threading.get_ident(), blas))
+        return matmul(*args, **kwargs)
+    for name in ("dot", "vdot", "inner", "tensordot"):
+        monkeypatch.setattr(np, name, lambda *a, **k: pytest.fail("BLAS called"))
+    monkeypatch.setattr(np, "matmul", spy)
     cases, x = multi_block_cases()
-    for f in cases.values():
-        f(x)
+    for n in (1, 3):
+        gpupool.set_num_threads(n)
+        calls.clear()
+        for f in cases.values():
+            f(x)
+        assert calls, "the global average no longer uses BLAS: update this test"
+        for ident, blas in calls:
+            assert ident == threading.get_ident()
+            assert blas and all(count == n for count in blas), (n, blas)
 
 
 def test_global_avg_matches_the_reference_on_several_blocks(restore_threads, small_blocks):
