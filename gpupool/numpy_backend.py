@@ -418,12 +418,106 @@ def _argmax_taps(xb, plan: _ArgmaxPlan, maxima, indices):
         np.add(indices, plan.starts, out=indices)
 
 
+KEYED_INDEX_DTYPES = frozenset(map(np.dtype, ("float16", "float32", "int8", "uint8", "int16",
+                                              "int32")))
+TOP_KEY = np.int64(0x7FFFFFFF)  # the key of every NaN: above +inf's
+LOW_BITS = np.int64(0xFFFFFFFF)
+
+
+def _order_keys(xb):
+    """int32 keys in the order of the values (PyTorch's: -0 equals +0, NaN above all), in
+    scratch: integers as they are; floats from their bits, negative ones with the magnitude
+    bits flipped, -0 as +0 and every NaN as :data:`TOP_KEY`."""
+    keys = _scratch("keys32", xb.shape, np.int32)
+    if xb.dtype.kind in "iu":
+        np.copyto(keys, xb)
+        return keys
+    if xb.dtype == np.float16:
+        np.copyto(keys, _half_keys(xb))  # NaN already the top int16 key
+        np.copyto(keys, TOP_KEY, where=keys == HALF_NAN_KEY)
+    else:
+        bits = xb.view(np.int32)
+        np.right_shift(bits, 31, out=keys)
+        np.bitwise_and(keys, 0x7FFFFFFF, out=keys)
+        np.bitwise_xor(keys, bits, out=keys)
+        if np.isnan(xb.max()):
+            np.copyto(keys, TOP_KEY, where=np.isnan(xb))
+    np.add(keys, keys == -1, out=keys, casting="unsafe")  # -0's key is -1, +0's is 0
+    return keys
+
+
+@functools.lru_cache(maxsize=64)
+def _position_bits(spatial: tuple, nhwc: bool):
+    """Per input position p of a plane: ``LOW_BITS - p`` (the first of tied values wins a max)
+    and ``p`` (the last NaN wins), shaped to broadcast against a canonical block."""
+    pos = np.arange(math.prod(spatial), dtype=np.int64).reshape(spatial + ((1,) if nhwc else ()))
+    first = (LOW_BITS - pos).astype(np.uint32).view(np.int32)  # as a composite's low word
+    pos = pos.astype(np.int32)
+    for a in (first, pos):
+        a.flags.writeable = False
+    return first, pos
+
+
+def _keyed_max_indices(xb, spec: WindowSpec, values, indices) -> None:
+    """Max with indices as ONE separable max over int64 composites ``key << 32 | tie bits``:
+    the first of tied taps in row-major window order is the one at the smallest input
+    position, so the tie bits ``LOW_BITS - position`` (``position`` for NaN, whose last tap
+    wins) make the max of the composites pick PyTorch's tap. The values are then gathered at
+    the indices: the winning element itself, bit for bit."""
+    geom = spec.geom
+    nhwc = geom.layout == "NHWC"
+    keys = _order_keys(xb)
+    first, last = _position_bits(geom.spatial, nhwc)
+    composite = _scratch("composite", xb.shape, np.int64)
+    words = composite.view(np.int32)  # little-endian: the low word first
+    words[..., 1::2] = keys
+    words[..., 0::2] = first
+    has_nan = xb.dtype.kind == "f" and keys.max() == TOP_KEY
+    if has_nan:
+        nan = np.equal(keys, TOP_KEY, out=_scratch("mask", xb.shape, np.bool_))
+        np.copyto(words[..., 0::2], last, where=nan)
+    best = _separable_window(composite, spec, np.dtype(np.int64))
+    tie = np.bitwise_and(best, LOW_BITS, out=indices)
+    if has_nan:
+        from_first = np.right_shift(best, 32) != TOP_KEY
+        np.subtract(LOW_BITS, tie, out=indices, where=from_first)
+    else:
+        np.subtract(LOW_BITS, tie, out=indices)
+    empty = best == np.iinfo(np.int64).min
+    has_empty = bool(empty.any())
+    if has_empty:
+        indices[empty] = 0
+    # the gather: flat positions in the block (one add), then one 1-D take
+    plane = math.prod(geom.spatial)
+    channels = geom.channels if nhwc else 1
+    start = (np.arange(xb.shape[0], dtype=np.int64) * (plane * channels)).reshape(
+        (-1,) + (1,) * (indices.ndim - 1))
+    where = _scratch("gather", indices.shape, np.int64)
+    if nhwc:
+        np.multiply(indices, channels, out=where)
+        np.add(where, start + np.arange(channels, dtype=np.int64), out=where)
+    else:
+        np.add(indices, start, out=where)
+    np.take(xb.reshape(-1), where, out=values, mode="clip")  # "raise" would buffer
+    if has_empty:
+        indices[empty] = -1
+        values[empty] = _lowest(values.dtype)
+
+
 @register("window", "numpy")
 def window(x, spec: WindowSpec, out, indices) -> None:
     geom = spec.geom
     xc, oc = _canonical(x, geom), _canonical(out, geom)
     plane_bytes = x.itemsize * math.prod(geom.spatial) * geom.channels
-    if indices is not None:
+    if (indices is not None and x.dtype in KEYED_INDEX_DTYPES and LITTLE_ENDIAN
+            and math.prod(geom.spatial) < 2**31):
+        ic = _canonical(indices, geom)
+
+        def block(b0, b1):
+            _keyed_max_indices(xc[b0:b1], spec, oc[b0:b1], ic[b0:b1])
+        _in_blocks(block, geom.batch, plane_bytes)
+        return
+    if indices is not None:  # float64, int64: no room for tie bits beside their keys
         ic = _canonical(indices, geom)
         plan = _argmax_plan(spec)
 

@@ -682,14 +682,14 @@ TIE_OPS = {
     "amax": lambda x: gpupool.adaptive_max_pool(x, (4,)),
     "amax-idx": lambda x: gpupool.adaptive_max_pool(x, (4,), return_indices=True)[0],
 }
-SIGNED_ZEROS = ("NumPy backend: tied zeros give the last tap (np.maximum), not the first: "
-                "max_pool/adaptive_max_pool of [-0., 0., 0., -0., 1., -0., -0., 1.] in 2-tap "
-                "windows give [+0, -0, 1, 1] ([+0, +0, 1, 1] for float16 without indices); CUDA "
-                "and tests/reference.py give [-0, +0, 1, 1]. NumPy's indices [0, 2, 4, 7] are "
-                "right, so its values differ from x[indices]")
-NAN_FIRST = ("NumPy backend: of two NaNs in a window it returns the first NaN's bits (np.maximum) "
-             "though its index is the last one, as on CUDA and in tests/reference.py: the window "
-             "[nan, nan|1] gives nan (x[0]) on NumPy, nan|1 (x[1]) on CUDA")
+SIGNED_ZEROS = ("NumPy backend, values only (max_pool with indices returns x[indices]): tied "
+                "zeros give the last tap (np.maximum), not the first: max_pool/adaptive_max_pool "
+                "of [-0., 0., 0., -0., 1., -0., -0., 1.] in 2-tap windows give [+0, -0, 1, 1] "
+                "([+0, +0, 1, 1] for float16); CUDA and tests/reference.py give [-0, +0, 1, 1]")
+NAN_FIRST = ("NumPy backend, values only (max_pool with indices returns x[indices]): of two NaNs "
+             "in a window it returns the first NaN's bits (np.maximum), where CUDA and "
+             "tests/reference.py take the last: the window [nan, nan|1] gives nan (x[0]) on "
+             "NumPy, nan|1 (x[1]) on CUDA")
 FLOAT16_NAN = (NAN_FIRST + "; float16 max without indices returns every NaN as 0x7fff (its int16 "
                "keys drop sign and payload): bits [7e00, 7e01, 4000, fe00, 3800, 7e00, 4200, "
                "fc00] give [7fff, 7fff, 7fff, 4200]; CUDA gives [7e01, fe00, 7e00, 4200]")
