@@ -145,7 +145,7 @@ def _cuts(chunks, size: int, out: int, first_output) -> list[tuple[int, int]]:
 
 def _window_spans(chunks, size, out, kernel, stride, dilation, pads) -> list[_Span]:
     """A spatial dim of a window pooling: each block's input slice and per-block pads, param
-    ``(lo, pad_begin, pad_end)``. The last block keeps the global end pad (its slice runs to
+    ``(lo, pad_begin, pad_end, outputs)``. The last block keeps the global end pad (its slice runs to
     the input's end, so the sub-op's ceil rule and padded divisor are the global ones shifted
     by whole strides); the others end the padding exactly where their last window ends."""
     begin, end = pads
@@ -160,7 +160,7 @@ def _window_spans(chunks, size, out, kernel, stride, dilation, pads) -> list[_Sp
             last_end = (o1 - 1) * stride - begin + span
             hi = min(size, last_end)
             end_pad = last_end - hi
-        spans.append(_Span(o1 - o0, lo, hi, (lo, lo - first, end_pad)))
+        spans.append(_Span(o1 - o0, lo, hi, (lo, lo - first, end_pad, o1 - o0)))
     return spans
 
 
@@ -288,26 +288,25 @@ def _window_block(x, params, func, first, nd, options, quant, fills, full_spatia
     """One output block of a window pooling from its input slice ``x``."""
     spatial = params[first:first + nd]
     shape = list(x.shape)
-    shape[first:first + nd] = [n for (_, n) in spatial]
+    shape[first:first + nd] = [outputs for *_, outputs in spatial]
     if x.size == 0:  # every window misses the input (or no planes)
         xp = _xp(x)
         values = xp.full(shape, fills[0], x.dtype)
         return values if len(fills) == 1 else (values, xp.full(shape, -1, np.int64))
-    pads = tuple(param[1:] for param, _ in spatial)
+    pads = tuple((begin, end) for _, begin, end, _ in spatial)
     result = _pool_slice(x, pads, func, options, quant)
     if len(fills) == 1:
         return result
     values, local = result
-    offsets = [param[0] for param, _ in spatial]
+    offsets = [lo for lo, *_ in spatial]
     return values, _global_indices(local, x.shape[first:first + nd], offsets, full_spatial)
 
 
 def _window_graph(func: str, x, spec: S.WindowSpec, options: dict, quant, fill):
     geom = spec.geom
-    spans = _spatial_spans(x, geom, lambda a: [
-        dataclasses.replace(s, param=(s.param, s.size)) for s in _window_spans(
-            x.chunks[len(geom.lead) + a], geom.spatial[a], spec.out_spatial[a], spec.kernel[a],
-            spec.stride[a], spec.dilation[a], spec.pads[a])])
+    spans = _spatial_spans(x, geom, lambda a: _window_spans(
+        x.chunks[len(geom.lead) + a], geom.spatial[a], spec.out_spatial[a], spec.kernel[a],
+        spec.stride[a], spec.dilation[a], spec.pads[a]))
     options = dict(options, kernel_size=spec.kernel, stride=spec.stride,
                    ceil_mode=spec.ceil_mode, layout=geom.layout)
     if quant is None or spec.op == "max":
