@@ -54,6 +54,11 @@ def is_cupy_array(x) -> bool:
     return type(x).__module__.split(".")[0] == "cupy" and hasattr(x, "__cuda_array_interface__")
 
 
+def is_dask_array(x) -> bool:
+    """A Dask array (recognised by its type's module: importing gpupool never imports Dask)."""
+    return type(x).__module__.split(".")[0] == "dask" and hasattr(x, "chunks")
+
+
 def foreign_handler(x):
     """The module that runs an op on ``x`` when ``x`` is neither NumPy, CuPy nor a list:
     :mod:`gpupool.dask_backend` for a Dask array, :mod:`gpupool.dlpack` for another library's

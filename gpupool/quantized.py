@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import math
 import numbers
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ from typing import Sequence, Union
 import numpy as np
 
 from . import spec as S
-from .backends import Array, ArrayLike, as_array, dtype_name, implementation
+from .backends import Array, ArrayLike, as_array, dtype_name, implementation, is_dask_array
 
 Size = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]
@@ -109,7 +110,7 @@ def _check_qdtype(func: str, dtype) -> str:
 class QArray:
     """An int8 or uint8 array of codes with one scale and zero point (per tensor).
 
-    ``data`` is a NumPy or CuPy array (a list becomes NumPy); ``scale`` a finite float > 0;
+    ``data`` is a NumPy, CuPy or Dask array (a list becomes NumPy); ``scale`` a finite float > 0;
     ``zero_point`` an int in the dtype's range. Code ``q`` means ``scale * (q - zero_point)``.
     Raises ``TypeError`` for another dtype or a non-number, ``ValueError`` for a bad value.
 
@@ -120,7 +121,8 @@ class QArray:
     __slots__ = ("data", "scale", "zero_point")
 
     def __init__(self, data: ArrayLike, scale: float, zero_point: int = 0) -> None:
-        data, _, _ = as_array("quantized.QArray", data, "data")
+        if not is_dask_array(data):
+            data, _, _ = as_array("quantized.QArray", data, "data")
         dtype = _check_qdtype("QArray", data.dtype)
         self.data = data
         self.scale = _check_scale("QArray", "scale", scale)
@@ -150,11 +152,14 @@ def quantize(x: ArrayLike, scale: float, zero_point: int = 0, dtype: str = "int8
     """``saturate(round_half_to_even(x / scale) + zero_point)`` as ``dtype`` (int8 or uint8).
 
     ``x / scale`` is evaluated in float64; infinities saturate; NaN raises ``ValueError`` (it
-    has no code). NumPy in -> NumPy codes, CuPy in -> CuPy codes.
+    has no code). NumPy in -> NumPy codes, CuPy in -> CuPy codes, Dask in -> lazy Dask codes
+    (the NaN check then runs when computed).
 
     >>> quantize(np.array([0.25, 0.75, -1.0]), 0.5).data.tolist()
     [0, 2, -2]
     """
+    if is_dask_array(x):
+        return _dask_backend().quantize(x, scale, zero_point, dtype)
     x, _, xp = as_array("quantized.quantize", x)
     name = _check_qdtype("quantize", dtype)
     scale = _check_scale("quantize", "scale", scale)
@@ -330,6 +335,22 @@ def _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, family):
     return QArray(out, out_scale, zp_out)
 
 
+def _dask_backend():
+    return importlib.import_module("gpupool.dask_backend")
+
+
+def _accepts_dask(op):
+    """Let the quantized ``op`` take a QArray whose codes are a Dask array: the result's codes
+    are then a lazy Dask array, bit-identical to the in-memory op."""
+    @functools.wraps(op)
+    def dispatch(q, *args, **kwargs):
+        if isinstance(q, QArray) and is_dask_array(q.data):
+            return _dask_backend().call_quantized(op, q, *args, **kwargs)
+        return op(q, *args, **kwargs)
+    return dispatch
+
+
+@_accepts_dask
 def max_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: Padding = 0,
              dilation: Size = 1, ceil_mode: bool = False, *, layout: str = "NCHW") -> QArray:
     """Max of the codes over each window (as :func:`gpupool.max_pool`, values only).
@@ -351,6 +372,7 @@ def max_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: 
     return QArray(out, q.scale, q.zero_point)
 
 
+@_accepts_dask
 def avg_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: Padding = 0,
              ceil_mode: bool = False, count_include_pad: bool = False, *,
              out_scale: float | None = None, out_zero_point: int | None = None,
@@ -377,6 +399,7 @@ def avg_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: 
     return _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, "qavg_window")
 
 
+@_accepts_dask
 def global_avg_pool(q: QArray, *, spatial_dims: int = 2, out_scale: float | None = None,
                     out_zero_point: int | None = None, rounding: str = "half_away_from_zero",
                     layout: str = "NCHW") -> QArray:
@@ -396,6 +419,7 @@ def global_avg_pool(q: QArray, *, spatial_dims: int = 2, out_scale: float | None
     return _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, "qavg_adaptive")
 
 
+@_accepts_dask
 def adaptive_avg_pool(q: QArray, output_size: Size, *, out_scale: float | None = None,
                       out_zero_point: int | None = None, rounding: str = "half_away_from_zero",
                       layout: str = "NCHW") -> QArray:

@@ -1,4 +1,4 @@
-"""``import gpupool`` needs neither CuPy nor a GPU."""
+"""``import gpupool`` needs neither CuPy nor a GPU, and imports no Dask."""
 from __future__ import annotations
 
 import os
@@ -20,6 +20,7 @@ def test_import_and_pool_numpy_without_cupy():
         y = gpupool.avg_pool(np.ones((2, 4, 4, 3), np.float32), 2, layout="NHWC")
         assert y.shape == (2, 2, 2, 3)
         assert sys.modules["cupy"] is None
+        assert not any(m.split(".")[0] == "dask" for m in sys.modules)  # Dask: only on use
         print("ok")
     """)
     root = os.path.dirname(os.path.dirname(os.path.abspath(gpupool.__file__)))

@@ -1,0 +1,652 @@
+"""Dask arrays: every op returns a lazy ``dask.array.Array`` equal to the op on the whole
+array, for any chunking.
+
+* Arguments are validated eagerly by :mod:`gpupool.spec` on the full shape, with the errors
+  of the in-memory op, when the graph is built.
+* Plane dims (leading dims, NHWC channels) keep their chunks.
+* Along a spatial dim, output ``o`` belongs to the input chunk holding the start of its
+  window (clamped into the input). Each output block is computed exactly once, by the
+  in-memory op on the input slice that holds all of its windows (halo slices of neighbouring
+  chunks are cut by separate tasks), with per-block padding: the begin pad is what the block's
+  first window reaches before the slice; the end pad is the global one for the last block
+  (so ceil mode and the ``count_include_pad`` divisor follow the whole-array rules) and
+  exactly the last window's overhang otherwise. Max indices are converted back to flat
+  positions in the whole input plane; a block whose windows miss the input gets the
+  empty-window value.
+* Adaptive pooling computes each output block from the exact input span of its windows
+  ``[floor(i*I/O), ceil((i+1)*I/O))``; global pooling (and adaptive pooling to size 1) is a
+  tree reduction (:func:`dask.array.sum` in float64 / exact int64, :func:`dask.array.max`).
+* ``max_unpool`` takes ``x`` and ``indices`` as Dask arrays; each output block gathers the
+  input blocks whose pooling windows reach it and scatters the indices that land in it.
+  Every index must lie in its own window, as ``max_pool`` returns them (checked when computed).
+* The chunk type picks the backend: NumPy chunks run on the CPU, CuPy chunks on their GPU;
+  the result's ``_meta`` has the chunks' type.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import itertools
+import math
+import operator
+
+import dask.array as da
+import numpy as np
+from dask.array.utils import meta_from_array
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
+from dask.task_spec import DataNode, List, Task, TaskRef
+
+from . import ops
+from . import quantized as Q
+from . import spec as S
+from .backends import dtype_name, is_cupy_array
+
+
+def _xp(a):
+    """The array module of ``a``: NumPy, or CuPy for a CuPy array."""
+    return importlib.import_module("cupy") if is_cupy_array(a) else np
+
+
+def _host(a) -> np.ndarray:
+    return a.get() if is_cupy_array(a) else a
+
+
+def _lowest(dtype: np.dtype):
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+def _accumulator(dtype: np.dtype) -> np.dtype:
+    """float16 sums run in float32, as in the NumPy backend."""
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
+# ----------------------------------------------------------------------------- entry points
+
+def _check_input(func: str, x) -> None:
+    if not isinstance(x, da.Array):
+        raise TypeError(f"gpupool.{func}: x is a {type(x).__module__}.{type(x).__name__}; of the "
+                        f"Dask collections only dask.array.Array is supported")
+    if any(math.isnan(c) for dim in x.chunks for c in dim):
+        raise ValueError(f"gpupool.{func}: x has unknown chunk sizes; call "
+                         f"x.compute_chunk_sizes() first")
+
+
+def _bind(op, func: str, first, args, kwargs) -> dict:
+    bound = inspect.signature(op).bind(first, *args, **kwargs)
+    bound.apply_defaults()
+    params = dict(bound.arguments)
+    if params.pop("out", None) is not None:
+        raise TypeError(f"gpupool.{func}: out cannot be given with a Dask array input: Dask "
+                        f"arrays are immutable; use the returned array")
+    return params
+
+
+def call(op, x, *args, **kwargs):
+    """Run the public op ``op`` (working on NumPy/CuPy arrays) lazily on the Dask array ``x``."""
+    func = op.__name__
+    params = _bind(op, func, x, args, kwargs)
+    _check_input(func, x)
+    return _HANDLERS[func](func, params)
+
+
+def call_quantized(op, q: Q.QArray, *args, **kwargs) -> Q.QArray:
+    """Run the quantized op ``op`` lazily on a :class:`~gpupool.quantized.QArray` whose codes
+    are a Dask array; the result's codes are a Dask array, bit-identical to the in-memory op."""
+    func = op.__name__
+    params = _bind(op, func, q, args, kwargs)
+    _check_input(f"quantized.{func}", q.data)
+    return _QUANTIZED_HANDLERS[func](func, params)
+
+
+def quantize(x, scale, zero_point, dtype) -> Q.QArray:
+    """:func:`gpupool.quantized.quantize` of a Dask array, block by block (NaN raises
+    ``ValueError`` when computed)."""
+    _check_input("quantized.quantize", x)
+    probe = Q.quantize(np.empty((0,), x.dtype), scale, zero_point, dtype)  # eager validation
+    name = dtype_name(probe.dtype)
+    codes = x.map_blocks(_quantize_block, probe.scale, probe.zero_point, name, dtype=name,
+                         meta=meta_from_array(x._meta, x.ndim, name))
+    return Q.QArray(codes, probe.scale, probe.zero_point)
+
+
+def _quantize_block(block, scale, zero_point, dtype):
+    return Q.quantize(block, scale, zero_point, dtype).data
+
+
+# ----------------------------------------------------------------------------- block graphs
+
+@dataclasses.dataclass(frozen=True)
+class _Span:
+    """One output block along one dim: ``size`` outputs computed from the input range
+    ``[lo, hi)`` (none of it when ``hi <= lo``); ``param`` is what the block function needs
+    about this dim."""
+
+    size: int
+    lo: int
+    hi: int
+    param: object = None
+
+
+def _plane_spans(chunks) -> list[_Span]:
+    """A plane dim: output blocks are the input chunks."""
+    starts = np.cumsum((0,) + tuple(chunks))
+    return [_Span(c, int(s), int(s) + c) for s, c in zip(starts, chunks)]
+
+
+def _cuts(chunks, size: int, out: int, first_output) -> list[tuple[int, int]]:
+    """Output blocks ``[o0, o1)`` along a dim: the outputs ``first_output(c)`` onwards belong
+    to the input chunk starting at ``c``; empty blocks are dropped."""
+    starts = np.cumsum((0,) + tuple(chunks))[1:-1]
+    cuts = sorted({0, out} | {min(out, max(0, first_output(int(c)))) for c in starts})
+    return [(o0, o1) for o0, o1 in zip(cuts, cuts[1:]) if o1 > o0]
+
+
+def _window_spans(chunks, size, out, kernel, stride, dilation, pads) -> list[_Span]:
+    """A spatial dim of a window pooling: each block's input slice and per-block pads, param
+    ``(lo, pad_begin, pad_end, outputs)``. The last block keeps the global end pad (its slice runs to
+    the input's end, so the sub-op's ceil rule and padded divisor are the global ones shifted
+    by whole strides); the others end the padding exactly where their last window ends."""
+    begin, end = pads
+    span = dilation * (kernel - 1) + 1
+    spans = []
+    for o0, o1 in _cuts(chunks, size, out, lambda c: -(-(c + begin) // stride)):
+        first = o0 * stride - begin
+        lo = max(0, first)
+        if o1 == out:
+            hi, end_pad = size, end
+        else:
+            last_end = (o1 - 1) * stride - begin + span
+            hi = min(size, last_end)
+            end_pad = last_end - hi
+        spans.append(_Span(o1 - o0, lo, hi, (lo, lo - first, end_pad, o1 - o0)))
+    return spans
+
+
+def _adaptive_spans(chunks, size, out) -> list[_Span]:
+    """A spatial dim of an adaptive pooling: param ``(lo, o0, starts, ends)`` with the
+    windows of the block's outputs relative to its slice."""
+    spans = []
+    for o0, o1 in _cuts(chunks, size, out, lambda c: -(-(c * out) // size)):
+        bounds = [S.adaptive_window(i, size, out) for i in range(o0, o1)]
+        lo, hi = bounds[0][0], bounds[-1][1]
+        spans.append(_Span(o1 - o0, lo, hi, (lo, o0, tuple(s - lo for s, _ in bounds),
+                                               tuple(e - lo for _, e in bounds))))
+    return spans
+
+
+def _overlaps(starts, lo: int, hi: int) -> list[tuple[int, slice]]:
+    """``(chunk, local slice)`` of each chunk meeting ``[lo, hi)``; for an empty range one
+    chunk sliced empty (the block function still sees the chunk type)."""
+    n = len(starts) - 1
+    if hi <= lo:
+        j = next((j for j in range(n) if starts[j + 1] > lo), n - 1)
+        return [(j, slice(0, 0))]
+    return [(j, slice(max(lo, starts[j]) - starts[j], min(hi, starts[j + 1]) - starts[j]))
+            for j in range(n) if starts[j] < hi and starts[j + 1] > lo]
+
+
+def _assemble(pieces: list, grid: tuple[int, ...]):
+    """Concatenate C-ordered ``pieces`` of a ``grid`` of blocks into one array."""
+    for axis in reversed(range(len(grid))):
+        n = grid[axis]
+        if n > 1:
+            pieces = [_xp(pieces[i]).concatenate(pieces[i:i + n], axis=axis)
+                      for i in range(0, len(pieces), n)]
+    return pieces[0]
+
+
+def _run_block(block_fn, grid, params, extra, *regions):
+    return block_fn(*[_assemble(pieces, grid) for pieces in regions], params, *extra)
+
+
+def _block_graph(name: str, block_fn, arrays, spans, metas, *extra):
+    """Dask arrays (one per entry of ``metas``) whose block at each position of the grid of
+    ``spans`` is ``block_fn(*regions, params, *extra)``: ``regions`` are the input ranges
+    ``[lo, hi)`` of ``arrays`` (same chunks), ``params`` the spans' params; with several metas
+    ``block_fn`` returns a tuple. One task per output block, plus one per halo piece; ``extra``
+    is stored once in the graph."""
+    starts = [np.cumsum((0,) + c).tolist() for c in arrays[0].chunks]
+    halo, shared = name + "-halo", name + "-args"
+    layer = {shared: DataNode(shared, extra)}
+    blocks = []
+    for index in itertools.product(*(range(len(dim)) for dim in spans)):
+        here = [spans[a][i] for a, i in enumerate(index)]
+        per_dim = [_overlaps(starts[a], b.lo, b.hi) for a, b in enumerate(here)]
+        regions = []
+        for n, arr in enumerate(arrays):
+            pieces = []
+            for combo in itertools.product(*per_dim):
+                chunk = tuple(j for j, _ in combo)
+                ref = TaskRef((arr.name,) + chunk)
+                if any(sl.stop - sl.start != arr.chunks[a][j] for a, (j, sl) in enumerate(combo)):
+                    key = (halo, n) + index + chunk
+                    layer[key] = Task(key, operator.getitem, ref, tuple(sl for _, sl in combo))
+                    ref = TaskRef(key)
+                pieces.append(ref)
+            regions.append(List(*pieces))
+        blocks.append((name,) + index)
+        layer[blocks[-1]] = Task(blocks[-1], _run_block, block_fn,
+                                 tuple(len(p) for p in per_dim), tuple(b.param for b in here),
+                                 TaskRef(shared), *regions)
+    chunks = tuple(tuple(b.size for b in dim) for dim in spans)
+    if len(metas) == 1:
+        graph = HighLevelGraph.from_collections(name, layer, dependencies=arrays)
+        return da.Array(graph, name, chunks, meta=metas[0])
+    results = []
+    for n, meta in enumerate(metas):
+        part = f"{name}-{n}"
+        parts = {(part,) + key[1:]: Task((part,) + key[1:], operator.getitem, TaskRef(key), n)
+                 for key in blocks}
+        graph = HighLevelGraph.from_collections(part, {**layer, **parts}, dependencies=arrays)
+        results.append(da.Array(graph, part, chunks, meta=meta))
+    return tuple(results)
+
+
+def _spatial_spans(x, geom, spatial_spans) -> list[list[_Span]]:
+    """Spans of every dim of ``x``: the plane dims' chunks, then ``spatial_spans(a)``."""
+    first = len(geom.lead)
+    return [spatial_spans(a - first) if first <= a < first + geom.nd else _plane_spans(c)
+            for a, c in enumerate(x.chunks)]
+
+
+# ----------------------------------------------------------------------------- window ops
+
+_WINDOW_FAMILY = {"max_pool": "max", "avg_pool": "avg", "lp_pool": "lp"}
+
+
+def _window_options(func: str, params: dict) -> dict:
+    """The op's own options (beyond the geometry) as keyword arguments."""
+    if func == "max_pool":
+        return {"return_indices": params["return_indices"]}
+    if func == "avg_pool":
+        return {"count_include_pad": params["count_include_pad"],
+                "divisor_override": params["divisor_override"]}
+    return {"p": params["p"]}
+
+
+def _global_indices(local, shape, offsets, full_shape):
+    """Flat positions in a plane of ``full_shape`` of the flat positions ``local`` in a slice
+    of ``shape`` starting at ``offsets``; -1 stays -1."""
+    xp = _xp(local)
+    flat = xp.zeros_like(local)
+    for a, (n, offset, full) in enumerate(zip(shape, offsets, full_shape)):
+        coord = local // math.prod(shape[a + 1:]) % n + offset
+        flat = flat * full + coord
+    return xp.where(local < 0, -1, flat)
+
+
+def _pool_slice(x, pads, func, options, quant):
+    if quant is None:
+        return getattr(ops, func)(x, padding=pads, **options)
+    scale, zero_point = quant
+    return getattr(Q, func)(Q.QArray(x, scale, zero_point), padding=pads, **options).data
+
+
+def _window_block(x, params, func, first, nd, options, quant, fills, full_spatial):
+    """One output block of a window pooling from its input slice ``x``."""
+    spatial = params[first:first + nd]
+    shape = list(x.shape)
+    shape[first:first + nd] = [outputs for *_, outputs in spatial]
+    if x.size == 0:  # every window misses the input (or no planes)
+        xp = _xp(x)
+        values = xp.full(shape, fills[0], x.dtype)
+        return values if len(fills) == 1 else (values, xp.full(shape, -1, np.int64))
+    pads = tuple((begin, end) for _, begin, end, _ in spatial)
+    result = _pool_slice(x, pads, func, options, quant)
+    if len(fills) == 1:
+        return result
+    values, local = result
+    offsets = [lo for lo, *_ in spatial]
+    return values, _global_indices(local, x.shape[first:first + nd], offsets, full_spatial)
+
+
+def _window_graph(func: str, x, spec: S.WindowSpec, options: dict, quant, fill):
+    geom = spec.geom
+    spans = _spatial_spans(x, geom, lambda a: _window_spans(
+        x.chunks[len(geom.lead) + a], geom.spatial[a], spec.out_spatial[a], spec.kernel[a],
+        spec.stride[a], spec.dilation[a], spec.pads[a]))
+    options = dict(options, kernel_size=spec.kernel, stride=spec.stride,
+                   ceil_mode=spec.ceil_mode, layout=geom.layout)
+    if quant is None or spec.op == "max":
+        options["dilation"] = spec.dilation
+    metas = [meta_from_array(x._meta, x.ndim, x.dtype)]
+    fills = (fill,)
+    if spec.return_indices:
+        metas.append(meta_from_array(x._meta, x.ndim, np.int64))
+        fills = (fill, -1)
+    name = f"{'quantized-' if quant else ''}{func}-" + tokenize(x, spec, options, quant)
+    return _block_graph(name, _window_block, [x], spans, metas, func, len(geom.lead), geom.nd,
+                        options, quant, fills, geom.spatial)
+
+
+def _window(func: str, params: dict):
+    x = params["x"]
+    options = _window_options(func, params)
+    spec = S.window_spec(func, _WINDOW_FAMILY[func], x.shape, dtype_name(x.dtype),
+                         params["kernel_size"], params["stride"], params["padding"],
+                         params["dilation"], params["ceil_mode"], params["layout"], **options)
+    fill = _lowest(x.dtype) if spec.op == "max" else 0
+    return _window_graph(func, x, spec, options, None, fill)
+
+
+# ----------------------------------------------------------------------------- global and adaptive
+
+def _spatial_axes(geom) -> tuple[int, ...]:
+    return tuple(range(len(geom.lead), len(geom.lead) + geom.nd))
+
+
+def _without_empty_chunks(x):
+    """``x`` with its zero-size chunks merged away (Dask's reductions mishandle them)."""
+    if not any(0 in dim for dim in x.chunks if len(dim) > 1):
+        return x
+    return x.rechunk(tuple(tuple(c for c in dim if c) or (0,) for dim in x.chunks))
+
+
+def _global_reduce(x, spec: S.AdaptiveSpec):
+    """Tree reduction over the spatial dims: max (NaN propagates), or the float64 sum over
+    the plane size in the input dtype."""
+    axes = _spatial_axes(spec.geom)
+    x = _without_empty_chunks(x)
+    if spec.op == "max":
+        return da.max(x, axis=axes, keepdims=True)
+    total = da.sum(x, axis=axes, dtype=np.float64, keepdims=True)
+    return (total / math.prod(spec.geom.spatial)).astype(x.dtype)
+
+
+def _global(func: str, params: dict):
+    x = params["x"]
+    spec = S.global_spec(func, "max" if func == "global_max_pool" else "avg", x.shape,
+                         dtype_name(x.dtype), params["spatial_dims"], params["layout"])
+    return _global_reduce(x, spec)
+
+
+def _shaped(mask, ndim: int, axis: int):
+    shape = [1] * ndim
+    shape[axis] = -1
+    return mask.reshape(shape)
+
+
+def _adaptive_reduce(x, first, windows, op: str, acc):
+    """Max or sum over arbitrary windows ``[start, end)`` of each spatial dim, separably, taps
+    in order (the NumPy backend's order); the sum runs in ``acc``."""
+    xp = _xp(x)
+    cur = x.astype(acc, copy=False)
+    fill = xp.asarray(_lowest(acc) if op == "max" else 0, dtype=acc)
+    for a, (starts, ends) in enumerate(windows):
+        axis = first + a
+        res = None
+        for t in range(int((ends - starts).max())):
+            v = xp.take(cur, xp.asarray(np.minimum(starts + t, ends - 1)), axis=axis)
+            valid = starts + t < ends
+            if not valid.all():
+                v = xp.where(_shaped(xp.asarray(valid), v.ndim, axis), v, fill)
+            res = v if res is None else (xp.maximum(res, v) if op == "max" else res + v)
+        cur = res
+    return cur
+
+
+def _adaptive_argmax(x, first, windows, offsets, full_spatial):
+    """Max with indices over arbitrary windows, the NumPy backend's rule: the first tap
+    equal to the max, or the last NaN tap; indices are flat in a plane of ``full_spatial``
+    with the slice starting at ``offsets``."""
+    xp = _xp(x)
+    nd = len(windows)
+    out_shape = x.shape[:first] + tuple(len(s) for s, _ in windows) + x.shape[first + nd:]
+    values = xp.full(out_shape, _lowest(x.dtype), x.dtype)
+    indices = xp.full(out_shape, -1, np.int64)
+    strides = [math.prod(full_spatial[a + 1:]) for a in range(nd)]
+    trailing = (None,) * (x.ndim - first - nd)
+    taps = [[(np.minimum(s + t, e - 1), s + t < e) for t in range(int((e - s).max()))]
+            for s, e in windows]
+    for combo in itertools.product(*(range(len(t)) for t in taps)):
+        valid, pos = np.ones((), bool), np.zeros((), np.int64)
+        grids = []
+        for a, t in enumerate(combo):
+            p, ok = taps[a][t]
+            grids.append(xp.asarray(p))
+            valid = np.logical_and.outer(valid, ok)
+            pos = np.add.outer(pos, (p + offsets[a]) * strides[a])
+        v = x[(slice(None),) * first + xp.ix_(*grids)]
+        valid = xp.asarray(valid[(Ellipsis,) + trailing])
+        take = ((v > values) | (indices < 0)) & valid
+        if x.dtype.kind == "f":
+            take |= xp.isnan(v) & valid
+        values = xp.where(take, v, values)
+        indices = xp.where(take, xp.asarray(pos[(Ellipsis,) + trailing]), indices)
+    return values, indices
+
+
+def _windows_of(params, first, nd):
+    return [(np.array(starts, np.int64), np.array(ends, np.int64))
+            for _, _, starts, ends in params[first:first + nd]]
+
+
+def _adaptive_block(x, params, op, first, nd, return_indices, full_spatial):
+    """One output block of an adaptive pooling from the exact span of its windows."""
+    windows = _windows_of(params, first, nd)
+    if return_indices:
+        offsets = [p[0] for p in params[first:first + nd]]
+        return _adaptive_argmax(x, first, windows, offsets, full_spatial)
+    acc = _accumulator(x.dtype)
+    cur = _adaptive_reduce(x, first, windows, op, acc)
+    if op == "avg":
+        counts = np.ones(())
+        for starts, ends in windows:
+            counts = np.multiply.outer(counts, (ends - starts).astype(np.float64))
+        scale = (1.0 / counts).astype(acc)
+        cur = cur * _xp(x).asarray(scale[(Ellipsis,) + (None,) * (x.ndim - first - nd)])
+    return cur.astype(x.dtype, copy=False)
+
+
+def _adaptive_spatial_spans(x, spec: S.AdaptiveSpec) -> list[list[_Span]]:
+    first = len(spec.geom.lead)
+    return _spatial_spans(x, spec.geom, lambda a: _adaptive_spans(
+        x.chunks[first + a], spec.geom.spatial[a], spec.out_spatial[a]))
+
+
+def _adaptive(func: str, params: dict):
+    x = params["x"]
+    op = "max" if func == "adaptive_max_pool" else "avg"
+    spec = S.adaptive_spec(func, op, x.shape, dtype_name(x.dtype), params["output_size"],
+                           params["layout"], return_indices=params.get("return_indices", False))
+    if spec.is_global and not spec.return_indices:
+        return _global_reduce(x, spec)
+    metas = [meta_from_array(x._meta, x.ndim, x.dtype)]
+    if spec.return_indices:
+        metas.append(meta_from_array(x._meta, x.ndim, np.int64))
+    return _block_graph(f"{func}-" + tokenize(x, spec), _adaptive_block, [x],
+                        _adaptive_spatial_spans(x, spec), metas, op, len(spec.geom.lead),
+                        spec.geom.nd, spec.return_indices, spec.geom.spatial)
+
+
+# ----------------------------------------------------------------------------- max_unpool
+
+def _unpool_spans(chunks, size, out, kernel, stride, dilation, begin) -> list[_Span]:
+    """A spatial dim of max_unpool: output blocks start where the pooled chunks' windows do;
+    each gathers the pooled positions whose windows reach it; param ``(start, size)``."""
+    span = dilation * (kernel - 1) + 1
+    spans = []
+    for e0, e1 in _cuts(chunks, size, out, lambda c: c * stride - begin):
+        lo = max(0, -(-(e0 + begin - span + 1) // stride))
+        hi = min(size, (e1 - 1 + begin) // stride + 1)
+        spans.append(_Span(e1 - e0, lo, hi, (e0, e1 - e0)))
+    return spans
+
+
+def _checked_indices(indices, first, full_spatial, stride, begin, span, block_info=None):
+    """``indices`` after checking that each lies in the output plane and in the pooling
+    window of its position (``ValueError`` otherwise)."""
+    if indices.size == 0:
+        return indices
+    plane = math.prod(full_spatial)
+    low, high = int(indices.min()), int(indices.max())
+    if low < 0 or high >= plane:
+        raise ValueError(f"gpupool.max_unpool: indices span [{low}, {high}], outside the output "
+                         f"plane [0, {plane}) of spatial size {full_spatial}")
+    xp = _xp(indices)
+    flat = indices.astype(np.int64)
+    inside = xp.ones(flat.shape, bool)
+    location = block_info[0]["array-location"]
+    for a, full in enumerate(full_spatial):
+        coord = flat // math.prod(full_spatial[a + 1:]) % full
+        start = _shaped(xp.arange(*location[first + a]) * stride[a] - begin[a], flat.ndim,
+                        first + a)
+        inside &= (coord >= start) & (coord < start + span[a])
+    if not bool(inside.all()):
+        raise ValueError("gpupool.max_unpool: an index lies outside the pooling window of its "
+                         "position; on Dask arrays indices must be those max_pool returns with "
+                         "the same kernel_size, stride, padding and dilation")
+    return indices
+
+
+def _unpool_block(values, indices, params, first, nd, full_spatial):
+    """One output block of max_unpool: zeros, then the gathered values whose indices land in
+    it."""
+    spatial = params[first:first + nd]
+    shape = list(values.shape)
+    shape[first:first + nd] = [n for _, n in spatial]
+    xp = _xp(values)
+    out = xp.zeros(shape, values.dtype)
+    if values.size == 0:
+        return out
+    flat = indices.astype(np.int64)
+    inside = xp.ones(flat.shape, bool)
+    local = []
+    for a, ((start, n), full) in enumerate(zip(spatial, full_spatial)):
+        coord = flat // math.prod(full_spatial[a + 1:]) % full - start
+        inside &= (coord >= 0) & (coord < n)
+        local.append(coord)
+    where = xp.nonzero(inside)
+    out[where[:first] + tuple(c[where] for c in local) + where[first + nd:]] = values[where]
+    return out
+
+
+def _unpool(func: str, params: dict):
+    x, indices = params["x"], params["indices"]
+    if not isinstance(indices, da.Array):
+        raise TypeError(f"gpupool.{func}: indices is a {type(indices).__module__}."
+                        f"{type(indices).__name__} but x is a Dask array; pass both as Dask "
+                        f"arrays")
+    _check_input(func, indices)
+    spec = S.unpool_spec(func, x.shape, dtype_name(x.dtype), indices.shape,
+                         dtype_name(indices.dtype), params["kernel_size"], params["stride"],
+                         params["padding"], params["output_size"], params["layout"],
+                         dilation=params["dilation"])
+    geom, nd = spec.geom, spec.geom.nd
+    kernel = S._window_ints(func, "kernel_size", params["kernel_size"], nd, 1)
+    stride = kernel if params["stride"] is None else S._window_ints(
+        func, "stride", params["stride"], nd, 1)
+    dilation = S._window_ints(func, "dilation", params["dilation"], nd, 1)
+    pads = S.resolve_padding(func, params["padding"], nd, spec.out_spatial, kernel, stride,
+                             dilation)  # as max_pool resolved them on the unpooled size
+    first = len(geom.lead)
+    begin = tuple(b for b, _ in pads)
+    spans_of = tuple(d * (k - 1) + 1 for k, d in zip(kernel, dilation))
+    checked = indices.rechunk(x.chunks).map_blocks(
+        _checked_indices, first, spec.out_spatial, stride, begin, spans_of,
+        dtype=indices.dtype, meta=indices._meta)
+    spans = _spatial_spans(x, geom, lambda a: _unpool_spans(
+        x.chunks[first + a], geom.spatial[a], spec.out_spatial[a], kernel[a], stride[a],
+        dilation[a], begin[a]))
+    name = f"{func}-" + tokenize(x, indices, spec, pads, stride)
+    return _block_graph(name, _unpool_block, [x, checked], spans,
+                        [meta_from_array(x._meta, x.ndim, x.dtype)], first, nd,
+                        spec.out_spatial)
+
+
+_HANDLERS = {"max_pool": _window, "avg_pool": _window, "lp_pool": _window,
+             "global_avg_pool": _global, "global_max_pool": _global,
+             "adaptive_avg_pool": _adaptive, "adaptive_max_pool": _adaptive,
+             "max_unpool": _unpool}
+
+
+# ----------------------------------------------------------------------------- quantized
+
+def _qwindow(func: str, params: dict) -> Q.QArray:
+    q = params["q"]
+    data = q.data
+    dtype = dtype_name(data.dtype)
+    if func == "max_pool":
+        spec = Q._int_window_spec(func, "max", data.shape, dtype, params["kernel_size"],
+                                  params["stride"], params["padding"], params["dilation"],
+                                  params["ceil_mode"], params["layout"], False)
+        options, out_scale, zp_out = {}, q.scale, q.zero_point
+        fill = np.iinfo(data.dtype).min
+    else:
+        spec = Q._int_window_spec(func, "avg", data.shape, dtype, params["kernel_size"],
+                                  params["stride"], params["padding"], 1, params["ceil_mode"],
+                                  params["layout"], params["count_include_pad"])
+        _, out_scale, zp_out, rounding = Q._out_params(func, q, params["out_scale"],
+                                                       params["out_zero_point"],
+                                                       params["rounding"])
+        options = {"count_include_pad": spec.count_include_pad, "out_scale": out_scale,
+                   "out_zero_point": zp_out, "rounding": rounding}
+        fill = zp_out  # an empty window gives the output zero point
+    codes = _window_graph(func, data, spec, options, (q.scale, q.zero_point), fill)
+    return Q.QArray(codes, out_scale, zp_out)
+
+
+def _requantize_sums(sums, plan, zp_counts, rows, dtype):
+    """Codes of ``dtype`` for the integer sums of codes ``sums``, through the in-memory op's
+    exact requantization (on the host: the pooled accumulators are small)."""
+    from .quantized_numpy import requantize
+    acc = _host(sums).astype(np.int64) - zp_counts
+    out = np.empty(acc.shape, dtype)
+    requantize(acc, rows, plan, out)
+    return _xp(sums).asarray(out)
+
+
+def _qaverage(func: str, params: dict, spec: S.AdaptiveSpec) -> Q.QArray:
+    q = params["q"]
+    data = q.data
+    dtype, out_scale, zp_out, rounding = Q._out_params(func, q, params["out_scale"],
+                                                       params["out_zero_point"],
+                                                       params["rounding"])
+    plan = Q._avg_plan(spec, dtype, q.scale, q.zero_point, out_scale, zp_out, rounding)
+    geom = spec.geom
+    trailing = (None,) * (geom.layout == "NHWC")
+    meta = meta_from_array(data._meta, data.ndim, data.dtype)
+    if spec.is_global:
+        sums = da.sum(_without_empty_chunks(data), axis=_spatial_axes(geom), dtype=np.int64,
+                      keepdims=True)
+        zp_counts = plan.counts.astype(np.int64)[(Ellipsis,) + trailing] * q.zero_point
+        codes = sums.map_blocks(_requantize_sums, plan, zp_counts,
+                                plan.rows[(Ellipsis,) + trailing], data.dtype, dtype=data.dtype,
+                                meta=meta)
+    else:
+        codes = _block_graph(f"quantized-{func}-" + tokenize(data, plan.key), _qadaptive_block,
+                             [data], _adaptive_spatial_spans(data, spec), [meta], len(geom.lead),
+                             geom.nd, plan, q.zero_point)
+    return Q.QArray(codes, out_scale, zp_out)
+
+
+def _qadaptive_block(x, params, first, nd, plan, zp_in):
+    """One output block of a quantized adaptive average: exact int64 window sums, then the
+    in-memory op's requantization for the block's positions."""
+    windows = _windows_of(params, first, nd)
+    sums = _adaptive_reduce(x, first, windows, "sum", np.dtype(np.int64))
+    block = tuple(slice(o0, o0 + len(starts)) for _, o0, starts, _ in params[first:first + nd])
+    trailing = (None,) * (x.ndim - first - nd)
+    counts = plan.counts[block].astype(np.int64)[(Ellipsis,) + trailing]
+    return _requantize_sums(sums, plan, counts * zp_in, plan.rows[block][(Ellipsis,) + trailing],
+                            x.dtype)
+
+
+def _qglobal(func: str, params: dict) -> Q.QArray:
+    data = params["q"].data
+    return _qaverage(func, params, Q._int_adaptive_spec(S.global_spec(
+        f"quantized.{func}", "max", data.shape, dtype_name(data.dtype), params["spatial_dims"],
+        params["layout"])))
+
+
+def _qadaptive(func: str, params: dict) -> Q.QArray:
+    data = params["q"].data
+    return _qaverage(func, params, Q._int_adaptive_spec(S.adaptive_spec(
+        f"quantized.{func}", "max", data.shape, dtype_name(data.dtype), params["output_size"],
+        params["layout"])))
+
+
+_QUANTIZED_HANDLERS = {"max_pool": _qwindow, "avg_pool": _qwindow, "global_avg_pool": _qglobal,
+                       "adaptive_avg_pool": _qadaptive}
