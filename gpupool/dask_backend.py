@@ -468,9 +468,13 @@ def _unpool_spans(chunks, size, out, kernel, stride, dilation, begin) -> list[_S
     each gathers the pooled positions whose windows reach it; param ``(start, size)``."""
     span = dilation * (kernel - 1) + 1
     spans = []
-    for e0, e1 in _cuts(chunks, size, out, lambda c: c * stride - begin):
+    cuts = _cuts(chunks, size, out, lambda c: c * stride - begin)
+    for n, (e0, e1) in enumerate(cuts):
         lo = max(0, -(-(e0 + begin - span + 1) // stride))
         hi = min(size, (e1 - 1 + begin) // stride + 1)
+        # the first and last blocks also take the positions whose windows reach no output
+        # (windows in the padding): their indices are checked too, as the in-memory op does
+        lo, hi = (0 if n == 0 else lo), (size if n == len(cuts) - 1 else hi)
         spans.append(_Span(e1 - e0, lo, hi, (e0, e1 - e0)))
     return spans
 

@@ -554,3 +554,20 @@ def test_cupy_chunks_run_on_the_gpu_and_stay_cupy():
                                rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(cupy.asnumpy(got[3]), gpupool.global_avg_pool(x), rtol=1e-5,
                                atol=1e-6)
+
+
+def test_max_unpool_checks_indices_of_windows_that_reach_no_output():
+    """Regression: a window wholly in the padding (index -1 from max_pool) reaches no output
+    block, so no block gathered it and its index went unchecked: the in-memory op raises, so
+    must the Dask one."""
+    x = np.array([[[[3, 1], [0, -3]], [[-2, -5], [-5, -5]]]], np.int32)
+    args = dict(kernel_size=(2, 2, 1), padding=1)
+    values, indices = gpupool.max_pool(x, ceil_mode=True, return_indices=True, **args)
+    assert (indices == -1).any()
+    with pytest.raises(ValueError, match="outside the output plane"):
+        gpupool.max_unpool(values, indices, output_size=(2, 2, 2), **args)
+    result = gpupool.max_unpool(da.from_array(values, chunks=(1, 2, 2, (1, 2))),
+                                da.from_array(indices, chunks=(1, 2, 2, 3)),
+                                output_size=(2, 2, 2), **args)
+    with pytest.raises(ValueError, match="outside the output plane"):
+        result.compute(scheduler="synchronous")
