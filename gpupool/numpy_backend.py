@@ -74,20 +74,33 @@ def _accumulator(dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
 
 
-def _widened(xb, dtype, dest=None):
-    """``xb`` itself when already ``dtype``, else a copy widened to ``dtype`` in ``dest`` or
-    this thread's scratch. float16 -> float32 goes through integer passes (exact for every half, NaN stays
-    NaN), several times faster than NumPy's cast: the half's bits, sign-extended to int32 and
-    shifted left by 13, hold exponent and mantissa in the float32 fields and the sign in bits
-    31..28; clearing bits 30..28 leaves a float32 that times 2**112 (the bias difference) is
-    the value, for normals and subnormals alike. Only when the block holds an inf or NaN (two
-    int16 maxima tell) do those get the all-ones exponent before the scaling."""
+def _widened(xb, dtype):
+    """``xb`` itself when already ``dtype``, else a copy widened to ``dtype`` in this thread's
+    scratch (float16 -> float32 by :func:`_half_as_float32`, then scaled)."""
     if xb.dtype == dtype:
         return xb
-    cur = _scratch("input", xb.shape, dtype) if dest is None else dest
-    if not (xb.dtype == np.float16 and cur.dtype == np.float32):
+    if not (xb.dtype == np.float16 and dtype == np.float32):
+        cur = _scratch("input", xb.shape, dtype)
         np.copyto(cur, xb)
         return cur
+    cur, factor = _half_as_float32(xb)
+    if factor != 1:
+        np.multiply(cur, np.float32(1 / factor), out=cur)
+    return cur
+
+
+UNSCALED_HALF = 2.0 ** -112  # a half's bits moved into float32 fields: value * 2**-112
+
+
+def _half_as_float32(xb):
+    """``(cur, factor)``: float32 scratch holding the float16 ``xb`` times ``factor``, exactly,
+    through integer passes (several times faster than NumPy's cast): the half's bits,
+    sign-extended to int32 and shifted left by 13, hold exponent and mantissa in the float32
+    fields and the sign in bits 31..28; clearing bits 30..28 leaves a float32 equal to the
+    value times 2**-112 (the bias difference), for normals and subnormals alike. Where the
+    block holds an inf or NaN (two int16 maxima tell), those get the all-ones exponent and
+    the block is scaled to the values themselves (``factor`` 1)."""
+    cur = _scratch("input", xb.shape, np.float32)
     half, bits = xb.view(np.int16), cur.view(np.int32)
     np.copyto(bits, half)
     np.left_shift(bits, 13, out=bits)
@@ -97,8 +110,9 @@ def _widened(xb, dtype, dest=None):
         magnitude = np.bitwise_and(half, 0x7FFF, out=_scratch("keys", xb.shape, np.int16))
         special = np.greater_equal(magnitude, 0x7C00, out=_scratch("mask", xb.shape, np.bool_))
         np.bitwise_or(bits, 0x70000000, out=bits, where=special)
-    np.multiply(cur, np.float32(2.0 ** 112), out=cur)
-    return cur
+        np.multiply(cur, np.float32(2.0 ** 112), out=cur)
+        return cur, 1.0
+    return cur, UNSCALED_HALF
 
 
 def _lowest(dtype):
@@ -554,8 +568,9 @@ def window(x, spec: WindowSpec, out, indices) -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def _mean_weights(plane: int, dtype) -> np.ndarray:
-    weights = np.full(plane, 1.0 / plane, dtype=dtype)
+def _mean_weights(plane: int, dtype, factor: float = 1.0) -> np.ndarray:
+    """``1 / plane`` (divided by ``factor``, a power of two) for each value of a plane."""
+    weights = np.full(plane, dtype.type(1.0 / plane) / dtype.type(factor), dtype=dtype)
     weights.flags.writeable = False
     return weights
 
@@ -564,23 +579,15 @@ SHORT_PLANE = 256  # up to this many values a sequential float sum loses less th
 BLAS_MIN_ELEMENTS = 1 << 16  # from here BLAS's mat-vec beats einsum by more than its set-up
 
 
-def _global_mean_blas(xc, oc, weights, acc, nhwc: bool, plane_bytes: int) -> None:
-    """Global average of short planes as one BLAS mat-vec (2.5x faster than ``einsum`` on
-    7x7 planes), in the calling thread on gpupool's thread count (:func:`threads.blas_threads`);
-    float16 is first widened into one float32 buffer on the pool."""
-    batch = xc.shape[0]
-    flat = xc
-    if xc.dtype != acc:
-        flat = np.empty(xc.shape, acc)
-        _in_blocks(lambda b0, b1: _widened(xc[b0:b1], acc, flat[b0:b1]), batch, plane_bytes)
+def _global_mean_blas(xc, oc, weights, nhwc: bool) -> None:
+    """Global average of short float32/64 planes as one BLAS mat-vec (2.5x faster than
+    ``einsum`` on 7x7 planes), in the calling thread on gpupool's thread count
+    (:func:`threads.blas_threads`)."""
     channels = oc.shape[-1:] if nhwc else ()
-    flat = flat.reshape((batch, len(weights)) + channels)
-    target = oc.reshape((batch,) + channels)
-    means = target if target.dtype == acc else np.empty(target.shape, acc)
+    flat = xc.reshape((xc.shape[0], len(weights)) + channels)
     with threads.blas_threads():
-        np.matmul(*((weights, flat) if nhwc else (flat, weights)), out=means)
-    if means is not target:
-        np.copyto(target, means)
+        np.matmul(*((weights, flat) if nhwc else (flat, weights)),
+                  out=oc.reshape((xc.shape[0],) + channels))
 
 
 def _plane_means(flat, weights, nhwc: bool, target, owned: bool) -> None:
@@ -666,8 +673,9 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
         acc = _accumulator(x.dtype)
         weights = _mean_weights(plane, acc) if spec.op == "avg" else None
         nhwc = geom.layout == "NHWC"
-        if spec.op == "avg" and plane <= SHORT_PLANE and x.size >= BLAS_MIN_ELEMENTS:
-            _global_mean_blas(xc, oc, weights, acc, nhwc, plane_bytes)
+        if (spec.op == "avg" and plane <= SHORT_PLANE and x.size >= BLAS_MIN_ELEMENTS
+                and x.dtype == acc):
+            _global_mean_blas(xc, oc, weights, nhwc)
             return
 
         def block(b0, b1):
@@ -675,11 +683,14 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
             if spec.op == "max":
                 oc[b0:b1] = np.max(xb, axis=spatial_axes, keepdims=True)
                 return
-            flat = _widened(xb, acc).reshape((b1 - b0, plane) + oc.shape[nd + 1:])
+            values, factor = (_half_as_float32(xb) if xb.dtype != acc else (xb, 1.0))
+            flat = values.reshape((b1 - b0, plane) + oc.shape[nd + 1:])
             target = oc[b0:b1].reshape((b1 - b0,) + oc.shape[nd + 1:])
             direct = target.dtype == acc
             means = target if direct else _scratch("result", target.shape, acc)
-            _plane_means(flat, weights, nhwc, means, owned=xb.dtype != acc)
+            # unscaled halves times weights scaled by 2**112: the same products, exactly
+            _plane_means(flat, weights if factor == 1 else _mean_weights(plane, acc, factor),
+                         nhwc, means, owned=xb.dtype != acc)
             if not direct:
                 np.copyto(target, means)
         _in_blocks(block, geom.batch, plane_bytes)

@@ -13,6 +13,7 @@ BLAS to gpupool's thread count through threadpoolctl: the same count, whatever t
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -102,24 +103,42 @@ def _mark_pool_thread() -> None:
 
 
 def run_all(func, bounds) -> None:
-    """``func(start, stop)`` for every pair in ``bounds``, on the pool when it has more than one
-    thread and the caller is not one of its threads (then inline, in order)."""
+    """``func(start, stop)`` for every pair in ``bounds``, on :func:`get_num_threads` threads:
+    the caller and up to that many minus one pool threads take pairs in turn until none is
+    left (so a call waits for one thread wake-up, not one per pair). A caller that is itself
+    a pool thread, or a count of 1, runs them all inline, in order."""
     global _pool, _pool_size
-    workers = get_num_threads()
-    if workers == 1 or len(bounds) == 1 or in_pool():
+    workers = min(get_num_threads(), len(bounds))
+    if workers == 1 or in_pool():
         for start, stop in bounds:
             func(start, stop)
         return
+    helpers = get_num_threads() - 1
     with _lock:
-        if _pool is None or _pool_size != workers:
+        if _pool is None or _pool_size != helpers:
             if _pool is not None:
                 _pool.shutdown(wait=False)  # its queued work still runs; it then exits
-            _pool = ThreadPoolExecutor(workers, thread_name_prefix="gpupool",
+            _pool = ThreadPoolExecutor(helpers, thread_name_prefix="gpupool",
                                        initializer=_mark_pool_thread)
-            _pool_size = workers
+            _pool_size = helpers
         pool = _pool
-    for future in [pool.submit(func, start, stop) for start, stop in bounds]:
-        future.result()
+    pairs = iter(bounds)
+    take = threading.Lock()
+
+    def drain():
+        while True:
+            with take:
+                pair = next(pairs, None)
+            if pair is None:
+                return
+            func(*pair)
+
+    futures = [pool.submit(drain) for _ in range(workers - 1)]
+    try:
+        drain()
+    finally:
+        for future in futures:
+            future.result()
 
 
 def in_pool() -> bool:
@@ -135,4 +154,7 @@ def blas_threads():
     if _blas is None:
         from threadpoolctl import ThreadpoolController
         _blas = ThreadpoolController().select(user_api="blas")
-    return _blas.limit(limits=get_num_threads())
+    n = get_num_threads()
+    if all(lib.get_num_threads() == n for lib in _blas.lib_controllers):
+        return contextlib.nullcontext()  # already so: skip threadpoolctl's set and restore
+    return _blas.limit(limits=n)

@@ -85,8 +85,7 @@ def test_work_runs_on_at_most_the_requested_threads(restore_threads, small_block
     cases, x = multi_block_cases()
     for _ in range(3):
         cases["max"](x)
-    assert 1 < len(seen) <= 3, seen
-    assert threading.get_ident() not in seen  # the caller waits, the pool works
+    assert 1 < len(seen) <= 3, seen  # the caller and two pool threads
 
 
 def test_a_call_from_inside_the_pool_runs_inline(restore_threads, small_blocks):
