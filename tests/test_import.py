@@ -9,6 +9,17 @@ import textwrap
 import gpupool
 
 
+def run_fresh(code: str) -> str:
+    """Standard output of ``code`` run by a fresh interpreter on this checkout, warnings as
+    errors; the test fails on a non-zero exit."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(gpupool.__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
 def test_import_and_pool_numpy_without_cupy():
     code = textwrap.dedent("""
         import sys
@@ -23,12 +34,7 @@ def test_import_and_pool_numpy_without_cupy():
         assert not any(m.split(".")[0] == "dask" for m in sys.modules)  # Dask: only on use
         print("ok")
     """)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(gpupool.__file__)))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True,
-                          text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "ok"
+    assert run_fresh(code) == "ok"
 
 
 def test_import_and_pool_do_not_import_torch_or_jax():
@@ -38,11 +44,7 @@ def test_import_and_pool_do_not_import_torch_or_jax():
         import numpy as np
         import gpupool, gpupool.dlpack
         gpupool.max_pool(np.ones((1, 1, 4, 4)), 2)
-        print(sorted(m for m in ("torch", "jax", "jaxlib", "cupy", "dask") if m in sys.modules))
+        print(sorted(m for m in ("torch", "jax", "jaxlib", "cupy", "dask", "threadpoolctl")
+                     if m in sys.modules))
     """)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(gpupool.__file__)))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True,
-                          text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
+    assert run_fresh(code) == "[]"
