@@ -66,7 +66,7 @@ def foreign_handler(x):
     ``call(op, x, *args, **kwargs)``, where ``op`` is the public function on NumPy/CuPy."""
     if isinstance(x, np.ndarray) or is_cupy_array(x) or isinstance(x, (list, tuple)):
         return None
-    if type(x).__module__.split(".")[0] == "dask":
+    if is_dask_array(x):
         return importlib.import_module("gpupool.dask_backend")
     if hasattr(x, "__dlpack__"):
         return importlib.import_module("gpupool.dlpack")

@@ -42,6 +42,7 @@ from . import ops
 from . import quantized as Q
 from . import spec as S
 from .backends import dtype_name, is_cupy_array
+from .numpy_backend import _accumulator, _lowest  # the same fill and working dtype
 
 
 def _xp(a):
@@ -51,15 +52,6 @@ def _xp(a):
 
 def _host(a) -> np.ndarray:
     return a.get() if is_cupy_array(a) else a
-
-
-def _lowest(dtype: np.dtype):
-    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
-
-
-def _accumulator(dtype: np.dtype) -> np.dtype:
-    """float16 sums run in float32, as in the NumPy backend."""
-    return np.dtype(np.float32) if dtype == np.float16 else dtype
 
 
 # ----------------------------------------------------------------------------- entry points

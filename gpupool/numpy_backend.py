@@ -5,8 +5,8 @@ so spatial axes are always ``1..nd``. Python loops run over window taps only, ne
 output elements; values-only max, avg and lp are separable and reduce one spatial axis at a
 time. No padded copy is made: each tap's output range is clipped to the taps that land inside
 the input. Blocks of planes sized to stay in cache run on the thread pool of
-:mod:`gpupool.threads` (NumPy ufuncs release the GIL); no BLAS is called, so no library starts
-threads of its own inside that pool.
+:mod:`gpupool.threads` (NumPy ufuncs release the GIL). Nothing on that pool calls BLAS: the
+global average's mat-vec runs in the calling thread (:func:`threads.blas_threads`).
 """
 from __future__ import annotations
 

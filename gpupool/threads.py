@@ -108,12 +108,13 @@ def run_all(func, bounds) -> None:
     left (so a call waits for one thread wake-up, not one per pair). A caller that is itself
     a pool thread, or a count of 1, runs them all inline, in order."""
     global _pool, _pool_size
-    workers = min(get_num_threads(), len(bounds))
+    count = get_num_threads()
+    workers = min(count, len(bounds))
     if workers == 1 or in_pool():
         for start, stop in bounds:
             func(start, stop)
         return
-    helpers = get_num_threads() - 1
+    helpers = count - 1
     with _lock:
         if _pool is None or _pool_size != helpers:
             if _pool is not None:
@@ -144,7 +145,6 @@ def run_all(func, bounds) -> None:
 def in_pool() -> bool:
     """Whether the calling thread is one of the pool's."""
     return getattr(_in_pool, "active", False)
-
 
 
 def blas_threads():
