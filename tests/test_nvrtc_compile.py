@@ -8,10 +8,15 @@ jitify is off, the RawModule default). The source is the same text (``read_sourc
 name expressions the same list (``instantiations``) the runtime uses. ``compile_using_nvrtc``
 itself asks the driver for the device's architecture, so the test drives CuPy's NVRTC program
 wrapper directly with an explicit architecture.
+
+ptxas reports each kernel's resources (``-Xptxas=-v``): no kernel may keep a stack frame or
+spill registers, since either puts per-thread arrays or spilled values in local memory (DRAM
+traffic that the roofline of a memory-bound kernel does not count).
 """
 from __future__ import annotations
 
 import io
+import re
 from collections import defaultdict
 
 import pytest
@@ -48,19 +53,35 @@ def test_instantiation_list_covers_every_family():
         assert any(n.startswith(prefix) for n in names), prefix
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("source_file", sorted(_by_file()))
-def test_compiles_without_warnings(real_nvrtc, source_file, arch):
-    names = _by_file()[source_file]
-    source = cuda_backend.read_source((source_file,))
+def compile_clean(real_nvrtc, source_file: str, names, arch: str):
+    """(cubin, mapping) of ``names`` from ``source_file`` for sm_``arch``; fails the test on a
+    compile error, on any NVRTC or ptxas diagnostic, and on a kernel with a stack frame or
+    spills."""
     compiler = real_nvrtc.compiler
-    program = compiler._NVRTCProgram(source, source_file, name_expressions=names,
-                                     method="cubin")
+    program = compiler._NVRTCProgram(cuda_backend.read_source((source_file,)), source_file,
+                                     name_expressions=list(names), method="cubin")
     log = io.StringIO()
     try:
-        cubin, mapping = program.compile(nvrtc_options(real_nvrtc, arch), log)
+        cubin, mapping = program.compile(nvrtc_options(real_nvrtc, arch) + ("-Xptxas=-v",), log)
     except compiler.CompileException as exc:
         pytest.fail(f"NVRTC failed on {source_file} for sm_{arch}:\n{exc}")
-    assert not log.getvalue().strip(), f"NVRTC warnings for {source_file} sm_{arch}:\n{log.getvalue()}"
-    assert cubin and set(mapping) == set(names)
-    assert all(mapping[n] for n in names)
+    lines = [line for line in log.getvalue().replace("\0", "").splitlines() if line.strip()]
+    report = [line for line in lines if re.match(r"ptxas( info)? *[:.]", line)]
+    diagnostics = [line for line in lines if line not in report]
+    assert not diagnostics, f"NVRTC/ptxas said for {source_file} sm_{arch}:\n" + "\n".join(diagnostics)
+    text = "\n".join(report)
+    kernels = re.findall(r"Compiling entry function '(\S+)'", text)
+    # every function ptxas emitted (the kernels and any callee it kept, such as pow's)
+    functions = re.findall(r"Function properties for (\S+)\n\S+ *\. *(.*)", text)
+    assert len(kernels) >= len(names) and set(kernels) <= {f for f, _ in functions}
+    heavy = [(f, r) for f, r in functions
+             if r.strip() != "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"]
+    assert not heavy, f"kernels with local memory for sm_{arch}: {heavy[:5]}"
+    assert cubin and set(mapping) == set(names) and all(mapping[n] for n in names)
+    return cubin, mapping
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("source_file", sorted(_by_file()))
+def test_compiles_without_warnings_or_local_memory(real_nvrtc, source_file, arch):
+    compile_clean(real_nvrtc, source_file, _by_file()[source_file], arch)

@@ -657,28 +657,16 @@ def test_onnxruntime_qlinear_pools_report(request, capsys):
 
 @pytest.mark.nvrtc
 @pytest.mark.parametrize("arch", ["80", "90"])
-def test_quantized_kernels_compile_without_warnings(real_nvrtc, arch):
+def test_quantized_kernels_compile_without_warnings_or_local_memory(real_nvrtc, arch):
     """Every quantized instantiation the runtime can request compiles for sm_80 / sm_90 with
-    the runtime's options (as tests/test_nvrtc_compile.py does for the float families)."""
-    import io
+    the runtime's options, with no diagnostic, stack frame or spill (as
+    tests/test_nvrtc_compile.py checks for the float families)."""
+    from test_nvrtc_compile import compile_clean
 
-    from test_nvrtc_compile import nvrtc_options
-
-    from gpupool import cuda_backend, quantized_cuda
-    compiler = real_nvrtc.compiler
+    from gpupool import quantized_cuda
     names = [n for f, n in quantized_cuda.instantiations() if f == quantized_cuda.SOURCE]
     assert len(names) == len(set(names)) == len(quantized_cuda.instantiations())
-    source = cuda_backend.read_source((quantized_cuda.SOURCE,))
-    options = nvrtc_options(real_nvrtc, arch)
-    program = compiler._NVRTCProgram(source, quantized_cuda.SOURCE, name_expressions=names,
-                                     method="cubin")
-    log = io.StringIO()
-    try:
-        cubin, mapping = program.compile(options, log)
-    except compiler.CompileException as exc:
-        pytest.fail(f"NVRTC failed for sm_{arch}:\n{exc}")
-    assert not log.getvalue().strip(), log.getvalue()
-    assert cubin and set(mapping) == set(names) and all(mapping[n] for n in names)
+    compile_clean(real_nvrtc, quantized_cuda.SOURCE, names, arch)
 
 
 @pytest.mark.nvrtc
