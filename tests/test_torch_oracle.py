@@ -67,6 +67,18 @@ def test_max_pool_agrees_with_pytorch(backend, case):
     assert_array_equal(backend.to_numpy(i), _from_torch(ti, layout))
 
 
+def test_max_pool_window_missed_by_dilation_differs_from_pytorch_only_in_the_index(backend):
+    """PyTorch allows a window with no valid tap when dilation steps over the input (its
+    padding is at most k/2): -inf as here, but an index outside the plane, where gpupool
+    gives -1 (README, semantics table)."""
+    x = np.full((1, 1, 1, 1), 3.0)
+    tv, ti = F.max_pool2d(torch.from_numpy(x), 2, 1, 1, 2, return_indices=True)
+    y, i = gpupool.max_pool(backend.to_backend(x), 2, 1, 1, 2, return_indices=True)
+    assert_array_equal(backend.to_numpy(y), tv.numpy())
+    assert tv.shape == (1, 1, 1, 1) and tv.item() == -np.inf and ti.item() >= x.size
+    assert_array_equal(backend.to_numpy(i), [[[[-1]]]])
+
+
 @settings(max_examples=100)
 @given(case=torch_cases(avg=True), count_include_pad=st.booleans(),
        divisor_override=st.none() | st.integers(1, 5))
