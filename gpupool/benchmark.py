@@ -131,8 +131,14 @@ def gpupool_call(case: Case, x):
 def values(result):
     """Host NumPy values of a gpupool result (array, (values, indices) or QArray)."""
     result = result[0] if isinstance(result, tuple) else result
-    data = getattr(result, "data", result)
+    data = result.data if isinstance(result, gpupool.quantized.QArray) else result
     return data.get() if hasattr(data, "get") else np.asarray(data)
+
+
+def output_bytes(result) -> int:
+    """Bytes a gpupool result holds: values, indices when returned, a QArray's codes."""
+    parts = result if isinstance(result, tuple) else (result,)
+    return sum((p.data if isinstance(p, gpupool.quantized.QArray) else p).nbytes for p in parts)
 
 
 def make_input(case: Case, n: int, xp=np):
@@ -156,10 +162,15 @@ def _torch():
 
 
 def torch_call(case: Case, x, device: str):
-    """PyTorch on the same data (NCHW logical tensor; channels_last for NHWC), or None."""
+    """PyTorch on the same data (NCHW logical tensor; channels_last for NHWC), or
+    (None, reason)."""
     torch, F = _torch()
-    if torch is None or case.op in ("qmax", "qavg"):
-        return None
+    if torch is None:
+        return None, "not installed"
+    if case.op in ("qmax", "qavg"):
+        return None, "no such op"
+    if device == "cuda" and not torch.cuda.is_available():
+        return None, "built without CUDA or no GPU for it"
     t = torch.as_tensor(x, device=device)
     nd = len(case.kernel)
     if case.layout == "NHWC":
@@ -169,14 +180,14 @@ def torch_call(case: Case, x, device: str):
     if case.op == "max":
         f = getattr(F, f"max_pool{nd}d")
         k, s = (case.kernel[0], (case.stride or case.kernel)[0]) if nd == 1 else (case.kernel, case.stride)
-        return lambda: f(t, k, s, case.padding, return_indices=case.indices)
+        return (lambda: f(t, k, s, case.padding, return_indices=case.indices)), None
     if case.op == "avg":
         f = getattr(F, f"avg_pool{nd}d")
         k, s = (case.kernel[0], (case.stride or case.kernel)[0]) if nd == 1 else (case.kernel, case.stride)
-        return lambda: f(t, k, s, case.padding, count_include_pad=False)
+        return (lambda: f(t, k, s, case.padding, count_include_pad=False)), None
     if case.op == "gavg":
-        return lambda: F.adaptive_avg_pool2d(t, 1)
-    return lambda: F.adaptive_avg_pool2d(t, case.output_size)
+        return (lambda: F.adaptive_avg_pool2d(t, 1)), None
+    return (lambda: F.adaptive_avg_pool2d(t, case.output_size)), None
 
 
 def onnxruntime_call(case: Case, x):
@@ -234,7 +245,10 @@ def cupy_call(case: Case, x):
         axes = tuple(len(lead) + 2 * a + 1 for a in range(nd))
         red = "max" if case.op in ("max", "qmax") else "mean"
         return (lambda: getattr(x.reshape(split), red)(axis=axes)), None
-    from cupyx.scipy import ndimage
+    try:
+        from cupyx.scipy import ndimage
+    except ImportError as e:
+        return None, f"cupyx.scipy.ndimage not importable ({e})"
     size = (1,) * len(lead) + k
     filt = ndimage.maximum_filter if case.op in ("max", "qmax") else ndimage.uniform_filter
     starts = tuple(kk // 2 - case.padding for kk in k)
@@ -363,11 +377,11 @@ def run_case(case: Case, size: str, gpu: bool) -> Row:
             row.first_call_s = time.perf_counter() - t0
             got = values(result)
             row.check = _check(got, values(gpupool_call(case, x.get())()), case.dtype)
-            row.bytes = int(x.nbytes + got.nbytes)
+            row.bytes = int(x.nbytes + output_bytes(result))
             row.times_s["gpupool"] = time_gpu(f)
-            tf = torch_call(case, x, "cuda")
+            tf, why = torch_call(case, x, "cuda")
             if tf is None:
-                row.missing["torch"] = "not installed" if _torch()[0] is None else "no such op"
+                row.missing["torch"] = why
             else:
                 row.times_s["torch"] = time_gpu(tf)
             cf, why = cupy_call(case, x)
@@ -379,10 +393,11 @@ def run_case(case: Case, size: str, gpu: bool) -> Row:
             x = make_input(case, n)
             f = gpupool_call(case, x)
             t0 = time.perf_counter()
-            got = values(f())
+            result = f()
             row.first_call_s = time.perf_counter() - t0
-            row.bytes = int(x.nbytes + got.nbytes)
-            tf = torch_call(case, x, "cpu")
+            got = values(result)
+            row.bytes = int(x.nbytes + output_bytes(result))
+            tf, torch_why = torch_call(case, x, "cpu")
             of, why = onnxruntime_call(case, x)
             if tf is not None:
                 ref = tf()
@@ -395,7 +410,7 @@ def run_case(case: Case, size: str, gpu: bool) -> Row:
                 row.check = _check(got, reference_values(case, x), case.dtype) + " (vs reference)"
             funcs, setups = {"gpupool": f}, {}
             if tf is None:
-                row.missing["torch"] = "not installed" if _torch()[0] is None else "no such op"
+                row.missing["torch"] = torch_why
             else:  # PyTorch at its best: one thread or every core, whichever is faster
                 torch = _torch()[0]
                 for n in sorted({1, os.cpu_count() or 1}):

@@ -4,7 +4,9 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+from numpy.testing import assert_array_equal
 
 from gpupool import benchmark, cli
 
@@ -177,15 +179,19 @@ def test_info_prints_cuda_runtime_and_driver_as_major_minor(monkeypatch, capsys)
 
 # ----------------------------------------------------------------------------- bench/run.py
 
-def _run_script():
-    import datetime
+def _bench_script(name: str):
     import importlib.util
     import pathlib
-    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "run.py"
-    spec = importlib.util.spec_from_file_location("bench_run_script", path)
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / name
+    spec = importlib.util.spec_from_file_location(f"bench_{path.stem}_script", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module, datetime.date.today().isoformat()
+    return module
+
+
+def _run_script():
+    import datetime
+    return _bench_script("run.py"), datetime.date.today().isoformat()
 
 
 def test_run_script_never_overwrites_results_without_force(monkeypatch, tmp_path, capsys):
@@ -220,3 +226,55 @@ def test_run_script_names_partial_runs_apart(monkeypatch, tmp_path):
     (tmp_path / f"bench-numpy-small-{today}-partial.md").write_text("earlier partial run")
     assert script.main(["--backend", "numpy", "--ops", "gavg",
                         "--results-dir", str(tmp_path)]) == 1
+
+
+# ----------------------------------------------------------------------------- on the GPU
+
+#: The seed cases: tiny, and between them a max, a padded average (plain CuPy's baseline then
+#: goes through cupyx.scipy.ndimage) and a global average. Output bytes counted by hand.
+SEED_BYTES = {"seed [64,56,56] max 2x2 s2": 4 * (64 * 56 * 56 + 64 * 28 * 28),
+              "seed [64,56,56] avg 3x3 s2 p1": 4 * (64 * 56 * 56 + 64 * 28 * 28),
+              "seed [64,7,7] global avg": 4 * (64 * 7 * 7 + 64)}
+
+
+@pytest.mark.gpu
+def test_gpu_bench_checks_each_case_against_the_cpu_and_counts_its_bytes(monkeypatch, capsys):
+    """Regression: the GPU rows took a CuPy array's ``.data`` (its device pointer) for a
+    QArray's codes, so every check read 'FAILED: shape ()' and the output counted 8 bytes."""
+    time_gpu = benchmark.time_gpu
+    monkeypatch.setattr(benchmark, "time_gpu", lambda f, reps=50: time_gpu(f, 3))
+    result = benchmark.run("small", ["seed"], "cupy")
+    assert [r["case"] for r in result["rows"]] == list(SEED_BYTES)
+    for row in result["rows"]:
+        assert (row["check"], row["error"]) == ("ok", None), row
+        assert row["bytes"] == SEED_BYTES[row["case"]]
+        assert row["gpupool_ms"] > 0 and row["first_call_ms"] > 0
+    assert "seed [64,7,7] global avg" in capsys.readouterr().out
+
+
+def test_bench_reads_values_and_counts_bytes_of_every_result_kind(backend):
+    """A QArray's codes (not a CuPy array's ``.data`` pointer), and indices counted in the
+    bytes a case writes."""
+    import gpupool
+    codes = np.arange(-8, 8, dtype=np.int8).reshape(1, 1, 4, 4)
+    q = gpupool.quantized.max_pool(gpupool.quantized.QArray(backend.to_backend(codes), 0.1, 0), 2)
+    assert_array_equal(benchmark.values(q), [[[[-3, -1], [5, 7]]]])
+    assert benchmark.output_bytes(q) == 4
+    x = backend.to_backend(codes.astype(np.float32))
+    assert_array_equal(benchmark.values(gpupool.max_pool(x, 2)), [[[[-3, -1], [5, 7]]]])
+    assert benchmark.output_bytes(gpupool.max_pool(x, 2)) == 4 * 4
+    assert benchmark.output_bytes(gpupool.max_pool(x, 2, return_indices=True)) == 4 * (4 + 8)
+
+
+@pytest.mark.gpu
+def test_profile_script_runs_each_case_once_inside_the_profiler_range(capsys):
+    import cupy
+    assert _bench_script("profile.py").main(["--size", "small", "--ops", "seed"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == list(SEED_BYTES)
+    for line, fewest in zip(lines, SEED_BYTES.values()):
+        assert f"fewest bytes {fewest} " in line
+    ranges = getattr(cupy.cuda.profiler, "ranges", None)  # kept by the CPU executor only
+    if ranges is not None:
+        cases = ranges[-len(SEED_BYTES):]
+        assert all(r["launches"] and not r["compiles"] for r in cases), cases

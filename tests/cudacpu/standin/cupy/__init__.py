@@ -16,6 +16,9 @@ without a usable GPU) and ``gpupool.cuda_backend`` / ``gpupool.quantized_cuda`` 
   executor.py) and records its options; ``-ftz=true`` is honoured by flushing subnormals
   (x86 MXCSR FTZ/DAZ) during the launch, as NVRTC's flag does on a GPU.
 * ``cuda.function.Module`` / ``Function``: a launch refuses arrays of another device or type.
+* ``cuda.profiler.start`` / ``stop``: each range keeps the kernels launched and the compiles
+  made inside it (``profiler.ranges``).
+* ``cupyx`` (``standin/cupyx``) has only ``cupyx.profiler.benchmark``, timed on the host.
 
 Not a general CuPy: only what gpupool and its tests touch.
 """
@@ -367,6 +370,7 @@ def compile_using_nvrtc(source, options=(), arch=None, filename="kern.cu",
     names = tuple(name_expressions or ())
     options = tuple(options)
     calls.append((options, names))
+    _in_profile("compiles", names)
     ftz = any(o.replace("--", "-") == "-ftz=true" for o in options)
     build = _executor.Build.from_env()
     try:
@@ -402,6 +406,7 @@ class Function:
                         f"on device {device} (an illegal address on a GPU)")
                 _touch(a, stream, f"{name} argument {i}", write=not p.const)
         self.kernel(grid, block, [a._host() if isinstance(a, ndarray) else a for a in args])
+        _in_profile("launches", name)
 
 
 class Module:
@@ -429,6 +434,31 @@ def _assemble_cupy_compiler_options(options):
     return ("-I/cudacpu/cupy/include",) + tuple(options)
 
 
+# ----------------------------------------------------------------------------- profiler
+class _Profiler:
+    """Profiler ranges: ``ranges`` holds one {"launches": [...], "compiles": [...]} per
+    start/stop pair."""
+
+    def __init__(self):
+        self.ranges = []
+        self.active = False
+
+    def start(self) -> None:
+        self.ranges.append({"launches": [], "compiles": []})
+        self.active = True
+
+    def stop(self) -> None:
+        self.active = False
+
+
+_profiler = _Profiler()
+
+
+def _in_profile(what: str, item) -> None:
+    if _profiler.active:
+        _profiler.ranges[-1][what].append(item)
+
+
 def _nvrtc_version():
     return (13, 0)
 
@@ -447,12 +477,16 @@ cuda.function.Module = Module
 cuda.function.Function = Function
 cuda.nvrtc = types.ModuleType("cupy.cuda.nvrtc")
 cuda.nvrtc.getVersion = _nvrtc_version
+cuda.profiler = types.ModuleType("cupy.cuda.profiler")
+cuda.profiler.start = _profiler.start
+cuda.profiler.stop = _profiler.stop
+cuda.profiler.ranges = _profiler.ranges
 cuda.Device = Device
 cuda.Stream = Stream
 cuda.get_current_stream = get_current_stream
 _core = types.ModuleType("cupy._core")
 _core.core = types.ModuleType("cupy._core.core")
 _core.core.assemble_cupy_compiler_options = _assemble_cupy_compiler_options
-for _module in (cuda, cuda.runtime, cuda.compiler, cuda.function, cuda.nvrtc, _core,
-                _core.core):
+for _module in (cuda, cuda.runtime, cuda.compiler, cuda.function, cuda.nvrtc, cuda.profiler,
+                _core, _core.core):
     sys.modules[_module.__name__] = _module
