@@ -278,3 +278,24 @@ def test_profile_script_runs_each_case_once_inside_the_profiler_range(capsys):
     if ranges is not None:
         cases = ranges[-len(SEED_BYTES):]
         assert all(r["launches"] and not r["compiles"] for r in cases), cases
+
+
+def test_gpu_job_checks_its_stages_first_and_refuses_a_machine_without_a_gpu(tmp_path):
+    """.ci/gpu: an unknown stage stops it before anything runs; the GPU stages refuse to run
+    where CuPy sees no GPU (the gpu tests would silently fall back to the executor)."""
+    import os
+    import pathlib
+    job = pathlib.Path(__file__).resolve().parents[1] / ".ci" / "gpu"
+    env = dict(os.environ, PYTHON=sys.executable)
+    done = subprocess.run(["bash", str(job), str(tmp_path), "probe", "nosuch"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "unknown stage: nosuch" in done.stderr
+    assert not (tmp_path / "gpu-job.log").exists()
+    if subprocess.run([sys.executable, "-c", "import cupy; assert "
+                       "cupy.cuda.runtime.getDeviceCount() > 0"], capture_output=True).returncode == 0:
+        pytest.skip("CuPy sees a GPU here: the job would run")
+    done = subprocess.run(["bash", str(job), str(tmp_path), "tests", "bench"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    log = (tmp_path / "gpu-job.log").read_text()
+    assert done.returncode == 1 and log.count("no GPU visible to CuPy: stage refused") == 2
+    assert log.rstrip().endswith("gpu job: FAILED")
