@@ -459,12 +459,15 @@ def test_every_quantized_family_resolves_in_a_fresh_process(backend, monkeypatch
     """Regression: on CuPy the quantized ops imported ``gpupool.quantized_cupy`` (the module is
     ``quantized_cuda``), and a 4-D spatial quantized op on CuPy asked for the NumPy family of a
     module never imported in that process (KeyError). Here the registry starts empty and the
-    backend modules unimported, as in a fresh process."""
+    backend modules unimported, as in a fresh process. Afterwards the modules imported before
+    are back both in ``sys.modules`` and as attributes of the package (``from gpupool import
+    cuda_backend`` reads the attribute), so later tests patch the modules the ops run."""
+    import gpupool
     from gpupool import backends
     monkeypatch.setattr(backends, "_REGISTRY", {})
-    for name in ("gpupool.numpy_backend", "gpupool.quantized_numpy", "gpupool.cuda_backend",
-                 "gpupool.quantized_cuda"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    for name in ("numpy_backend", "quantized_numpy", "cuda_backend", "quantized_cuda"):
+        monkeypatch.delitem(sys.modules, f"gpupool.{name}", raising=False)
+        monkeypatch.delattr(gpupool, name, raising=False)
     x = codes((2, 3, 4, 4, 4, 4), "int8", 4)
     q = Q.QArray(backend.to_backend(x), 0.1, 2)
     assert_array_equal(backend.to_numpy(Q.max_pool(q, (2, 2, 2, 2)).data),
