@@ -128,17 +128,21 @@ def gpupool_call(case: Case, x):
     return lambda: f(q, case.kernel, case.stride, case.padding, layout=case.layout)
 
 
+def _arrays(result) -> tuple:
+    """The arrays of a gpupool result: (values,), (values, indices), or a QArray's (codes,)."""
+    parts = result if isinstance(result, tuple) else (result,)
+    return tuple(p.data if isinstance(p, gpupool.quantized.QArray) else p for p in parts)
+
+
 def values(result):
     """Host NumPy values of a gpupool result (array, (values, indices) or QArray)."""
-    result = result[0] if isinstance(result, tuple) else result
-    data = result.data if isinstance(result, gpupool.quantized.QArray) else result
+    data = _arrays(result)[0]
     return data.get() if hasattr(data, "get") else np.asarray(data)
 
 
 def output_bytes(result) -> int:
     """Bytes a gpupool result holds: values, indices when returned, a QArray's codes."""
-    parts = result if isinstance(result, tuple) else (result,)
-    return sum((p.data if isinstance(p, gpupool.quantized.QArray) else p).nbytes for p in parts)
+    return sum(a.nbytes for a in _arrays(result))
 
 
 def make_input(case: Case, n: int, xp=np):

@@ -370,7 +370,7 @@ def compile_using_nvrtc(source, options=(), arch=None, filename="kern.cu",
     names = tuple(name_expressions or ())
     options = tuple(options)
     calls.append((options, names))
-    _in_profile("compiles", names)
+    _profiler.note("compiles", names)
     ftz = any(o.replace("--", "-") == "-ftz=true" for o in options)
     build = _executor.Build.from_env()
     try:
@@ -406,7 +406,7 @@ class Function:
                         f"on device {device} (an illegal address on a GPU)")
                 _touch(a, stream, f"{name} argument {i}", write=not p.const)
         self.kernel(grid, block, [a._host() if isinstance(a, ndarray) else a for a in args])
-        _in_profile("launches", name)
+        _profiler.note("launches", name)
 
 
 class Module:
@@ -450,13 +450,13 @@ class _Profiler:
     def stop(self) -> None:
         self.active = False
 
+    def note(self, what: str, item) -> None:
+        """Keep ``item`` under ``what`` ("launches", "compiles") when inside a range."""
+        if self.active:
+            self.ranges[-1][what].append(item)
+
 
 _profiler = _Profiler()
-
-
-def _in_profile(what: str, item) -> None:
-    if _profiler.active:
-        _profiler.ranges[-1][what].append(item)
 
 
 def _nvrtc_version():
