@@ -17,7 +17,7 @@ import contextlib
 import math
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 ENV_VAR = "GPUPOOL_NUM_THREADS"
 
@@ -105,8 +105,11 @@ def _mark_pool_thread() -> None:
 def run_all(func, bounds) -> None:
     """``func(start, stop)`` for every pair in ``bounds``, on :func:`get_num_threads` threads:
     the caller and up to that many minus one pool threads take pairs in turn until none is
-    left (so a call waits for one thread wake-up, not one per pair). A caller that is itself
-    a pool thread, or a count of 1, runs them all inline, in order."""
+    left. Pool threads that have not started by the time the caller runs out of pairs are
+    not waited for, so a call never waits on a pool busy elsewhere (with work that waits on
+    this caller, say). A caller that is itself a pool thread, or a count of 1, runs them all
+    inline, in order. An exception from ``func`` reaches the caller once no thread is left
+    running ``func`` for this call."""
     global _pool, _pool_size
     count = get_num_threads()
     workers = min(count, len(bounds))
@@ -114,15 +117,6 @@ def run_all(func, bounds) -> None:
         for start, stop in bounds:
             func(start, stop)
         return
-    helpers = count - 1
-    with _lock:
-        if _pool is None or _pool_size != helpers:
-            if _pool is not None:
-                _pool.shutdown(wait=False)  # its queued work still runs; it then exits
-            _pool = ThreadPoolExecutor(helpers, thread_name_prefix="gpupool",
-                                       initializer=_mark_pool_thread)
-            _pool_size = helpers
-        pool = _pool
     pairs = iter(bounds)
     take = threading.Lock()
 
@@ -134,11 +128,21 @@ def run_all(func, bounds) -> None:
                 return
             func(*pair)
 
-    futures = [pool.submit(drain) for _ in range(workers - 1)]
+    helpers = count - 1
+    with _lock:  # submits too: no other caller may shut this pool down in between
+        if _pool is None or _pool_size != helpers:
+            if _pool is not None:
+                _pool.shutdown(wait=False)  # its queued work still runs; it then exits
+            _pool = ThreadPoolExecutor(helpers, thread_name_prefix="gpupool",
+                                       initializer=_mark_pool_thread)
+            _pool_size = helpers
+        futures = [_pool.submit(drain) for _ in range(workers - 1)]
     try:
         drain()
     finally:
-        for future in futures:
+        started = [future for future in futures if not future.cancel()]
+        wait(started)
+        for future in started:
             future.result()
 
 

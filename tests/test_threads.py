@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import os
+import itertools
 import subprocess
 import sys
 import textwrap
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 import pytest
@@ -96,6 +99,101 @@ def test_a_call_from_inside_the_pool_runs_inline(restore_threads, small_blocks):
     results = {}
     threads.run_all(lambda a, b: results.update({a: cases["max"](x[a:b])}), [(0, 3), (3, 6)])
     np.testing.assert_array_equal(np.concatenate([results[0], results[3]]), cases["max"](x))
+
+
+def _avg_2x2(x):
+    """2x2 average pooling of an NCHW array with even sides, straight from NumPy."""
+    n, c, h, w = x.shape
+    return x.reshape(n, c, h // 2, 2, w // 2, 2).mean(axis=(3, 5))
+
+
+def _pool_threads() -> int:
+    return sum(t.name.startswith("gpupool_") for t in threading.enumerate())
+
+
+def test_set_num_threads_while_other_threads_pool(restore_threads, small_blocks):
+    """The count may change while other threads run ops: theirs finish, with the same values,
+    and the pools it replaces end once their work is done."""
+    x = np.random.default_rng(11).standard_normal((4, 16, 32, 32)).astype(np.float32)
+    want = _avg_2x2(x)  # 256 KiB: 16 blocks
+    errors = []
+    stop = threading.Event()
+
+    def caller():
+        try:
+            while not stop.is_set():
+                np.testing.assert_allclose(gpupool.avg_pool(x, 2), want, rtol=1e-6, atol=1e-6)
+        except BaseException as exc:
+            errors.append(exc)
+            stop.set()
+
+    callers = [threading.Thread(target=caller, daemon=True) for _ in range(3)]
+    for t in callers:
+        t.start()
+    deadline = time.monotonic() + 3
+    for n in itertools.cycle((1, 2, 3)):
+        if stop.is_set() or time.monotonic() > deadline:
+            break
+        gpupool.set_num_threads(n)
+        time.sleep(0.001)
+    stop.set()
+    for t in callers:
+        t.join(30)
+    assert not any(t.is_alive() for t in callers), "a caller hung"
+    if errors:
+        raise errors[0]
+    deadline = time.monotonic() + 10
+    while _pool_threads() > threads._pool_size and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _pool_threads() <= threads._pool_size
+
+
+def test_gpupool_in_user_threads_waited_on_from_the_pool(restore_threads, small_blocks):
+    """Work on a pool thread may start threads of its own (a user's executor, a Dask callback)
+    and wait on their gpupool calls: those calls are not pool threads, but must not wait for
+    pool threads, which are all busy waiting on them."""
+    gpupool.set_num_threads(2)  # one pool thread
+    x = np.random.default_rng(5).standard_normal((4, 16, 32, 32)).astype(np.float32)
+    on_pool = threading.Event()
+    outcome = {}
+
+    def pair(start, stop):
+        if not threads.in_pool():
+            on_pool.wait(10)  # leaves the other pair to the pool thread
+            return
+        on_pool.set()
+        user = ThreadPoolExecutor(2)
+        futures = [user.submit(gpupool.avg_pool, x, 2) for _ in range(2)]
+        done, waiting = wait(futures, timeout=10)
+        user.shutdown(wait=False)  # after a deadlock, frees this thread so that all can end
+        outcome.update(waiting=len(waiting), results=[f.result() for f in done])
+
+    scenario = threading.Thread(target=threads.run_all, args=(pair, [(0, 1), (1, 2)]),
+                                daemon=True)
+    scenario.start()
+    scenario.join(30)
+    assert not scenario.is_alive(), "run_all hung"
+    assert outcome["waiting"] == 0, "gpupool calls in a user's threads waited on a busy pool"
+    for got in outcome["results"]:
+        np.testing.assert_allclose(got, _avg_2x2(x), rtol=1e-6, atol=1e-6)
+
+
+def test_every_pair_runs_once_and_errors_reach_the_caller(restore_threads):
+    gpupool.set_num_threads(3)
+    for _ in range(200):
+        seen = []
+        threads.run_all(lambda a, b: seen.append(a), [(i, i + 1) for i in range(7)])
+        assert sorted(seen) == list(range(7))
+
+    def fail_on(bad):
+        def func(a, b):
+            if a == bad:
+                raise KeyError(a)
+        return func
+    for bad in range(7):
+        with pytest.raises(KeyError) as info:
+            threads.run_all(fail_on(bad), [(i, i + 1) for i in range(7)])
+        assert info.value.args == (bad,)
 
 
 def test_blas_runs_only_in_the_calling_thread_on_gpupool_threads(restore_threads, small_blocks,
