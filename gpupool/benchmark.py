@@ -4,7 +4,8 @@ that is installed, all measured in one run next to the device's own copy bandwid
 GPU: CUDA-event timings (``cupyx.profiler.benchmark``), warm-up excluded, first call (compile
 included) reported apart, inputs of >= 256 MiB with ``--size large`` so repeats measure DRAM,
 not L2. CPU: ``time.perf_counter`` medians, baselines timed in the same rounds. Every case is
-checked before it is timed: against the NumPy backend (GPU), PyTorch or onnxruntime (CPU), or
+checked before it is timed: against the NumPy backend (GPU), against each of PyTorch and
+onnxruntime that runs it (CPU: every baseline timed is checked too), or against
 an independent float64 NumPy reference where neither runs the case. Baselines that are not
 installed are reported as missing. Heavy imports (torch, onnxruntime, matplotlib, tqdm) happen
 only here, lazily.
@@ -33,17 +34,19 @@ LARGE_BYTES = 256 << 20
 class Case:
     name: str
     op: str  # max | avg | gavg | aavg | qmax | qavg
-    sample: tuple  # shape of one sample (N = 1); the leading N is prepended
+    sample: tuple  # shape of one sample, without N
     dtype: str = "float32"
     kernel: tuple = (2, 2)
     stride: tuple | None = None
     padding: int = 0
     layout: str = "NCHW"
     output_size: tuple = ()
-    batched: bool = True  # False: the seed documents' fixed shapes, no N
+    n: int | None = None  # a fixed N for every --size; None: N set by --size
+    batched: bool = True  # False: no N at all (the seed documents' shapes): the input is sample
     indices: bool = False  # max pooling that also returns the argmax indices
 
     def shape(self, n: int) -> tuple:
+        """The input's shape for batch size ``n`` (ignored by an unbatched case)."""
         return ((n,) + self.sample) if self.batched else self.sample
 
 
@@ -61,8 +64,8 @@ SUITE = (
          layout="NHWC"),
     Case("resnet50 head global avg", "gavg", (2048, 7, 7)),
     Case("resnet50 head global avg f16", "gavg", (2048, 7, 7), "float16"),
-    Case("global avg N=64", "gavg", (64, 2048, 7, 7), batched=False),
-    Case("global avg N=64 f16", "gavg", (64, 2048, 7, 7), "float16", batched=False),
+    Case("global avg N=64", "gavg", (2048, 7, 7), n=64),
+    Case("global avg N=64 f16", "gavg", (2048, 7, 7), "float16", n=64),
     Case("global avg NHWC", "gavg", (7, 7, 2048), layout="NHWC"),
     Case("adaptive avg 14->7", "aavg", (512, 14, 14), output_size=(7, 7)),
     Case("3d max 2x2x2", "max", (64, 16, 56, 56), kernel=(2, 2, 2)),
@@ -104,6 +107,11 @@ def require_matplotlib() -> None:
 
 
 def batch_size(case: Case, size: str) -> int:
+    """N for ``case`` at ``size`` ("small" or "large"); 1 for an unbatched case (no N)."""
+    if not case.batched:
+        return 1
+    if case.n is not None:
+        return case.n
     if size == "small":
         return 4
     per_sample = math.prod(case.sample) * np.dtype(case.dtype).itemsize
@@ -156,6 +164,22 @@ def make_input(case: Case, n: int, xp=np):
 
 
 # ----------------------------------------------------------------- baselines
+def with_batch(case: Case, x):
+    """``x`` with its N axis, as the baselines take it: a view with N = 1 prepended for an
+    unbatched case, else ``x`` itself."""
+    return x if case.batched else x[None]
+
+
+def baseline_values(case: Case, out) -> np.ndarray:
+    """A CPU baseline's result as NumPy values in the case's own layout and shape: the
+    values of a (values, indices) pair, a PyTorch tensor's NCHW view back in NHWC, and no
+    N axis for an unbatched case."""
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    if hasattr(out, "movedim"):  # a PyTorch tensor
+        out = (out.movedim(1, -1) if case.layout == "NHWC" else out).cpu().numpy()
+    return out if case.batched else out[0]
+
+
 def _torch():
     try:
         import torch
@@ -175,12 +199,10 @@ def torch_call(case: Case, x, device: str):
         return None, "no such op"
     if device == "cuda" and not torch.cuda.is_available():
         return None, "built without CUDA or no GPU for it"
-    t = torch.as_tensor(x, device=device)
+    t = torch.as_tensor(with_batch(case, x), device=device)
     nd = len(case.kernel)
     if case.layout == "NHWC":
-        t = t.permute(0, 3, 1, 2)  # a channels_last view: the same memory as x
-    if not case.batched:
-        t = t.unsqueeze(0)
+        t = t.movedim(-1, 1)  # a channels_last view: the same memory as x
     if case.op == "max":
         f = getattr(F, f"max_pool{nd}d")
         k, s = (case.kernel[0], (case.stride or case.kernel)[0]) if nd == 1 else (case.kernel, case.stride)
@@ -206,8 +228,7 @@ def onnxruntime_call(case: Case, x):
     if case.op in ("aavg", "qavg"):
         return None, "no such op"
     nd = len(case.kernel)
-    shape = case.shape(x.shape[0] if case.batched else 0)
-    shape = shape if case.batched else (1,) + shape
+    xb = np.ascontiguousarray(with_batch(case, x))
     elem = TensorProto.INT8 if case.dtype == "int8" else (
         TensorProto.FLOAT16 if case.dtype == "float16" else TensorProto.FLOAT)
     if case.op == "gavg":
@@ -217,7 +238,7 @@ def onnxruntime_call(case: Case, x):
                      pads=[case.padding] * (2 * nd))
         node = helper.make_node("MaxPool" if case.op in ("max", "qmax") else "AveragePool",
                                 ["X"], ["Y", "I"] if case.indices else ["Y"], **attrs)
-    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("X", elem, shape)],
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("X", elem, xb.shape)],
                               [helper.make_tensor_value_info(name, type_, None) for name, type_
                                in (("Y", elem), ("I", TensorProto.INT64))[:1 + case.indices]])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
@@ -230,13 +251,14 @@ def onnxruntime_call(case: Case, x):
                                     providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - an unsupported type is a missing baseline
         return None, f"unsupported: {str(e)[:60]}"
-    feed = {"X": np.ascontiguousarray(x.reshape(shape))}
+    feed = {"X": xb}
     return (lambda: sess.run(None, feed)[0]), None
 
 
 def cupy_call(case: Case, x):
     """Plain CuPy doing the same pooling: a reshape + reduction when k == s and there is no
-    padding, else a ``cupyx.scipy.ndimage`` filter + slicing; or (None, reason)."""
+    padding, else a ``cupyx.scipy.ndimage`` filter + slicing; or (None, reason). Any leading
+    axes (N and C, or C alone for an unbatched case) are kept."""
     if case.layout != "NCHW" or case.op in ("qavg", "aavg"):
         return None, "no plain-CuPy equivalent"
     nd = len(case.kernel)
@@ -317,7 +339,8 @@ class Row:
     dtype: str
     layout: str
     bytes: int = 0
-    check: str = "unchecked"
+    check: str = "unchecked"  # "ok (vs ...)" or each failed check
+    checks: dict = field(default_factory=dict)  # reference name -> "ok" or "FAILED: ..."
     first_call_s: float | None = None
     times_s: dict = field(default_factory=dict)  # name -> raw times
     missing: dict = field(default_factory=dict)  # baseline -> reason
@@ -330,8 +353,6 @@ class Row:
 
 
 def _check(got, want, dtype: str) -> str:
-    if got.shape != want.shape and got.size == want.size:
-        want = want.reshape(got.shape)
     if got.shape != want.shape:
         return f"FAILED: shape {got.shape} vs {want.shape}"
     exact = dtype == "int8"
@@ -339,6 +360,12 @@ def _check(got, want, dtype: str) -> str:
     ok = np.array_equal(got, want) if exact else np.allclose(
         got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol, equal_nan=True)
     return "ok" if ok else "FAILED: values differ"
+
+
+def check_summary(checks: dict) -> str:
+    """One line for a row's checks: "ok (vs a, b)", else each failed one with its name."""
+    failed = [f"{v} (vs {name})" for name, v in checks.items() if v != "ok"]
+    return "; ".join(failed) if failed else f"ok (vs {', '.join(checks)})"
 
 
 def reference_values(case: Case, x) -> np.ndarray:
@@ -380,7 +407,9 @@ def run_case(case: Case, size: str, gpu: bool) -> Row:
             cupy.cuda.get_current_stream().synchronize()
             row.first_call_s = time.perf_counter() - t0
             got = values(result)
-            row.check = _check(got, values(gpupool_call(case, x.get())()), case.dtype)
+            row.checks["numpy backend"] = _check(got, values(gpupool_call(case, x.get())()),
+                                                 case.dtype)
+            row.check = check_summary(row.checks)
             row.bytes = int(x.nbytes + output_bytes(result))
             row.times_s["gpupool"] = time_gpu(f)
             tf, why = torch_call(case, x, "cuda")
@@ -403,15 +432,12 @@ def run_case(case: Case, size: str, gpu: bool) -> Row:
             row.bytes = int(x.nbytes + output_bytes(result))
             tf, torch_why = torch_call(case, x, "cpu")
             of, why = onnxruntime_call(case, x)
-            if tf is not None:
-                ref = tf()
-                ref = ref[0] if isinstance(ref, tuple) else ref
-                ref = ref.permute(0, 2, 3, 1) if case.layout == "NHWC" else ref
-                row.check = _check(got, ref.numpy(), case.dtype) + " (vs torch)"
-            elif of is not None:
-                row.check = _check(got, of(), case.dtype) + " (vs onnxruntime)"
-            else:
-                row.check = _check(got, reference_values(case, x), case.dtype) + " (vs reference)"
+            for name, bf in (("torch", tf), ("onnxruntime", of)):  # each baseline timed
+                if bf is not None:
+                    row.checks[name] = _check(got, baseline_values(case, bf()), case.dtype)
+            if not row.checks:
+                row.checks["reference"] = _check(got, reference_values(case, x), case.dtype)
+            row.check = check_summary(row.checks)
             funcs, setups = {"gpupool": f}, {}
             if tf is None:
                 row.missing["torch"] = torch_why
@@ -497,7 +523,7 @@ def summarise(rows: list[Row], copy_bw: float, gpu: bool) -> dict:
     table, ratios = [], {}
     for r in rows:
         entry = {"case": r.case, "shape": list(r.shape), "dtype": r.dtype, "layout": r.layout,
-                 "check": r.check, "error": r.error, "missing": r.missing,
+                 "check": r.check, "checks": r.checks, "error": r.error, "missing": r.missing,
                  "first_call_ms": None if r.first_call_s is None else round(r.first_call_s * 1e3, 2)}
         tg = r.median("gpupool")
         if tg:

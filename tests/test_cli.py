@@ -1,4 +1,5 @@
 """The gpupool command: info and a one-case bench, on whatever this machine has."""
+import functools
 import itertools
 import json
 import subprocess
@@ -84,6 +85,67 @@ def test_bench_reference_checks_every_case(case):
     wrong = got.copy()
     wrong.flat[wrong.size // 2] += 1
     assert benchmark._check(wrong, want, case.dtype).startswith("FAILED")
+
+
+def _fast_host_timing(monkeypatch):
+    """One untimed and one timed call per library: the checks, not the times, are tested."""
+    monkeypatch.setattr(benchmark, "time_host", functools.partial(
+        benchmark.time_host, rounds=1, burst_s=0.0, min_reps=1, settle_s=0.0))
+
+
+@pytest.mark.parametrize("case", benchmark.SUITE, ids=lambda c: c.name)
+def test_small_suite_agrees_with_every_cpu_baseline(case, monkeypatch):
+    """Each case of the small suite as ``gpupool bench`` runs it on the CPU: gpupool's answer
+    is compared with that of every baseline that runs the case (PyTorch, onnxruntime), and
+    each agrees; a baseline is missing only for an op or layout it does not have, and a case
+    that none runs is checked against the float64 reference."""
+    pytest.importorskip("torch", reason="PyTorch (the test extra) is the CPU baseline checked")
+    pytest.importorskip("onnxruntime", reason="onnxruntime (the test extra) is a CPU baseline")
+    _fast_host_timing(monkeypatch)
+    row = benchmark.run_case(case, "small", gpu=False)
+    assert row.error is None
+    assert set(row.missing.values()) <= {"no such op", "no NHWC pooling op"}, row.missing
+    baselines = {"torch", "onnxruntime"} - set(row.missing)
+    assert set(row.checks) == (baselines or {"reference"})
+    assert set(row.checks.values()) == {"ok"}, row.checks
+    assert row.check == f"ok (vs {', '.join(row.checks)})"
+    assert set(row.times_s) == {"gpupool", *baselines}  # no baseline timed unchecked
+
+
+@pytest.mark.parametrize("name", ["global avg N=64", "global avg N=64 f16"])
+def test_fixed_batch_cases_agree_with_onnxruntime_without_pytorch(name, monkeypatch):
+    """Regression: without PyTorch (the README's main command installs none) the fixed N=64
+    cases were checked against onnxruntime only, which was given a 5-D tensor (a leading 1
+    before the N) and pooled the wrong axes, so the case failed its check."""
+    pytest.importorskip("onnxruntime", reason="onnxruntime (the test extra) is a CPU baseline")
+    monkeypatch.setattr(benchmark, "_torch", lambda: (None, None))
+    _fast_host_timing(monkeypatch)
+    (case,) = [c for c in benchmark.SUITE if c.name == name]
+    row = benchmark.run_case(case, "small", gpu=False)
+    assert (row.check, row.error) == ("ok (vs onnxruntime)", None)
+
+
+def test_cases_without_a_baseline_are_checked_against_the_reference(monkeypatch):
+    monkeypatch.setattr(benchmark, "_torch", lambda: (None, None))
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime -> ImportError
+    _fast_host_timing(monkeypatch)
+    for case in benchmark.select_cases(["seed"]):
+        row = benchmark.run_case(case, "small", gpu=False)
+        assert (row.check, row.error) == ("ok (vs reference)", None)
+        assert row.missing == {"torch": "not installed", "onnxruntime": "not installed"}
+
+
+@pytest.mark.parametrize("name, size, shape", [
+    ("global avg N=64", "small", (64, 2048, 7, 7)),
+    ("global avg N=64", "large", (64, 2048, 7, 7)),
+    ("seed [64,56,56] max 2x2 s2", "small", (64, 56, 56)),
+    ("seed [64,7,7] global avg", "large", (64, 7, 7)),
+    ("resnet50 head global avg", "small", (4, 2048, 7, 7)),
+    ("resnet50 head global avg", "large", (669, 2048, 7, 7)),  # 669 samples: >= 256 MiB
+])
+def test_case_input_shapes(name, size, shape):
+    (case,) = [c for c in benchmark.SUITE if c.name == name]
+    assert case.shape(benchmark.batch_size(case, size)) == shape
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -246,7 +308,7 @@ def test_gpu_bench_checks_each_case_against_the_cpu_and_counts_its_bytes(monkeyp
     result = benchmark.run("small", ["seed"], "cupy")
     assert [r["case"] for r in result["rows"]] == list(SEED_BYTES)
     for row in result["rows"]:
-        assert (row["check"], row["error"]) == ("ok", None), row
+        assert (row["check"], row["error"]) == ("ok (vs numpy backend)", None), row
         assert row["bytes"] == SEED_BYTES[row["case"]]
         assert row["gpupool_ms"] > 0 and row["first_call_ms"] > 0
     assert "seed [64,7,7] global avg" in capsys.readouterr().out
