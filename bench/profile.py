@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/profile.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=("small", "large"), default="large")
-    parser.add_argument("--ops", nargs="*", default=None, metavar="OP_OR_NAME",
+    parser.add_argument("--ops", nargs="+", default=None, metavar="OP_OR_NAME",
                         help="only these ops or cases (as gpupool bench)")
     args = parser.parse_args(argv)
     cases = benchmark.select_cases(args.ops)

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(default: small)")
     parser.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
                         help="auto: the GPU when CuPy sees one, else the CPU (default: auto)")
-    parser.add_argument("--ops", nargs="*", default=None, metavar="OP_OR_NAME",
+    parser.add_argument("--ops", nargs="+", default=None, metavar="OP_OR_NAME",
                         help="only these ops or cases (as gpupool bench); the files are then "
                              "named ...-partial")
     parser.add_argument("--force", action="store_true",

@@ -85,16 +85,61 @@ OPS = ("max", "avg", "gavg", "aavg", "qmax", "qavg")
 
 
 def select_cases(ops=None) -> list[Case]:
-    """The cases whose op is in ``ops`` or whose name contains one of them (all for none).
-    ``ValueError`` naming every entry that selects nothing, and listing the valid names."""
-    if not ops:
+    """The cases whose op is in ``ops`` or whose name contains one of them (all for None).
+    ``ValueError`` for no entries, a blank entry (it would select every case), and naming
+    every entry that selects nothing, listing the valid names."""
+    if ops is None:
         return list(SUITE)
+    if not ops:
+        raise ValueError(f"--ops: no op or case name given: give an op ({', '.join(OPS)}) or "
+                         f"part of a case name, or leave --ops out for every case")
+    blank = [o for o in ops if not o.strip()]
+    if blank:
+        raise ValueError(f"--ops {', '.join(map(repr, blank))}: a blank name would select every "
+                         f"case: give an op ({', '.join(OPS)}) or part of a case name, or leave "
+                         f"--ops out for every case")
     unknown = [o for o in ops if o not in OPS and not any(o in c.name for c in SUITE)]
     if unknown:
         raise ValueError(f"--ops {', '.join(map(repr, unknown))} matches no case: give an op "
                          f"({', '.join(OPS)}) or part of a case name ("
                          f"{'; '.join(c.name for c in SUITE)})")
     return [c for c in SUITE if c.op in ops or any(o in c.name for o in ops)]
+
+
+def check_output_path(option: str, path: str) -> None:
+    """``ValueError`` naming ``option`` and ``path`` when the file cannot be written: a
+    directory, a missing folder, no permission, a device that refuses writes (/dev/full).
+    Nothing is left behind: a missing file is created, written one byte and removed; an
+    existing one is opened for appending and written zero bytes, so its contents stay (a
+    zero-byte write still fails on a device that refuses writes)."""
+    if os.path.isdir(path):
+        raise ValueError(f"{option} {path!r}: is a directory, not a file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{option} {path!r}: {folder!r} is not an existing folder")
+    existed = os.path.exists(path)
+    try:
+        with open(path, "ab", buffering=0) as f:
+            f.write(b"" if existed else b"\0")
+    except OSError as e:
+        raise ValueError(f"{option} {path!r}: cannot be written ({e.strerror or e})") from e
+    finally:
+        if not existed and os.path.exists(path):
+            os.remove(os.path.realpath(path))
+
+
+def preflight(ops=None, outputs: dict | None = None) -> list[Case]:
+    """The selected cases, once every argument problem that would stop a run has been ruled
+    out: ``ops`` (``select_cases``), each output path of ``outputs`` (option -> path or
+    None; ``check_output_path``), and matplotlib for a ``--plot`` path. ``ValueError`` or
+    ``ImportError`` otherwise."""
+    cases = select_cases(ops)
+    outputs = {option: path for option, path in (outputs or {}).items() if path}
+    if "--plot" in outputs:
+        require_matplotlib()
+    for option, path in outputs.items():
+        check_output_path(option, path)
+    return cases
 
 
 def require_matplotlib() -> None:
@@ -607,15 +652,18 @@ def plot(result: dict, path: str) -> None:
     plt.close(fig)
 
 
+def output_options(json_path=None, markdown_path=None, plot_path=None) -> dict:
+    """The output paths by the ``gpupool bench`` option that gives them."""
+    return {"--json": json_path, "--markdown": markdown_path, "--plot": plot_path}
+
+
 def run(size: str = "small", ops=None, backend: str = "auto", json_path=None,
         markdown_path=None, plot_path=None) -> dict:
     """Run the suite; print the table; write the files asked for; return the result dict.
 
-    Unknown ``ops`` (``ValueError``) and a ``plot_path`` without matplotlib (``ImportError``)
-    are reported before anything runs."""
-    cases = select_cases(ops)
-    if plot_path:
-        require_matplotlib()
+    Bad ``ops`` or an output path that cannot be written (``ValueError``) and a ``plot_path``
+    without matplotlib (``ImportError``) are reported before anything runs (``preflight``)."""
+    cases = preflight(ops, output_options(json_path, markdown_path, plot_path))
     usable, reason = gpu_usable()
     if backend == "cupy" and not usable:
         raise SystemExit(f"gpupool bench: --backend cupy asked for, but {reason}")
@@ -648,7 +696,6 @@ def run(size: str = "small", ops=None, backend: str = "auto", json_path=None,
                         (markdown_path, lambda p: Path(p).write_text(text)),
                         (plot_path, lambda p: plot(result, p))):
         if path:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             try:
                 write(path)
                 print(f"wrote {path}", file=sys.stderr)

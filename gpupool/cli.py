@@ -71,7 +71,7 @@ def parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     bench.add_argument("--size", choices=("small", "large"), default="small",
                        help="small: N=4 per case; large: inputs of at least 256 MiB "
                             "(default: small)")
-    bench.add_argument("--ops", nargs="*", default=None, metavar="OP_OR_NAME",
+    bench.add_argument("--ops", nargs="+", default=None, metavar="OP_OR_NAME",
                        help=f"only the cases whose op ({', '.join(OPS)}) is given or whose name "
                             f"contains one of these strings (default: every case)")
     bench.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto",
@@ -86,22 +86,33 @@ def parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     return top, bench
 
 
+def error(message: str) -> int:
+    """Report a problem found before anything runs, on one line of stderr; the exit status
+    of a usage error (2)."""
+    print(message, file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     top, bench = parsers()
     args = top.parse_args(argv)
     if args.command is None:
-        top.print_help()
-        return 0
+        top.print_help(sys.stderr)
+        return 2
+    from .threads import get_num_threads
+    try:  # GPUPOOL_NUM_THREADS, read by both commands
+        get_num_threads()
+    except ValueError as e:
+        return error(str(e))
     if args.command == "info":
         info()
         return 0
     from . import benchmark
     try:  # every argument problem is reported before anything runs
-        benchmark.select_cases(args.ops)
-        if args.plot:
-            benchmark.require_matplotlib()
+        benchmark.preflight(args.ops, benchmark.output_options(args.json, args.markdown,
+                                                               args.plot))
     except (ValueError, ImportError) as e:
-        bench.error(str(e))  # exits with status 2
+        return error(f"gpupool bench: error: {e}")
     result = benchmark.run(args.size, args.ops, args.backend, args.json, args.markdown,
                            args.plot)
     failed = [r["case"] for r in result["rows"] if r.get("error") or "FAILED" in r["check"]]

@@ -2,6 +2,7 @@
 import functools
 import itertools
 import json
+import os
 import subprocess
 import sys
 
@@ -158,10 +159,12 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"gpupool {gpupool.__version__}"
 
 
-def test_no_arguments_prints_help_and_exits_0(capsys):
-    assert cli.main([]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("usage: gpupool") and "info" in out and "bench" in out
+def test_no_arguments_prints_help_and_exits_2(capsys):
+    """No command is a usage error: the help goes to stderr, the status is argparse's 2."""
+    assert cli.main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("usage: gpupool") and "info" in err and "bench" in err
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["info", "--help"], ["bench", "--help"]])
@@ -185,6 +188,14 @@ def test_every_option_has_help():
     assert "auto" in backend.help and "cupy" in backend.help
 
 
+def _one_line_error(capsys) -> str:
+    """The CLI's error: one line on stderr, nothing on stdout, no traceback."""
+    out, err = capsys.readouterr()
+    assert out == "" and err.endswith("\n") and err.count("\n") == 1, (out, err)
+    assert "Traceback" not in err
+    return err
+
+
 def _no_run(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("the suite ran")
@@ -194,10 +205,8 @@ def _no_run(monkeypatch):
 
 def test_unknown_op_exits_nonzero_before_running(monkeypatch, capsys):
     _no_run(monkeypatch)
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["bench", "--backend", "numpy", "--ops", "max", "nosuchop"])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
+    assert cli.main(["bench", "--backend", "numpy", "--ops", "max", "nosuchop"]) == 2
+    err = _one_line_error(capsys)
     assert "'nosuchop'" in err and "'max'" not in err
     assert "gavg" in err and "qavg" in err and "resnet50 head global avg" in err
     with pytest.raises(ValueError, match="nosuchop"):
@@ -208,14 +217,116 @@ def test_plot_without_matplotlib_exits_nonzero_before_running(monkeypatch, capsy
     _no_run(monkeypatch)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     png = tmp_path / "b.png"
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["bench", "--backend", "numpy", "--ops", "seed [64,7,7]", "--plot", str(png)])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
+    assert cli.main(["bench", "--backend", "numpy", "--ops", "seed [64,7,7]",
+                     "--plot", str(png)]) == 2
+    err = _one_line_error(capsys)
     assert "--plot needs matplotlib" in err and 'pip install "gpupool[bench]"' in err
     assert not png.exists()
     with pytest.raises(ImportError, match="pip install"):
         benchmark.run("small", ["seed [64,7,7]"], "numpy", plot_path=str(png))
+
+
+@pytest.mark.parametrize("option", ["--json", "--markdown", "--plot"])
+@pytest.mark.parametrize("where, reason", [
+    ("a folder", "is a directory"),
+    ("a missing folder", "is not an existing folder"),
+    ("a file for a folder", "is not an existing folder"),
+    ("/dev/full", "No space left on device"),
+])
+def test_unwritable_output_is_an_error_before_running(monkeypatch, capsys, tmp_path, option,
+                                                      where, reason):
+    """An output that cannot be written stops the command before the suite runs, on one line
+    naming the option and the path (the run used to end in a traceback when it came to write
+    it, or /dev/full's write failed after the whole run), and leaves no file behind."""
+    _no_run(monkeypatch)
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib (the bench extra)")
+    (tmp_path / "file").write_text("kept")
+    path = {"a folder": tmp_path, "a missing folder": tmp_path / "missing" / "out",
+            "a file for a folder": tmp_path / "file" / "out", "/dev/full": "/dev/full"}[where]
+    if where == "/dev/full" and not os.path.exists(path):
+        pytest.skip("no /dev/full here")
+    before = sorted(tmp_path.rglob("*"))
+    assert cli.main(["bench", "--backend", "numpy", "--ops", "seed [64,7,7]",
+                     option, str(path)]) == 2
+    err = _one_line_error(capsys)
+    assert err.startswith("gpupool bench: error: ")
+    assert f"{option} {str(path)!r}" in err and reason in err
+    assert sorted(tmp_path.rglob("*")) == before
+    assert (tmp_path / "file").read_text() == "kept"
+
+
+def test_output_check_keeps_an_existing_file_and_leaves_no_new_one(tmp_path):
+    existing, new = tmp_path / "existing.md", tmp_path / "new.md"
+    existing.write_text("kept")
+    benchmark.check_output_path("--markdown", str(existing))
+    benchmark.check_output_path("--markdown", str(new))
+    assert existing.read_text() == "kept"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing.md"]
+
+
+def test_unwritable_output_in_run_is_found_before_running(monkeypatch, tmp_path):
+    _no_run(monkeypatch)
+    with pytest.raises(ValueError, match="--json .*is a directory"):
+        benchmark.run("small", ["seed [64,7,7]"], "numpy", json_path=str(tmp_path))
+
+
+@pytest.mark.parametrize("ops", [[""], ["  "], ["max", ""]])
+def test_blank_ops_is_an_error_not_every_case(monkeypatch, capsys, ops):
+    """Regression: ``--ops ''`` matched every case name and ran the whole suite."""
+    _no_run(monkeypatch)
+    assert cli.main(["bench", "--backend", "numpy", "--ops", *ops]) == 2
+    err = _one_line_error(capsys)
+    assert "--ops" in err and "every case" in err
+    assert all(repr(o) in err for o in ops if not o.strip())
+    with pytest.raises(ValueError, match="--ops"):
+        benchmark.select_cases(ops)
+
+
+def test_ops_without_a_value_is_an_error(monkeypatch, capsys):
+    _no_run(monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "--backend", "numpy", "--ops"])
+    assert exit_.value.code == 2
+    assert "--ops" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--ops: no op or case name given"):
+        benchmark.select_cases([])
+
+
+@pytest.mark.parametrize("command", ["info", "bench"])
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_bad_thread_count_variable_is_a_one_line_error(command, value):
+    """A bad GPUPOOL_NUM_THREADS is reported on one line naming the variable and its value,
+    with a non-zero status, before anything runs (it was a traceback)."""
+    env = dict(os.environ, GPUPOOL_NUM_THREADS=value)
+    argv = [sys.executable, "-m", "gpupool.cli", command]
+    done = subprocess.run(argv + (["--ops", "nosuchop"] if command == "bench" else []),
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "GPUPOOL_NUM_THREADS" in done.stderr and value in done.stderr
+
+
+def test_bench_exits_1_when_a_case_fails_its_check(monkeypatch, capsys):
+    """A baseline that disagrees fails the case, and the command's status says so."""
+    monkeypatch.setattr(benchmark, "_torch", lambda: (None, None))
+    monkeypatch.setattr(benchmark, "onnxruntime_call",
+                        lambda case, x: (lambda: np.zeros((1, 64, 1, 1), np.float32), None))
+    _fast_host_timing(monkeypatch)
+    assert cli.main(["bench", "--backend", "numpy", "--ops", "seed [64,7,7]"]) == 1
+    out, err = capsys.readouterr()
+    assert "FAILED: values differ (vs onnxruntime)" in out
+    assert "1 case(s) failed: seed [64,7,7] global avg" in err
+
+
+def test_bench_exits_1_when_a_case_raises(monkeypatch, capsys):
+    def broken(case, x):
+        raise RuntimeError("broken case")
+    monkeypatch.setattr(benchmark, "gpupool_call", broken)
+    _fast_host_timing(monkeypatch)
+    assert cli.main(["bench", "--backend", "numpy", "--ops", "seed [64,7,7]"]) == 1
+    out, err = capsys.readouterr()
+    assert "error: RuntimeError: broken case" in out
+    assert "1 case(s) failed: seed [64,7,7] global avg" in err
 
 
 @pytest.mark.parametrize("version, words", [(13020, "13.2"), (12080, "12.8"), (11000, "11.0"),
