@@ -329,6 +329,20 @@ def test_bench_exits_1_when_a_case_raises(monkeypatch, capsys):
     assert "1 case(s) failed: seed [64,7,7] global avg" in err
 
 
+def test_ci_runs_the_small_suite_with_options_the_command_takes():
+    """.ci/run ends with the README's main command on the small suite, its results in a
+    temporary folder; its options must parse (set -e then fails CI on bench's exit status)."""
+    import pathlib
+    import shlex
+    script = (pathlib.Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
+    assert 'pip install -q -e ".[bench]"' in script and "set -euo pipefail" in script
+    command = script[script.rindex("\ngpupool bench ") + 1:].replace("\\\n", " ").strip()
+    argv = shlex.split(command.replace('"$results/', '"/tmp/'))
+    args = cli.parsers()[0].parse_args(argv[1:])
+    assert (args.command, args.size, args.ops, args.backend) == ("bench", "small", None, "auto")
+    assert args.json == "/tmp/bench.json" and args.markdown == "/tmp/bench.md"
+
+
 @pytest.mark.parametrize("version, words", [(13020, "13.2"), (12080, "12.8"), (11000, "11.0"),
                                             (12010, "12.1"), (13000, "13.0")])
 def test_cuda_versions_read_as_major_minor(version, words):
