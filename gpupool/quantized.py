@@ -52,7 +52,6 @@ import dataclasses
 import functools
 import importlib
 import math
-import numbers
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Sequence, Union
@@ -70,6 +69,7 @@ ROUNDINGS = ("half_away_from_zero", "half_to_even")
 LEVELS = 256  # |round(acc * c)| is clamped here: zp_out +- 256 saturates for every zp
 HEAD = 3  # table columns before the thresholds: M, sh, xcap
 _RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
+_SCALE_MIN = 5e-324  # the smallest float64 > 0
 
 
 def _fail(func: str, message: str, exc: type = ValueError):
@@ -77,21 +77,14 @@ def _fail(func: str, message: str, exc: type = ValueError):
 
 
 def _check_scale(func: str, name: str, scale) -> float:
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        _fail(func, f"{name}={scale!r} must be a real number", TypeError)
-    value = float(scale)
-    if not (0.0 < value < math.inf):
-        _fail(func, f"{name}={scale!r} must be finite and > 0")
-    return value
+    """A finite float64 > 0 (the requantization takes its exact binary value)."""
+    return S.check_real(f"quantized.{func}", name, scale, _SCALE_MIN, S.FLOAT64_RANGE[1],
+                        "finite and > 0 as a float64")
 
 
 def _check_zero_point(func: str, name: str, zero_point, dtype: str) -> int:
-    if not S._is_int(zero_point):
-        _fail(func, f"{name}={zero_point!r} must be an int", TypeError)
-    lo, hi = _RANGES[dtype]
-    if not lo <= int(zero_point) <= hi:
-        _fail(func, f"{name}={zero_point!r} is outside the {dtype} range [{lo}, {hi}]")
-    return int(zero_point)
+    return S.check_int(f"quantized.{func}", name, zero_point, *_RANGES[dtype],
+                       f"the {dtype} range")
 
 
 def _check_qdtype(func: str, dtype) -> str:

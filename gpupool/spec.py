@@ -19,14 +19,21 @@ import functools
 import math
 import numbers
 import operator
+import sys
 from dataclasses import dataclass
 
 LAYOUTS = ("NCHW", "NHWC")
 FLOAT_DTYPES = ("float16", "float32", "float64")
 INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64")
 PADDING_STRINGS = ("valid", "same", "same_lower")
-#: largest kernel size, stride, dilation and pad (the CUDA kernels take them as int32)
+#: largest kernel size, stride, dilation, pad and divisor_override (the CUDA kernels take them
+#: as int32)
 WINDOW_PARAM_MAX = 2**31 - 1
+#: (smallest normal, largest finite) of float32 and float64, the kernels' float scalars
+FLOAT32_RANGE = (2.0**-126, 3.4028234663852886e38)
+FLOAT64_RANGE = (sys.float_info.min, sys.float_info.max)
+#: the float type of the scalars and accumulators of each float dtype's kernels
+ACC_DTYPES = {"float16": "float32", "float32": "float32", "float64": "float64"}
 #: largest output, in bytes (values, plus int64 indices where returned), counting at least one
 #: plane: 2**48 bytes = 256 TiB, the 48-bit virtual address space of x86-64 and of CUDA GPUs.
 #: No machine can allocate more, so a larger output is a geometry error, not an allocation.
@@ -48,6 +55,35 @@ def _is_int(v) -> bool:
     except TypeError:
         return False
     return getattr(v, "ndim", 0) == 0
+
+
+def check_bool(func: str, name: str, value) -> bool:
+    """A bool or NumPy bool (``"False"``, ``0`` or ``None`` would be taken as a truth value)."""
+    if type(value).__name__ not in ("bool", "bool_"):
+        _fail(func, f"{name}={value!r} must be a bool", TypeError)
+    return bool(value)
+
+
+def check_int(func: str, name: str, value, low: int, high: int, what: str) -> int:
+    """A Python or NumPy int (not a bool) in [``low``, ``high``]; ``what`` names the range."""
+    if not _is_int(value):
+        _fail(func, f"{name}={value!r} must be an int", TypeError)
+    if not low <= int(value) <= high:
+        _fail(func, f"{name}={value!r} is outside {what} [{low}, {high}]")
+    return int(value)
+
+
+def check_real(func: str, name: str, value, low: float, high: float, what: str) -> float:
+    """A real number (not a bool) in [``low``, ``high``], compared exactly before it becomes a
+    float64, so that no value overflows the conversion; ``what`` says why the range."""
+    if type(value).__name__ in ("bool", "bool_") or not isinstance(value, numbers.Real):
+        _fail(func, f"{name}={value!r} must be a real number", TypeError)
+    # a NumPy scalar as the Python number it holds (NumPy would cast the bounds to its type;
+    # a long double, which no Python number holds, compares with them exactly as it is)
+    exact = value.item() if type(value).__module__ == "numpy" else value
+    if not low <= exact <= high:  # NaN fails too
+        _fail(func, f"{name}={value!r} must lie in [{low!r}, {high!r}] ({what})")
+    return float(exact)
 
 
 def _int_tuple(func: str, name: str, value, nd: int, minimum: int,
@@ -289,27 +325,26 @@ def window_spec(func: str, op: str, shape, dtype: str, kernel_size, stride, padd
     stride = kernel if stride is None else _window_ints(func, "stride", stride, nd, 1)
     dilation = _window_ints(func, "dilation", dilation, nd, 1)
     pads = resolve_padding(func, padding, nd, g.spatial, kernel, stride, dilation)
-    if type(ceil_mode).__name__ not in ("bool", "bool_"):
-        _fail(func, f"ceil_mode={ceil_mode!r} must be a bool", TypeError)
-    ceil_mode = bool(ceil_mode)
+    ceil_mode = check_bool(func, "ceil_mode", ceil_mode)
+    return_indices = check_bool(func, "return_indices", return_indices)
+    count_include_pad = check_bool(func, "count_include_pad", count_include_pad)
     if divisor_override is not None:
-        if not _is_int(divisor_override) or int(divisor_override) < 1:
-            _fail(func, f"divisor_override={divisor_override!r} must be a positive int or None")
-        divisor_override = int(divisor_override)
-    if p is not None:
-        if not isinstance(p, numbers.Real) or type(p).__name__ in ("bool", "bool_") or not (
-                0 < p < math.inf):
-            _fail(func, f"p={p!r} must be a finite real number > 0")
-        p = float(p)
+        divisor_override = check_int(func, "divisor_override", divisor_override, 1,
+                                     WINDOW_PARAM_MAX, "the kernels' 32-bit int range")
+    if op == "lp":
+        acc = ACC_DTYPES[g.dtype]
+        p = check_real(func, "p", p, *(FLOAT32_RANGE if acc == "float32" else FLOAT64_RANGE),
+                       f"a positive normal {acc}: the kernels take p and 1/p as {acc} for "
+                       f"{g.dtype} input")
     out = tuple(output_length(*a, ceil_mode) for a in zip(g.spatial, kernel, stride, pads, dilation))
     if any(o < 1 for o in out):
         _fail(func, f"computed output size {out} is too small (input {g.spatial}, kernel_size "
                     f"{kernel}, stride {stride}, padding {pads}, dilation {dilation})")
     check_output_size(func, g, out, f"padding={padding!r} with kernel_size={kernel}, "
                                     f"stride={stride}, dilation={dilation} on x of shape "
-                                    f"{g.shape}", bool(return_indices))
-    return WindowSpec(g, op, kernel, stride, dilation, pads, ceil_mode, out,
-                      bool(return_indices), bool(count_include_pad), divisor_override, p)
+                                    f"{g.shape}", return_indices)
+    return WindowSpec(g, op, kernel, stride, dilation, pads, ceil_mode, out, return_indices,
+                      count_include_pad, divisor_override, p)
 
 
 @dataclass(frozen=True)
@@ -353,9 +388,10 @@ def adaptive_spec(func: str, op: str, shape, dtype: str, output_size, layout, *,
     nd = spatial_rank(func, output_size, "output_size")
     g = geometry(func, shape, dtype, layout, nd, integers=(op == "max"))
     out = _int_tuple(func, "output_size", output_size, nd, 1)
+    return_indices = check_bool(func, "return_indices", return_indices)
     check_output_size(func, g, out, f"output_size={output_size!r} on x of shape {g.shape}",
-                      bool(return_indices))
-    return AdaptiveSpec(g, op, out, bool(return_indices))
+                      return_indices)
+    return AdaptiveSpec(g, op, out, return_indices)
 
 
 @memoized

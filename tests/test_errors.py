@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import gpupool
+from gpupool import quantized as Q
 
 
 def raises(exc, func, *fragments):
@@ -169,11 +170,110 @@ def test_global_spatial_dims_must_be_positive(x, func, dims, exc):
 
 
 def test_divisor_override_and_ceil_mode_types(x):
-    for bad in (0, -2, 1.5):
+    for bad in (0, -2):
         with raises(ValueError, "avg_pool", "divisor_override", repr(bad)):
+            gpupool.avg_pool(x, 2, divisor_override=bad)
+    for bad in (1.5, 2.0, True, "2"):
+        with raises(TypeError, "avg_pool", "divisor_override", repr(bad)):
             gpupool.avg_pool(x, 2, divisor_override=bad)
     with raises(TypeError, "max_pool", "ceil_mode"):
         gpupool.max_pool(x, 2, ceil_mode="yes")
+
+
+@pytest.mark.parametrize("value", [2**31, 10**400, np.int64(2**40)],
+                         ids=["2**31", "10**400", "np.int64(2**40)"])
+def test_divisor_override_beyond_int32(x, value):
+    """Regression: CUDA passes divisor_override to the kernels as an int32, and raised a raw
+    OverflowError from 2**31 (NumPy accepted it); 10**400 was an OverflowError on both."""
+    with raises(ValueError, "avg_pool", "divisor_override", repr(value), "2147483647"):
+        gpupool.avg_pool(x, 2, divisor_override=value)
+
+
+def test_divisor_override_at_the_int32_limit(backend, x):
+    got = gpupool.avg_pool(x, 2, divisor_override=np.int64(2**31 - 1))
+    xn = backend.to_numpy(x).astype(np.float64)
+    sums = xn.reshape(2, 3, 3, 2, 3, 2).sum(axis=(3, 5))
+    np.testing.assert_allclose(backend.to_numpy(got), sums / (2**31 - 1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype, p", [
+    ("float32", 10**400), ("float32", 1e39), ("float32", 1e-39), ("float16", 4e38),
+    ("float64", 10**400), ("float64", 1e-310), ("float64", float("-inf"))],
+    ids=lambda v: "10**400" if v == 10**400 else str(v))
+def test_lp_p_beyond_the_kernels_float(backend, dtype, p):
+    """Regression: p=10**400 was a raw OverflowError; p beyond float32 (the kernels' p and
+    1/p for float16/float32 input) became inf or 0 there."""
+    x = backend.to_backend(np.ones((1, 1, 4, 4), dtype))
+    with raises(ValueError, "lp_pool", f"p={p!r}", "float"):
+        gpupool.lp_pool(x, p, 2)
+
+
+@pytest.mark.parametrize("p", [1e39, 1e-39, 3.0])
+def test_lp_p_beyond_float32_is_taken_for_float64_input(backend, p):
+    xn = np.array([[[[1.0, 1.0], [1.0, 1.0]]]])
+    got = backend.to_numpy(gpupool.lp_pool(backend.to_backend(xn), p, 2))
+    with np.errstate(over="ignore"):
+        expected = np.float64(4.0) ** (1 / p)  # (4 * 1**p) ** (1/p): inf for p = 1e-39
+    np.testing.assert_allclose(got, np.full((1, 1, 1, 1), expected), rtol=1e-12)
+
+
+@pytest.mark.parametrize("p", ["2", True, np.bool_(True), None])
+def test_lp_p_must_be_a_real_number(x, p):
+    with raises(TypeError, "lp_pool", f"p={p!r}", "real number"):
+        gpupool.lp_pool(x, p, 2)
+
+
+BOOL_PARAMS = [
+    ("max_pool", "ceil_mode", lambda x, v: gpupool.max_pool(x, 2, ceil_mode=v)),
+    ("max_pool", "return_indices", lambda x, v: gpupool.max_pool(x, 2, return_indices=v)),
+    ("avg_pool", "ceil_mode", lambda x, v: gpupool.avg_pool(x, 2, ceil_mode=v)),
+    ("avg_pool", "count_include_pad",
+     lambda x, v: gpupool.avg_pool(x, 2, padding=1, count_include_pad=v)),
+    ("lp_pool", "ceil_mode", lambda x, v: gpupool.lp_pool(x, 2, 2, ceil_mode=v)),
+    ("adaptive_max_pool", "return_indices",
+     lambda x, v: gpupool.adaptive_max_pool(x, (2, 2), return_indices=v)),
+    ("quantized.max_pool", "ceil_mode",
+     lambda x, v: Q.max_pool(Q.QArray(x.astype("int8"), 0.5), 2, ceil_mode=v)),
+    ("quantized.avg_pool", "ceil_mode",
+     lambda x, v: Q.avg_pool(Q.QArray(x.astype("int8"), 0.5), 2, ceil_mode=v)),
+    ("quantized.avg_pool", "count_include_pad",
+     lambda x, v: Q.avg_pool(Q.QArray(x.astype("int8"), 0.5), 2, padding=1,
+                             count_include_pad=v)),
+]
+
+
+@pytest.mark.parametrize("func, param, call", BOOL_PARAMS,
+                         ids=[f"{func}-{param}" for func, param, _ in BOOL_PARAMS])
+@pytest.mark.parametrize("value", ["False", "no", 0, 1, None, 1.0, np.array(True)],
+                         ids=repr)
+def test_boolean_parameters_must_be_bools(backend, func, param, call, value):
+    """Regression: count_include_pad="False", return_indices="no" and the like were taken
+    as true."""
+    x = backend.to_backend(np.arange(2 * 3 * 5 * 5, dtype=np.float32).reshape(2, 3, 5, 5) % 7)
+    with raises(TypeError, func, f"{param}={value!r}", "bool"):
+        call(x, value)
+
+
+@pytest.mark.parametrize("func, param, call", BOOL_PARAMS,
+                         ids=[f"{func}-{param}" for func, param, _ in BOOL_PARAMS])
+def test_numpy_bools_are_bools(backend, func, param, call):
+    x = backend.to_backend(np.arange(2 * 3 * 5 * 5, dtype=np.float32).reshape(2, 3, 5, 5) % 7)
+    for value in (False, True):
+        assert_same_result(backend, call(x, np.bool_(value)), call(x, value))
+
+
+def assert_same_result(backend, a, b):
+    """Equal results of any op: arrays, (values, indices) tuples or QArrays."""
+    if isinstance(a, tuple):
+        assert isinstance(b, tuple) and len(a) == len(b)
+        for u, v in zip(a, b):
+            assert_same_result(backend, u, v)
+        return
+    if isinstance(a, Q.QArray):
+        assert (a.scale, a.zero_point) == (b.scale, b.zero_point)
+        a, b = a.data, b.data
+    assert not isinstance(b, (tuple, Q.QArray))
+    assert_same(backend, a, b)
 
 
 @pytest.mark.parametrize("func", sorted(WINDOW_OPS))

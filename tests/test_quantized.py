@@ -488,8 +488,13 @@ def qa():
 
 @pytest.mark.parametrize("scale, exc", [(0.0, ValueError), (-1.0, ValueError),
                                         (math.inf, ValueError), (math.nan, ValueError),
-                                        ("0.1", TypeError), (True, TypeError)])
+                                        ("0.1", TypeError), (True, TypeError),
+                                        (10**400, ValueError), (Fraction(1, 10**400), ValueError),
+                                        (np.longdouble("1e400"), ValueError)],
+                         ids=["0.0", "-1.0", "inf", "nan", "str", "True", "10**400",
+                              "Fraction(1, 10**400)", "longdouble(1e400)"])
 def test_bad_scale(scale, exc):
+    """Regression, among others: a scale beyond float64 (10**400) was a raw OverflowError."""
     with pytest.raises(exc, match=r"gpupool\.quantized\.QArray: scale="):
         Q.QArray(np.zeros(4, np.int8), scale)
     with pytest.raises(exc, match=r"gpupool\.quantized\.avg_pool: out_scale="):
@@ -507,7 +512,9 @@ def test_bad_dtype(dtype):
 
 
 @pytest.mark.parametrize("dtype, zp", [("int8", 128), ("int8", -129), ("uint8", -1),
-                                       ("uint8", 256)])
+                                       ("uint8", 256), ("int8", 10**400),
+                                       ("uint8", np.int64(-2**62))],
+                         ids=lambda v: "10**400" if v == 10**400 else repr(v))
 def test_zero_point_out_of_range(dtype, zp):
     with pytest.raises(ValueError, match=r"gpupool\.quantized\.QArray: zero_point=.*range"):
         Q.QArray(np.zeros(4, dtype), 1.0, zp)
