@@ -73,8 +73,19 @@ def foreign_handler(x):
     return None
 
 
+def backend_of(a) -> str | None:
+    """``"cupy"`` for a CuPy array, ``"numpy"`` for a NumPy array of any ndarray subclass,
+    else None."""
+    if is_cupy_array(a):
+        return "cupy"
+    return "numpy" if isinstance(a, np.ndarray) else None
+
+
 def as_array(func: str, x, name: str = "x"):
     """Return ``(array, backend, xp)``; plain (nested) lists and tuples become NumPy arrays.
+    A NumPy array comes back as a plain ``numpy.ndarray`` (a subclass such as ``np.memmap``
+    or ``np.matrix`` is viewed as one) in native byte order (a byte-swapped one is converted:
+    a copy), so results are plain native arrays.
 
     Errors name ``gpupool.<func>`` and the parameter: a scalar or another type is a
     ``TypeError``, a ragged nested sequence a ``ValueError``."""
@@ -82,6 +93,10 @@ def as_array(func: str, x, name: str = "x"):
         import cupy
         return x, "cupy", cupy
     if isinstance(x, np.ndarray):
+        if type(x) is not np.ndarray:  # a subclass (np.matrix reshapes its own way, ...)
+            x = np.asarray(x)
+        if not x.dtype.isnative:  # byte-swapped: once here, so no backend ever sees it
+            x = x.astype(x.dtype.newbyteorder("="))
         return x, "numpy", np
     if isinstance(x, (list, tuple)):
         try:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import functools
 from typing import Callable, Sequence, Union
 
+import numpy as np
+
 from . import spec as S
-from .backends import (Array, ArrayLike, as_array, device_scope, dtype_name, foreign_handler,
-                       implementation)
+from .backends import (Array, ArrayLike, as_array, backend_of, device_scope, dtype_name,
+                       foreign_handler, implementation)
 
 Size = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]
@@ -25,29 +27,33 @@ def _accepts_foreign(op: Callable) -> Callable:
     return dispatch
 
 
-def _result(func: str, out, shape, dtype, x, xp):
-    """The array to write into: ``out`` after checks, else a fresh one."""
+def _result(func: str, out, shape, dtype, x, backend: str, xp):
+    """The array to write into: a fresh one, or ``out`` after checks (a NumPy subclass such as
+    ``np.memmap`` viewed as a plain ``numpy.ndarray`` over the same memory)."""
     if out is None:
         return xp.empty(shape, dtype=dtype)
-    if type(out) is not type(x):
+    if backend_of(out) != backend:
         raise TypeError(f"gpupool.{func}: out is a {type(out).__module__}.{type(out).__name__}; "
-                        f"expected the input's array type {type(x).__module__}.{type(x).__name__}")
+                        f"expected a {backend} array like the input "
+                        f"({type(x).__module__}.{type(x).__name__})")
     if getattr(out, "device", None) != getattr(x, "device", None):
         raise ValueError(f"gpupool.{func}: out is on device {out.device}, the input on {x.device}")
-    S.check_out(func, out.shape, dtype_name(out.dtype), shape, dtype_name(dtype))
+    S.check_out(func, out.shape, dtype_name(out.dtype), out.dtype.isnative, shape,
+                dtype_name(dtype))
     if not out.flags.c_contiguous or not getattr(out.flags, "writeable", True):
         raise ValueError(f"gpupool.{func}: out must be a writeable C-contiguous array")
     if xp.may_share_memory(out, x):
         raise ValueError(f"gpupool.{func}: out must not overlap the input")
-    return out
+    return out if backend == "cupy" or type(out) is np.ndarray else out.view(np.ndarray)
 
 
 def _run(func: str, family: str, x, backend, xp, spec, out, indices_needed: bool = False):
     with device_scope(x, backend):
-        result = _result(func, out, spec.out_shape, x.dtype, x, xp)
+        result = _result(func, out, spec.out_shape, x.dtype, x, backend, xp)
         indices = xp.empty(spec.out_shape, dtype=xp.int64) if indices_needed else None
         if result.size:
             implementation(family, backend)(x, spec, result, indices)
+    result = result if out is None else out
     return (result, indices) if indices_needed else result
 
 
@@ -203,9 +209,9 @@ def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_size: Size, stride: Size
                 raise ValueError(f"gpupool.{func}: indices span [{low}, {high}], outside the "
                                  f"output plane [0, {spec.plane_size}) of spatial size "
                                  f"{spec.out_spatial}")
-        result = _result(func, out, spec.out_shape, x.dtype, x, xp)
+        result = _result(func, out, spec.out_shape, x.dtype, x, backend, xp)
         if out is not None and xp.may_share_memory(out, indices):
             raise ValueError(f"gpupool.{func}: out must not overlap indices")
         if result.size:
             implementation("unpool", backend)(x, spec, result, indices)
-    return result
+    return result if out is None else out

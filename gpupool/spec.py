@@ -508,8 +508,14 @@ def unpool_spec(func: str, shape, dtype: str, indices_shape, indices_dtype: str,
     return UnpoolSpec(g, out)
 
 
-def check_out(func: str, out_shape, out_dtype, expected_shape, expected_dtype) -> None:
-    """``out=`` must match the result's shape and dtype exactly."""
+def check_out(func: str, out_shape, out_dtype, out_native: bool, expected_shape,
+              expected_dtype) -> None:
+    """``out=`` must match the result's shape and dtype exactly, in native byte order (the
+    kernels write it in place)."""
     if tuple(out_shape) != tuple(expected_shape) or out_dtype != expected_dtype:
         _fail(func, f"out has shape {tuple(out_shape)} and dtype {out_dtype}; expected shape "
                     f"{tuple(expected_shape)} and dtype {expected_dtype}")
+    if not out_native:
+        _fail(func, f"out has dtype {out_dtype} in non-native (byte-swapped) byte order; the "
+                    f"result is written into out in place in native order: pass an array of "
+                    f"native byte order")

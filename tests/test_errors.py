@@ -429,6 +429,70 @@ def test_bad_out(backend, x, func):
         call(buf.reshape(x.shape), out=overlapping, **kw)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("func", list(ALL_OPS) + ["max_unpool"])
+def test_byte_swapped_out_is_rejected(backend, func, dtype):
+    """Regression: out is written in place in native order, and a byte-swapped out (whose
+    dtype name equals the native one's) came back as garbage."""
+    x = backend.to_backend(np.arange(2 * 3 * 6 * 6, dtype=dtype).reshape(2, 3, 6, 6) % 11)
+    if func == "max_unpool":
+        y, i = gpupool.max_pool(x, 2, return_indices=True)
+        call = lambda out: gpupool.max_unpool(y, i, 2, out=out)  # noqa: E731
+    else:
+        call = lambda out: ALL_OPS[func](x, out=out, **_window_kw(func))  # noqa: E731
+    good = call(None)
+    try:
+        swapped = backend.empty(good.shape, np.dtype(dtype).newbyteorder())
+    except (TypeError, ValueError):
+        pytest.skip(f"{backend.name} has no byte-swapped arrays")
+    with raises(ValueError, func, "out", "byte order"):
+        call(swapped)
+
+
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+def test_numpy_subclasses_are_numpy_arrays(tmp_path):
+    """Regression: a np.memmap input with an ndarray out= (or the reverse) was a TypeError
+    (exact types compared), an np.matrix input a raw reshape error. Subclasses are viewed as
+    plain arrays: the results are plain ndarrays, or out itself."""
+    xn = np.arange(2 * 3 * 6 * 6, dtype=np.float32).reshape(2, 3, 6, 6) % 13
+    expected = xn.reshape(2, 3, 3, 2, 3, 2).max(axis=(3, 5))
+    mapped = np.memmap(tmp_path / "x", np.float32, "w+", shape=xn.shape)
+    mapped[...] = xn
+    out = np.empty(expected.shape, np.float32)
+    assert gpupool.max_pool(mapped, 2, out=out) is out
+    np.testing.assert_array_equal(out, expected)
+    result = gpupool.max_pool(mapped, 2)
+    assert type(result) is np.ndarray
+    np.testing.assert_array_equal(result, expected)
+    mapped_out = np.memmap(tmp_path / "out", np.float32, "w+", shape=expected.shape)
+    assert gpupool.max_pool(xn, 2, out=mapped_out) is mapped_out
+    np.testing.assert_array_equal(np.asarray(mapped_out), expected)
+    y, i = gpupool.max_pool(xn, 2, return_indices=True)
+    unpooled = np.memmap(tmp_path / "unpooled", np.float32, "w+", shape=xn.shape)
+    assert gpupool.max_unpool(y, i, 2, out=unpooled) is unpooled
+    np.testing.assert_array_equal(np.asarray(unpooled), np.where(
+        np.kron(expected, np.ones((2, 2), np.float32)) == xn, xn, 0))
+    matrix = np.matrix(xn[0, 0])
+    for op in (lambda a: gpupool.max_pool(a, 2), lambda a: gpupool.avg_pool(a, 3, 1, 1),
+               lambda a: gpupool.global_avg_pool(a), lambda a: gpupool.adaptive_max_pool(a, 4)):
+        got = op(matrix)
+        assert type(got) is np.ndarray
+        np.testing.assert_array_equal(got, op(np.asarray(matrix)))
+    m_out = np.matrix(np.zeros((3, 3), np.float32))
+    assert gpupool.max_pool(matrix, 2, out=m_out) is m_out
+    np.testing.assert_array_equal(np.asarray(m_out), expected[0, 0])
+
+
+def test_numpy_subclass_out_for_a_cupy_input_is_a_type_error(backend, tmp_path):
+    x = backend.to_backend(np.ones((1, 1, 4, 4), np.float32))
+    mapped = np.memmap(tmp_path / "out", np.float32, "w+", shape=(1, 1, 2, 2))
+    if backend.name == "numpy":
+        assert gpupool.max_pool(x, 2, out=mapped) is mapped
+    else:
+        with raises(TypeError, "max_pool", "out", "numpy.memmap", backend.name):
+            gpupool.max_pool(x, 2, out=mapped)
+
+
 def test_read_only_out_is_rejected():
     x = np.ones((1, 1, 4, 4), np.float32)
     out = np.empty((1, 1, 2, 2), np.float32)

@@ -560,6 +560,64 @@ def test_max_unpool_index_minus_one_from_an_empty_window_raises(backend):
         gpupool.max_unpool(y, i, (1,), output_size=(4,))
 
 
+SWAPPED_OPS = {
+    "max_pool": lambda x: gpupool.max_pool(x, 3, 2, 1),
+    "max_pool_indices": lambda x: gpupool.max_pool(x, 3, 1, 1, return_indices=True),
+    "max_pool_nhwc": lambda x: gpupool.max_pool(x, (2, 3), 1, layout="NHWC",
+                                                return_indices=True),
+    "avg_pool": lambda x: gpupool.avg_pool(x, 3, 1, 1, count_include_pad=True),
+    "avg_pool_nhwc": lambda x: gpupool.avg_pool(x, 2, layout="NHWC"),
+    "lp_pool": lambda x: gpupool.lp_pool(x, 2, 3, 1, 1),
+    "lp_pool_p3": lambda x: gpupool.lp_pool(x, 3, 2, ceil_mode=True),
+    "global_avg_pool": lambda x: gpupool.global_avg_pool(x),
+    "global_max_pool": lambda x: gpupool.global_max_pool(x),
+    "adaptive_avg_pool": lambda x: gpupool.adaptive_avg_pool(x, (4, 3)),
+    "adaptive_max_pool": lambda x: gpupool.adaptive_max_pool(x, (4, 3), return_indices=True),
+}
+MAX_OPS = ("max_pool", "max_pool_indices", "max_pool_nhwc", "global_max_pool",
+           "adaptive_max_pool")
+
+
+def _swapped_input(dtype):
+    """Native data of ``dtype`` with ties, NaN and infinities (floats), and its byte-swapped
+    copy (``>f2`` for float16 on a little-endian machine). float16 values near its largest
+    make a float16 sum overflow where the float32 sum does not."""
+    rng = np.random.default_rng(17)
+    native = np.dtype(dtype)
+    if native.kind == "f":
+        x = rng.choice([6.0e4, -6.0e4, 5.0e4, 1.5, 0.0, -0.0, -2.25, 1e-3, np.inf, np.nan],
+                       size=(2, 3, 9, 8), p=[.2, .1, .2, .2, .1, .05, .05, .05, .02, .03])
+        x = x.astype(native)
+    else:
+        x = make_input(rng, (2, 3, 9, 8), native, "ties")
+    swapped = x.astype(native.newbyteorder("S"))
+    assert not swapped.dtype.isnative
+    return x, swapped
+
+
+def _bits(a):
+    a = np.asarray(a)
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+@pytest.mark.parametrize("dtype", FLOATS + ("int16", "int32", "int64"))
+@pytest.mark.parametrize("op", list(SWAPPED_OPS))
+def test_byte_swapped_input_gives_the_native_result(op, dtype):
+    """Regression: NumPy arrays in non-native byte order reached the backend, which read
+    them wrongly in places (float16 summed in float16 to inf; max with indices wrong with
+    NaN). They are converted once at the entry: every op gives, bit for bit, its result on
+    the native-order copy, in native order. (CuPy has no byte-swapped arrays.)"""
+    x, swapped = _swapped_input(dtype)
+    if x.dtype.kind != "f" and op not in MAX_OPS:
+        return
+    got, want = SWAPPED_OPS[op](swapped), SWAPPED_OPS[op](x)
+    if not isinstance(want, tuple):
+        got, want = (got,), (want,)
+    for g, w in zip(got, want):
+        assert type(g) is np.ndarray and g.dtype == w.dtype and g.dtype.isnative
+        assert_array_equal(_bits(g), _bits(w))
+
+
 @pytest.mark.parametrize("dtype", INTS + FLOATS)
 def test_max_unpool_dtypes(backend, dtype):
     rng = np.random.default_rng(4)

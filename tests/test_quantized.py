@@ -576,6 +576,17 @@ def test_geometry_errors_name_the_quantized_function(qa):
         Q.global_avg_pool(qa, spatial_dims=0)
 
 
+@pytest.mark.parametrize("dtype", [">f2", ">f4", ">f8", ">i4", ">i8"])
+def test_byte_swapped_input_quantizes_as_native(dtype):
+    x = (np.random.default_rng(2).standard_normal((2, 3, 5, 5)) * 40).astype(dtype)
+    native = x.astype(np.dtype(dtype).newbyteorder("="))
+    got, want = Q.quantize(x, 0.25, 3), Q.quantize(native, 0.25, 3)
+    assert got.data.dtype.isnative
+    assert_array_equal(got.data, want.data)
+    assert_array_equal(got.data, np.clip(np.rint(native.astype(np.float64) / 0.25) + 3,
+                                         -128, 127))
+
+
 def test_not_a_qarray_and_nan_input():
     with pytest.raises(TypeError, match=r"gpupool\.quantized\.max_pool: q must be"):
         Q.max_pool(np.zeros((1, 1, 4, 4), np.int8), 2)
