@@ -18,7 +18,8 @@ array, for any chunking.
   tree reduction (:func:`dask.array.sum` in float64 / exact int64, :func:`dask.array.max`).
 * ``max_unpool`` takes ``x`` and ``indices`` as Dask arrays; each output block gathers the
   input blocks whose pooling windows reach it and scatters the indices that land in it.
-  Every index must lie in its own window, as ``max_pool`` returns them (checked when computed).
+  Every index must lie in its own window, as ``max_pool`` returns them, or be -1 (a window
+  with no valid tap: skipped), checked when computed.
 * The chunk type picks the backend: NumPy chunks run on the CPU, CuPy chunks on their GPU;
   the result's ``_meta`` has the chunks' type.
 """
@@ -471,16 +472,14 @@ def _unpool_spans(chunks, size, out, kernel, stride, dilation, begin) -> list[_S
     return spans
 
 
-def _checked_indices(indices, first, full_spatial, stride, begin, span, block_info=None):
-    """``indices`` after checking that each lies in the output plane and in the pooling
-    window of its position (``ValueError`` otherwise)."""
+def _checked_indices(indices, first, spec, stride, begin, span, block_info=None):
+    """``indices`` after checking that each lies in the output plane
+    (:func:`gpupool.spec.check_unpool_indices`: -1 is skipped) and in the pooling window of
+    its position (``ValueError`` otherwise)."""
     if indices.size == 0:
         return indices
-    plane = math.prod(full_spatial)
-    low, high = int(indices.min()), int(indices.max())
-    if low < 0 or high >= plane:
-        raise ValueError(f"gpupool.max_unpool: indices span [{low}, {high}], outside the output "
-                         f"plane [0, {plane}) of spatial size {full_spatial}")
+    S.check_unpool_indices("max_unpool", int(indices.min()), int(indices.max()), spec)
+    full_spatial = spec.out_spatial
     xp = _xp(indices)
     flat = indices.astype(np.int64)
     inside = xp.ones(flat.shape, bool)
@@ -490,7 +489,7 @@ def _checked_indices(indices, first, full_spatial, stride, begin, span, block_in
         start = _shaped(xp.arange(*location[first + a]) * stride[a] - begin[a], flat.ndim,
                         first + a)
         inside &= (coord >= start) & (coord < start + span[a])
-    if not bool(inside.all()):
+    if not bool((inside | (flat < 0)).all()):  # -1, checked above, is in no window: skipped
         raise ValueError("gpupool.max_unpool: an index lies outside the pooling window of its "
                          "position; on Dask arrays indices must be those max_pool returns with "
                          "the same kernel_size, stride, padding and dilation")
@@ -508,7 +507,7 @@ def _unpool_block(values, indices, params, first, nd, full_spatial):
     if values.size == 0:
         return out
     flat = indices.astype(np.int64)
-    inside = xp.ones(flat.shape, bool)
+    inside = flat >= 0  # -1: a window with no valid tap, writes nothing
     local = []
     for a, ((start, n), full) in enumerate(zip(spatial, full_spatial)):
         coord = flat // math.prod(full_spatial[a + 1:]) % full - start
@@ -541,7 +540,7 @@ def _unpool(func: str, params: dict):
     begin = tuple(b for b, _ in pads)
     spans_of = tuple(d * (k - 1) + 1 for k, d in zip(kernel, dilation))
     checked = indices.rechunk(x.chunks).map_blocks(
-        _checked_indices, first, spec.out_spatial, stride, begin, spans_of,
+        _checked_indices, first, spec, stride, begin, spans_of,
         dtype=indices.dtype, meta=indices._meta)
     spans = _spatial_spans(x, geom, lambda a: _unpool_spans(
         x.chunks[first + a], geom.spatial[a], spec.out_spatial[a], kernel[a], stride[a],

@@ -185,9 +185,10 @@ def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_size: Size, stride: Size
     (spatial dims or the full shape), each dim of which must lie strictly between ``D - s`` and
     ``D + s`` as in PyTorch (see :func:`gpupool.spec.unpool_sizes` for pads larger than PyTorch
     allows and for ``"same"`` padding, which needs ``output_size``), else ``ValueError``:
-    indices pooled from another size would land at wrong positions. An index outside the plane
-    raises ``ValueError``; on the GPU that check costs one device-to-host sync. Where indices
-    repeat, which value lands is unspecified.
+    indices pooled from another size would land at wrong positions. An index -1 (max_pool's
+    index of a window with no valid tap) is skipped: its value is not written. Any other index
+    outside the plane raises ``ValueError``; on the GPU that check costs one device-to-host
+    sync. Where indices repeat, which value lands is unspecified.
 
     >>> y, i = max_pool(np.arange(4.).reshape(1, 1, 2, 2), 2, return_indices=True)
     >>> max_unpool(y, i, 2)
@@ -204,11 +205,7 @@ def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_size: Size, stride: Size
         raise ValueError(f"gpupool.{func}: indices is on device {indices.device}, x on {x.device}")
     with device_scope(x, backend):
         if indices.size:
-            low, high = int(indices.min()), int(indices.max())
-            if low < 0 or high >= spec.plane_size:
-                raise ValueError(f"gpupool.{func}: indices span [{low}, {high}], outside the "
-                                 f"output plane [0, {spec.plane_size}) of spatial size "
-                                 f"{spec.out_spatial}")
+            S.check_unpool_indices(func, int(indices.min()), int(indices.max()), spec)
         result = _result(func, out, spec.out_shape, x.dtype, x, backend, xp)
         if out is not None and xp.may_share_memory(out, indices):
             raise ValueError(f"gpupool.{func}: out must not overlap indices")

@@ -508,6 +508,16 @@ def unpool_spec(func: str, shape, dtype: str, indices_shape, indices_dtype: str,
     return UnpoolSpec(g, out)
 
 
+def check_unpool_indices(func: str, low: int, high: int, spec: UnpoolSpec) -> None:
+    """max_unpool's indices, given their smallest and largest value, must lie in the output
+    plane, or be -1: max_pool's index of a window with no valid tap, which is skipped (its
+    value is not written)."""
+    if low < -1 or high >= spec.plane_size:
+        _fail(func, f"indices span [{low}, {high}], outside the output plane "
+                    f"[0, {spec.plane_size}) of spatial size {spec.out_spatial} (an index -1, "
+                    f"from a window with no valid tap, is skipped)")
+
+
 def check_out(func: str, out_shape, out_dtype, out_native: bool, expected_shape,
               expected_dtype) -> None:
     """``out=`` must match the result's shape and dtype exactly, in native byte order (the

@@ -26,7 +26,8 @@ __global__ void max_pool_indices(const T* __restrict__ x, T* __restrict__ out,
 
 // Max unpooling scatter into an `out` the host has already zero-filled. Elements move as
 // same-sized unsigned words V, so one instantiation serves every dtype of that size; J is the
-// dtype of `indices` (already checked to lie in [0, sout) by the host).
+// dtype of `indices` (already checked by the host to lie in [0, sout) or be -1, max_pool's
+// index of a window with no valid tap, which writes nothing).
 // x viewed as (batch, sin, chans) with chans = 1 for NCHW; out as (batch, sout, chans).
 // grid: x = enough blocks for n elements (capped; grid-stride loop). block: 256 threads.
 // thread: element e of x -> out[((e / (sin*chans)) * sout + indices[e]) * chans + e % chans].
@@ -36,8 +37,10 @@ __global__ void max_unpool(const V* __restrict__ x, const J* __restrict__ indice
   const I step = (I)gridDim.x * (I)blockDim.x;
   const I plane_in = sin * chans;
   for (I e = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; e < n; e += step) {
+    const long long j = (long long)indices[e];  // signed for every J: no unsigned compare
+    if (j < 0) continue;
     const I b = e / plane_in;
     const I c = chans == 1 ? (I)0 : e % chans;
-    out[(b * sout + (I)indices[e]) * chans + c] = x[e];
+    out[(b * sout + (I)j) * chans + c] = x[e];
   }
 }

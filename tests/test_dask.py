@@ -293,18 +293,12 @@ def test_max_unpool_matches_whole_array(data, nd):
     pooled_chunks = data.draw(chunkings(values.shape))
     dv = da.from_array(values, chunks=pooled_chunks)
     di = da.from_array(indices, chunks=data.draw(chunkings(values.shape)))  # rechunked to dv's
-    try:
+    try:  # index -1 (a window with no valid tap) is skipped on both
         expected = gpupool.max_unpool(values, indices, layout=layout, output_size=output_size,
                                       **args)
-    except ValueError as e:
-        if "outside the output plane" not in str(e):  # a geometry error: raised eagerly
-            with pytest.raises(ValueError):
-                gpupool.max_unpool(dv, di, layout=layout, output_size=output_size, **args)
-            return
-        # index -1 (a window with no valid tap): raised when computed
-        result = gpupool.max_unpool(dv, di, layout=layout, output_size=output_size, **args)
-        with pytest.raises(ValueError, match="outside the output plane"):
-            compute(result)
+    except ValueError:  # a geometry error: raised eagerly
+        with pytest.raises(ValueError):
+            gpupool.max_unpool(dv, di, layout=layout, output_size=output_size, **args)
         return
     result = gpupool.max_unpool(dv, di, layout=layout, output_size=output_size, **args)
     check_lazy(result)
@@ -557,17 +551,58 @@ def test_cupy_chunks_run_on_the_gpu_and_stay_cupy():
 
 
 def test_max_unpool_checks_indices_of_windows_that_reach_no_output():
-    """Regression: a window wholly in the padding (index -1 from max_pool) reaches no output
-    block, so no block gathered it and its index went unchecked: the in-memory op raises, so
-    must the Dask one."""
+    """Regression: a window wholly in the padding reaches no output block, so no block
+    gathered it and its index went unchecked. max_pool gives it index -1, which is skipped
+    (as by the in-memory op); any other index outside the plane raises on both."""
     x = np.array([[[[3, 1], [0, -3]], [[-2, -5], [-5, -5]]]], np.int32)
     args = dict(kernel_size=(2, 2, 1), padding=1)
     values, indices = gpupool.max_pool(x, ceil_mode=True, return_indices=True, **args)
+    empty = indices == -1
+    assert empty.any()
+
+    def dask_unpool(idx):
+        return gpupool.max_unpool(da.from_array(values, chunks=(1, 2, 2, (1, 2))),
+                                  da.from_array(idx, chunks=(1, 2, 2, 3)),
+                                  output_size=(2, 2, 2), **args)
+    expected = gpupool.max_unpool(values, indices, output_size=(2, 2, 2), **args)
+    assert_array_equal(expected, scatter_reference(values, indices, (2, 2, 2)))
+    assert_array_equal(dask_unpool(indices).compute(scheduler="synchronous"), expected)
+    bad = np.where(empty, -2, indices)
+    with pytest.raises(ValueError, match=r"indices span \[-2, .*outside the output plane"):
+        gpupool.max_unpool(values, bad, output_size=(2, 2, 2), **args)
+    with pytest.raises(ValueError, match=r"indices span \[-2, .*outside the output plane"):
+        dask_unpool(bad).compute(scheduler="synchronous")
+
+
+def scatter_reference(values, indices, out_spatial):
+    """max_unpool (NCHW) by a direct loop: each value at its flat index in its zero plane;
+    index -1 writes nothing."""
+    nd = len(out_spatial)
+    lead = values.shape[:values.ndim - nd]
+    out = np.zeros(lead + tuple(out_spatial), values.dtype)
+    flat_out = out.reshape(-1, math.prod(out_spatial))
+    for plane, (vals, idxs) in enumerate(zip(values.reshape(len(flat_out), -1),
+                                             indices.reshape(len(flat_out), -1))):
+        for v, i in zip(vals.tolist(), idxs.tolist()):
+            if i != -1:
+                flat_out[plane, i] = v
+    return out
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3, (1, 2, 2, 3)])
+@pytest.mark.parametrize("kernel, stride, padding", [
+    (2, 1, 3), ((3, 2), (2, 1), ((4, 0), (1, 3))), (2, 2, ((0, 5), (3, 0)))])
+def test_max_unpool_round_trip_with_pads_beyond_half_the_window(chunks, kernel, stride,
+                                                                padding):
+    """Regression: indices -1 of max_pool's empty windows (pads beyond k/2) were refused;
+    they are skipped, and the block gather lands every other value where the whole-array
+    op does."""
+    x = np.random.default_rng(6).integers(-3, 4, (1, 3, 4, 5)).astype(np.float32)
+    values, indices = gpupool.max_pool(x, kernel, stride, padding, return_indices=True)
     assert (indices == -1).any()
-    with pytest.raises(ValueError, match="outside the output plane"):
-        gpupool.max_unpool(values, indices, output_size=(2, 2, 2), **args)
-    result = gpupool.max_unpool(da.from_array(values, chunks=(1, 2, 2, (1, 2))),
-                                da.from_array(indices, chunks=(1, 2, 2, 3)),
-                                output_size=(2, 2, 2), **args)
-    with pytest.raises(ValueError, match="outside the output plane"):
-        result.compute(scheduler="synchronous")
+    result = gpupool.max_unpool(da.from_array(values, chunks=chunks),
+                                da.from_array(indices, chunks=chunks), kernel, stride, padding,
+                                output_size=(4, 5))
+    check_lazy(result)
+    (actual,) = compute(result)
+    assert_array_equal(actual, scatter_reference(values, indices, (4, 5)))

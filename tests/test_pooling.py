@@ -541,7 +541,7 @@ def test_max_unpool_round_trip_and_output_size_forms(backend):
     assert up3.shape == (2, 5, 5, 3)
 
 
-@pytest.mark.parametrize("bad", [-1, 20])
+@pytest.mark.parametrize("bad", [-2, -2**40, 20])
 def test_max_unpool_out_of_range_index_raises_and_leaves_out_untouched(backend, bad):
     x = backend.to_backend(np.ones((1, 1, 2, 2), np.float32))
     idx = np.array([[[[0, 1], [2, 3]]]], np.int64)
@@ -552,12 +552,65 @@ def test_max_unpool_out_of_range_index_raises_and_leaves_out_untouched(backend, 
     assert_array_equal(backend.to_numpy(out), np.full((1, 1, 4, 5), 9.0, np.float32))
 
 
-def test_max_unpool_index_minus_one_from_an_empty_window_raises(backend):
+def scatter_reference(values, indices, out_spatial, layout="NCHW"):
+    """max_unpool by a direct loop over the pooled elements: each value written at its flat
+    index in its plane of a zero ``out_spatial`` plane; index -1 writes nothing."""
+    values, indices = np.asarray(values), np.asarray(indices)
+    nd = len(out_spatial)
+    if layout == "NHWC":  # planes as NCHW: the channel axis before the spatial ones
+        values, indices = np.moveaxis(values, -1, -nd - 1), np.moveaxis(indices, -1, -nd - 1)
+    lead = values.shape[:values.ndim - nd]
+    out = np.zeros(lead + tuple(out_spatial), values.dtype)
+    flat_out = out.reshape(-1, int(np.prod(out_spatial)))
+    for plane, (vals, idxs) in enumerate(zip(values.reshape(len(flat_out), -1),
+                                             indices.reshape(len(flat_out), -1))):
+        for v, i in zip(vals.tolist(), idxs.tolist()):
+            if i != -1:
+                flat_out[plane, i] = v
+    return np.moveaxis(out, -nd - 1, -1) if layout == "NHWC" else out
+
+
+def test_max_unpool_skips_index_minus_one_from_an_empty_window(backend):
     x = backend.to_backend(np.array([[[1.0, 2.0]]]))
     y, i = gpupool.max_pool(x, (1,), (1,), padding=1, return_indices=True)  # empty ends
     assert backend.to_numpy(i).tolist() == [[[-1, 0, 1, -1]]]
-    with pytest.raises(ValueError, match="gpupool.max_unpool"):
-        gpupool.max_unpool(y, i, (1,), output_size=(4,))
+    up = gpupool.max_unpool(y, i, (1,), (1,), 1, output_size=(2,))
+    check(backend, up, np.array([[[1.0, 2.0]]]), "float64", exact=True)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", ["float32", "int16", "float16"])
+@pytest.mark.parametrize("kernel, stride, padding", [
+    (2, 1, 3), ((3, 2), (2, 1), ((4, 0), (1, 3))), (2, 2, ((0, 5), (3, 0)))])
+def test_max_unpool_round_trip_with_pads_beyond_half_the_window(backend, layout, dtype,
+                                                                kernel, stride, padding):
+    """Regression: max_pool with pads larger than k/2 returns -1 for its empty windows, and
+    max_unpool refused those very indices ("indices span [-1, 15] outside the output plane");
+    -1 is now skipped: the output positions keep what the other indices write."""
+    rng = np.random.default_rng(21)
+    shape = (2, 3, 4, 5) if layout == "NCHW" else (2, 4, 5, 3)
+    x = make_input(rng, shape, dtype, "ties")
+    y, i = gpupool.max_pool(backend.to_backend(x), kernel, stride, padding, return_indices=True,
+                            layout=layout)
+    yn, inn = backend.to_numpy(y), backend.to_numpy(i)
+    assert (inn == -1).any() and (inn >= 0).any()
+    expected = scatter_reference(yn, inn, (4, 5), layout)
+    check(backend, gpupool.max_unpool(y, i, kernel, stride, padding, output_size=(4, 5),
+                                      layout=layout), expected, dtype, exact=True)
+    out = backend.full(shape, 7, dtype)  # out= is zero-filled first, -1 leaves it so
+    assert gpupool.max_unpool(y, i, kernel, stride, padding, output_size=shape, layout=layout,
+                              out=out) is out
+    check(backend, out, expected, dtype, exact=True)
+
+
+def test_max_unpool_minus_one_does_not_write_over_a_value(backend):
+    # a -1 in the last position of a plane: NumPy's put_along_axis would write its value
+    # to the plane's last element; here that element keeps the value another index puts there
+    y = backend.to_backend(np.array([[[[5.0, -9.0]]]], np.float32))
+    i = backend.to_backend(np.array([[[[7, -1]]]], np.int64))
+    up = gpupool.max_unpool(y, i, (2, 2))  # (2, 4)
+    check(backend, up, np.array([[[[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 5.0]]]]), "float32",
+          exact=True)
 
 
 SWAPPED_OPS = {
@@ -616,6 +669,21 @@ def test_byte_swapped_input_gives_the_native_result(op, dtype):
     for g, w in zip(got, want):
         assert type(g) is np.ndarray and g.dtype == w.dtype and g.dtype.isnative
         assert_array_equal(_bits(g), _bits(w))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64", "int32"])
+@pytest.mark.parametrize("indices_dtype", ["int64", "int32", "int16"])
+def test_byte_swapped_max_unpool_gives_the_native_result(dtype, indices_dtype):
+    x, _ = _swapped_input(dtype)
+    y, i = gpupool.max_pool(x, 3, 2, 4, return_indices=True)  # pads beyond k/2: some -1
+    assert (i == -1).any()
+    got = gpupool.max_unpool(y.astype(y.dtype.newbyteorder("S")),
+                             i.astype(np.dtype(indices_dtype).newbyteorder("S")), 3, 2, 4,
+                             output_size=(9, 8))
+    want = gpupool.max_unpool(y, i, 3, 2, 4, output_size=(9, 8))
+    assert got.dtype == want.dtype and got.dtype.isnative
+    assert_array_equal(_bits(got), _bits(want))
+    assert_array_equal(_bits(want), _bits(scatter_reference(y, i, (9, 8))))
 
 
 @pytest.mark.parametrize("dtype", INTS + FLOATS)
@@ -940,18 +1008,16 @@ def test_max_unpool_round_trip_matches_reference(backend, case):
     spatial = case["spatial"]
     full = full_shape(case["lead"], spatial, case["layout"], case["channels"])
     output_size = full if case["use_out"] else spatial
-    if (inn < 0).any():  # an empty window's index -1 is outside every plane
-        with pytest.raises(ValueError, match="gpupool.max_unpool"):
-            gpupool.max_unpool(yb, ib, case["kernel"], case["stride"], case["padding"],
-                               output_size=output_size, dilation=case["dilation"],
-                               layout=case["layout"])
-        return
     up = gpupool.max_unpool(yb, ib, case["kernel"], case["stride"], case["padding"],
                             output_size=output_size, dilation=case["dilation"],
                             layout=case["layout"])
-    check(backend, up, ref.max_unpool(yn, inn, case["kernel"], case["stride"], case["padding"],
-                                      output_size=spatial, layout=case["layout"]),
-          case["dtype"], exact=True)
+    if (inn < 0).any():  # an empty window's index -1 is skipped
+        expected = scatter_reference(yn, inn, spatial, case["layout"]).astype(
+            np.int64 if yn.dtype.kind in "iu" else np.float64)
+    else:
+        expected = ref.max_unpool(yn, inn, case["kernel"], case["stride"], case["padding"],
+                                  output_size=spatial, layout=case["layout"])
+    check(backend, up, expected, case["dtype"], exact=True)
 
 
 @pytest.mark.parametrize("dtype, big", [("float16", 6.0e4), ("float32", 3.0e38),
