@@ -47,7 +47,6 @@ CPU and GPU agree to the bit.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import importlib
@@ -59,7 +58,8 @@ from typing import Sequence, Union
 import numpy as np
 
 from . import spec as S
-from .backends import Array, ArrayLike, as_array, dtype_name, implementation, is_dask_array
+from .backends import (Array, ArrayLike, as_array, backend_of, device_scope, dtype_name,
+                       implementation, is_dask_array)
 
 Size = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]
@@ -153,18 +153,19 @@ def quantize(x: ArrayLike, scale: float, zero_point: int = 0, dtype: str = "int8
     """
     if is_dask_array(x):
         return _dask_backend().quantize(x, scale, zero_point, dtype)
-    x, _, xp = as_array("quantized.quantize", x)
+    x, backend, xp = as_array("quantized.quantize", x)
     name = _check_qdtype("quantize", dtype)
     scale = _check_scale("quantize", "scale", scale)
     zero_point = _check_zero_point("quantize", "zero_point", zero_point, name)
     if x.dtype.kind not in "fiu":
         _fail("quantize", f"x has dtype {x.dtype}; expected a real (float or integer) array",
               TypeError)
-    y = x.astype(xp.float64) / scale
-    if bool(xp.isnan(y).any()):
-        _fail("quantize", "x contains NaN, which has no code")
-    lo, hi = _RANGES[name]
-    codes = xp.clip(xp.rint(y) + zero_point, lo, hi).astype(name)
+    with device_scope(x, backend):
+        y = x.astype(xp.float64) / scale
+        if bool(xp.isnan(y).any()):
+            _fail("quantize", "x contains NaN, which has no code")
+        lo, hi = _RANGES[name]
+        codes = xp.clip(xp.rint(y) + zero_point, lo, hi).astype(name)
     return QArray(codes, scale, zero_point)
 
 
@@ -177,7 +178,8 @@ def dequantize(q: QArray) -> Array:
     """
     q = _qarray("dequantize", q)
     data = q.data
-    return ((data.astype("float64") - q.zero_point) * q.scale).astype("float32")
+    with device_scope(data, backend_of(data)):  # nothing for NumPy and Dask codes
+        return ((data.astype("float64") - q.zero_point) * q.scale).astype("float32")
 
 
 # ----------------------------------------------------------------------------- requantization
@@ -313,15 +315,10 @@ def _out_params(func, q, out_scale, out_zero_point, rounding):
     return dtype, out_scale, zp_out, rounding
 
 
-def _device(data):
-    """The context that puts new CuPy arrays on ``data``'s device (nothing for NumPy)."""
-    return data.device if hasattr(data, "__cuda_array_interface__") else contextlib.nullcontext()
-
-
 def _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, family):
     dtype = dtype_name(q.data.dtype)
     plan = _avg_plan(spec, dtype, q.scale, q.zero_point, out_scale, zp_out, rounding)
-    with _device(q.data):
+    with device_scope(q.data, backend):
         out = xp.empty(spec.out_shape, dtype=q.data.dtype)
         if out.size:
             implementation(family, backend)(q.data, spec, out, plan)
@@ -358,7 +355,7 @@ def max_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: 
     data, backend, xp = as_array("quantized.max_pool", q.data)
     spec = _int_window_spec("max_pool", "max", data.shape, dtype_name(data.dtype), kernel_size,
                             stride, padding, dilation, ceil_mode, layout, False)
-    with _device(data):
+    with device_scope(data, backend):
         out = xp.empty(spec.out_shape, dtype=data.dtype)
         if out.size:
             implementation("qmax_window", backend)(data, spec, out)

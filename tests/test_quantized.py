@@ -576,6 +576,38 @@ def test_geometry_errors_name_the_quantized_function(qa):
         Q.global_avg_pool(qa, spatial_dims=0)
 
 
+@pytest.mark.gpu
+def test_quantized_ops_run_on_the_input_device():
+    """Regression: quantize checked for NaN on the current device, not the input's (and
+    dequantize computed there too); every quantized op runs on its codes' device."""
+    import cupy
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two devices")
+    x = np.random.default_rng(8).standard_normal((2, 3, 7, 6)) * 4
+    scale, zp = 0.05, -3
+    expected = np.clip(np.rint(x / scale) + zp, -128, 127)
+    with cupy.cuda.Device(1):
+        xg = cupy.asarray(x)
+    ops = {"max_pool": lambda q: Q.max_pool(q, 3, 2, 1),
+           "avg_pool": lambda q: Q.avg_pool(q, 3, 2, 1, out_scale=0.07, out_zero_point=2),
+           "global_avg_pool": lambda q: Q.global_avg_pool(q),
+           "adaptive_avg_pool": lambda q: Q.adaptive_avg_pool(q, (3, 4))}
+    with cupy.cuda.Device(0):
+        qg = Q.quantize(xg, scale, zp)
+        assert qg.data.device == xg.device
+        assert_array_equal(cupy.asnumpy(qg.data), expected)
+        back = Q.dequantize(qg)
+        assert back.device == xg.device
+        assert_array_equal(cupy.asnumpy(back),
+                           ((expected - zp) * scale).astype(np.float32))
+        codes = expected.astype(np.int8)
+        for name, op in ops.items():
+            got = op(qg)
+            assert got.data.device == xg.device, name
+            want = op(Q.QArray(codes, scale, zp))
+            assert_array_equal(cupy.asnumpy(got.data), want.data, err_msg=name)
+
+
 @pytest.mark.parametrize("dtype", [">f2", ">f4", ">f8", ">i4", ">i8"])
 def test_byte_swapped_input_quantizes_as_native(dtype):
     x = (np.random.default_rng(2).standard_normal((2, 3, 5, 5)) * 40).astype(dtype)
