@@ -15,6 +15,10 @@ arrives, so they are already loaded: gpupool never loads them.
   rule); any other (bfloat16, complex, bool, float8, ...) is a ``TypeError`` before any work.
 * A PyTorch tensor that requires grad is a ``TypeError``: gpupool records no gradients, and a
   result silently cut off from autograd would train wrongly.
+* A PyTorch tensor with the negative bit set (a lazily negated view such as ``t.conj().imag``
+  of a complex ``t``), whose DLPack export would drop the sign, is taken through
+  ``resolve_neg()`` (a copy) as ``x`` or ``indices``, and is a ``TypeError`` as ``out``, which
+  is written in place. The conjugate bit exists only on complex tensors, which are refused.
 * JAX on the CPU takes a result without a copy only where its buffer is 64-byte aligned (XLA's
   rule), and copies it otherwise. Without ``jax_enable_x64`` JAX has no int64: indices come
   back as int32, as from JAX's own index functions (a ``ValueError`` where one would not fit).
@@ -124,6 +128,12 @@ def _view(func: str, lib: str, device: tuple[int, int], t, name: str):
                         f"is not supported (supported: {', '.join(S.FLOAT_DTYPES)}; "
                         f"{', '.join(S.INT_DTYPES)} for the max ops and max_unpool); convert it "
                         f"first, e.g. to float32")
+    if lib == "torch" and t.is_neg():  # a lazily negated view: DLPack would drop the sign
+        if name == "out":
+            raise TypeError(f"gpupool.{func}: out has PyTorch's negative bit set (a lazily "
+                            f"negated view, e.g. of t.conj().imag), so it cannot be written in "
+                            f"place; pass a tensor without it (out.is_neg() False)")
+        t = t.resolve_neg()
     xp = np if device[0] == _CPU else _cupy(func, name)
     try:
         return xp.from_dlpack(t)

@@ -224,6 +224,53 @@ def test_torch_out_rules(torch, make, exc, fragment):
         gpupool.max_pool(torch.ones((1, 1, 4, 4)), 2, out=make(torch))
 
 
+def _negative_views(torch, a):
+    """Float tensors equal to ``a`` whose negative bit is set, as PyTorch makes them."""
+    t = torch.tensor(a)
+    imag = torch.complex(torch.zeros_like(t), -t).conj().imag  # -(-t), lazily
+    return {"conj().imag": imag, "_neg_view": torch._neg_view(-t)}
+
+
+@pytest.mark.parametrize("name", ["max_pool", "avg_pool", "lp_pool", "global_avg_pool",
+                                  "adaptive_max_pool"])
+def test_torch_negative_bit_input_is_resolved(torch, name):
+    """Regression: DLPack drops PyTorch's negative bit, so a tensor with it (e.g. t.conj().imag
+    of a complex t) was pooled as -t. Against torch's own pooling of the resolved tensor."""
+    F = torch.nn.functional
+    torch_op = {"max_pool": lambda t: F.max_pool2d(t, 3, 2, 1),
+                "avg_pool": lambda t: F.avg_pool2d(t, 2, 1, 1, count_include_pad=True),
+                "lp_pool": lambda t: F.lp_pool2d(t.abs(), 2, 2),
+                "global_avg_pool": lambda t: F.adaptive_avg_pool2d(t, 1),
+                "adaptive_max_pool": lambda t: F.adaptive_max_pool2d(t, (3, 2))}[name]
+    ours = {"max_pool": lambda t: gpupool.max_pool(t, 3, 2, 1),
+            "avg_pool": lambda t: gpupool.avg_pool(t, 2, 1, 1, count_include_pad=True),
+            "lp_pool": lambda t: gpupool.lp_pool(t, 2, 2),
+            "global_avg_pool": lambda t: gpupool.global_avg_pool(t),
+            "adaptive_max_pool": lambda t: gpupool.adaptive_max_pool(t, (3, 2))}[name]
+    a = data("float32", (2, 3, 6, 6)) - 20
+    for how, t in _negative_views(torch, a).items():
+        assert t.is_neg() and not t.is_conj(), how
+        want = torch_op(t.resolve_neg())
+        np.testing.assert_allclose(ours(t).numpy(), want.numpy(), rtol=1e-6, err_msg=how)
+        assert t.is_neg(), how  # the input itself is left as it was
+
+
+def test_torch_negative_bit_indices_are_resolved(torch):
+    a = data("float32", (2, 3, 6, 6))
+    values, indices = gpupool.max_pool(torch.tensor(a), 2, return_indices=True)
+    negated = torch._neg_view(-indices)
+    assert negated.is_neg()
+    want = R.max_unpool(values.numpy(), indices.numpy(), 2)
+    np.testing.assert_array_equal(gpupool.max_unpool(values, negated, 2).numpy(), want)
+
+
+def test_torch_negative_bit_out_is_a_type_error(torch, seen):
+    out = torch._neg_view(torch.zeros((1, 1, 2, 2)))
+    with message(TypeError, "max_pool", "out", "negative bit"):
+        gpupool.max_pool(torch.ones((1, 1, 4, 4)), 2, out=out)
+    assert seen == []
+
+
 def test_torch_out_must_not_overlap_the_input(torch):
     t = torch.ones((1, 1, 4, 4))
     with message(ValueError, "avg_pool", "out", "overlap"):
