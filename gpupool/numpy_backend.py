@@ -771,4 +771,10 @@ def unpool(x, spec: UnpoolSpec, out, indices) -> None:
     idx = indices.reshape((geom.batch, -1) + tail)
     dst = out.reshape((geom.batch, spec.plane_size) + tail)
     dst[...] = 0
-    np.put_along_axis(dst, idx.astype(np.intp, copy=False), src, axis=1)
+    idx = idx.astype(np.intp, copy=False)
+    written = idx >= 0  # -1, a window with no valid tap, writes nothing
+    if written.all():
+        np.put_along_axis(dst, idx, src, axis=1)
+    else:
+        where = np.nonzero(written)
+        dst[where[:1] + (idx[where],) + where[2:]] = src[where]
