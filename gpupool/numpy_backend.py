@@ -423,7 +423,8 @@ def _argmax_taps(xb, plan: _ArgmaxPlan, maxima, indices):
     if maxima.dtype.kind == "f" and np.isnan(maxima).any():
         for t in range(count):
             dst, v = views(t)
-            m = np.isnan(v, out=mask[dst])
+            # NaN != NaN: np.isnan skips elements of a strided out= (float32/64, NumPy 2.4)
+            m = np.not_equal(v, v, out=mask[dst])
             np.copyto(tap_ids[dst], t, where=m, casting="unsafe")
     np.take(plan.offsets, tap_ids, out=indices)
     if plan.empty:
@@ -498,10 +499,14 @@ def _keyed_max_indices(xb, spec: WindowSpec, values, indices) -> None:
     else:
         np.subtract(LOW_BITS, tie, out=indices)
     empty = best == np.iinfo(np.int64).min
-    has_empty = bool(empty.any())
-    if has_empty:
-        indices[empty] = 0
-    # the gather: flat positions in the block (one add), then one 1-D take
+    _take_winners(xb, geom, indices, values, empty if empty.any() else None)
+
+
+def _take_winners(xb, geom, indices, values, empty) -> None:
+    """``values`` = the elements of the block ``xb`` at the per-plane flat ``indices``: the
+    winning element itself, bit for bit (signed zeros, NaN payloads). ``empty``: a mask of
+    the windows with no valid tap (or None), which get index -1 and the dtype's lowest."""
+    nhwc = geom.layout == "NHWC"
     plane = math.prod(geom.spatial)
     channels = geom.channels if nhwc else 1
     start = (np.arange(xb.shape[0], dtype=np.int64) * (plane * channels)).reshape(
@@ -512,8 +517,9 @@ def _keyed_max_indices(xb, spec: WindowSpec, values, indices) -> None:
         np.add(where, start + np.arange(channels, dtype=np.int64), out=where)
     else:
         np.add(indices, start, out=where)
-    np.take(xb.reshape(-1), where, out=values, mode="clip")  # "raise" would buffer
-    if has_empty:
+    # one 1-D take ("raise" would buffer); an empty window's position is clipped, then reset
+    np.take(xb.reshape(-1), where, out=values, mode="clip")
+    if empty is not None:
         indices[empty] = -1
         values[empty] = _lowest(values.dtype)
 
@@ -538,7 +544,8 @@ def window(x, spec: WindowSpec, out, indices) -> None:
         def block(b0, b1):
             maxima = _separable_window(xc[b0:b1], spec, _accumulator(x.dtype))
             _argmax_taps(xc[b0:b1], plan, maxima, ic[b0:b1])
-            oc[b0:b1] = maxima
+            _take_winners(xc[b0:b1], geom, ic[b0:b1], oc[b0:b1],
+                          ic[b0:b1] < 0 if plan.empty else None)
         _in_blocks(block, geom.batch, plane_bytes)
         return
 
