@@ -52,8 +52,10 @@ WORDS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigne
 ACC = {"float16": "float32", "float32": "float32", "float64": "float64"}
 INDEX_TYPES = ("int", "long long")
 #: NVRTC options of every kernel (plus CuPy's include paths, and -arch from the device): IEEE
-#: float32, subnormals kept, division and square root correctly rounded.
-OPTIONS = ("--std=c++17", "-ftz=false", "-prec-div=true", "-prec-sqrt=true")
+#: float32, subnormals kept, division and square root correctly rounded, and no multiply-add
+#: fused into one rounding (the NumPy backend rounds each, and both backends' sums must agree
+#: bit for bit).
+OPTIONS = ("--std=c++17", "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "--fmad=false")
 
 FAMILY_FILES = {
     "max_pool": "max_pool.cu", "max_pool_indices": "max_pool.cu", "max_unpool": "max_pool.cu",

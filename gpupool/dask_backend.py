@@ -363,10 +363,11 @@ def _shaped(mask, ndim: int, axis: int):
 
 def _adaptive_reduce(x, first, windows, op: str, acc):
     """Max or sum over arbitrary windows ``[start, end)`` of each spatial dim, separably, taps
-    in order (the NumPy backend's order); the sum runs in ``acc``."""
+    in order (the NumPy backend's order, bit for bit: a tap past a window's end adds -0.0,
+    which changes no sum); the sum runs in ``acc``."""
     xp = _xp(x)
     cur = x.astype(acc, copy=False)
-    fill = xp.asarray(_lowest(acc) if op == "max" else 0, dtype=acc)
+    fill = xp.asarray(_lowest(acc) if op == "max" else -0.0, dtype=acc)
     for a, (starts, ends) in enumerate(windows):
         axis = first + a
         res = None
@@ -428,8 +429,8 @@ def _adaptive_block(x, params, op, first, nd, return_indices, full_spatial):
         counts = np.ones(())
         for starts, ends in windows:
             counts = np.multiply.outer(counts, (ends - starts).astype(np.float64))
-        scale = (1.0 / counts).astype(acc)
-        cur = cur * _xp(x).asarray(scale[(Ellipsis,) + (None,) * (x.ndim - first - nd)])
+        counts = counts.astype(acc)
+        cur = cur / _xp(x).asarray(counts[(Ellipsis,) + (None,) * (x.ndim - first - nd)])
     return cur.astype(x.dtype, copy=False)
 
 

@@ -199,18 +199,19 @@ def _reduce_axis(cur, axis, plan: _AxisPlan, combine, init, dtype, dest=None):
         if plan.flat:
             _reduce_axis_flat(cur, plan, combine, init, res, rows, inner)
             return res
+    # taps in window order, as every path combines them (float sums round alike): the
+    # leading taps that reach every output start the result, else ``init`` does
     taps = plan.taps
-    full = [tap for tap in taps if tap[1].stop - tap[1].start == out_len]
-    rest = taps
-    if len(full) >= 2:
-        combine(cur[_slice_along(axis, full[0][2])], cur[_slice_along(axis, full[1][2])], out=res)
-        rest = [tap for tap in taps if tap is not full[0] and tap is not full[1]]
-    elif full:
-        np.copyto(res, cur[_slice_along(axis, full[0][2])])
-        rest = [tap for tap in taps if tap is not full[0]]
+    full = 0
+    while full < min(2, len(taps)) and taps[full][1].stop - taps[full][1].start == out_len:
+        full += 1
+    if full == 2:
+        combine(cur[_slice_along(axis, taps[0][2])], cur[_slice_along(axis, taps[1][2])], out=res)
+    elif full == 1:
+        np.copyto(res, cur[_slice_along(axis, taps[0][2])])
     else:
         res.fill(init)
-    for _, dst, src in rest:
+    for _, dst, src in taps[full:]:
         view = res[_slice_along(axis, dst)]
         combine(view, cur[_slice_along(axis, src)], out=view)
     return res
@@ -321,23 +322,32 @@ def _valid_counts(spec: WindowSpec, include_pad: bool):
 
 
 @functools.lru_cache(maxsize=256)
-def _avg_scale(spec: WindowSpec):
-    """1 / divisor per output position (0 for an empty window), broadcastable against a
-    canonical block; a scalar when every window has the same divisor."""
+def _avg_divisor(spec: WindowSpec):
+    """``(divisor, empty)``: the divisor per output position in the working dtype,
+    broadcastable against a canonical block (a scalar when every window has the same one),
+    and the mask of the windows with no valid tap, which give +0 (None when there are none).
+    Sums are divided, not multiplied by a reciprocal: the CUDA kernels' rounding."""
+    valid = _valid_counts(spec, False)
     divisor = (np.full(spec.out_spatial, float(spec.divisor_override))
                if spec.divisor_override else _valid_counts(spec, spec.count_include_pad))
-    with np.errstate(divide="ignore"):
-        scale = np.where(divisor > 0, 1.0 / divisor, 0.0).astype(_accumulator(np.dtype(spec.geom.dtype)))
-    if (scale == scale.flat[0]).all():
-        return scale.flat[0]
-    scale.flags.writeable = False
-    return _expand(scale, spec.geom)
+    divisor = np.where(valid > 0, divisor, 1.0).astype(_accumulator(np.dtype(spec.geom.dtype)))
+    empty = None
+    if not valid.all():
+        empty = _expand(valid == 0, spec.geom)
+        empty.flags.writeable = False
+    if (divisor == divisor.flat[0]).all():
+        return divisor.flat[0], empty
+    divisor.flags.writeable = False
+    return _expand(divisor, spec.geom), empty
 
 
 def _separable_window(xb, spec: WindowSpec, dtype, dest=None):
     """Values-only window reduction of a block, one spatial axis at a time; the last axis is
     written into ``dest`` when given, else into scratch (consume it before the next call)."""
-    combine, init = (np.maximum, _lowest(dtype)) if spec.op == "max" else (np.add, 0)
+    # sums start from their first tap (-0.0 + x is x), or from +0 for Lp's terms, which are
+    # never negative, so that an empty window sums to +0
+    combine, init = ((np.maximum, _lowest(dtype)) if spec.op == "max" else
+                     (np.add, dtype.type(-0.0 if spec.op == "avg" else 0.0)))
     cur = _widened(xb, dtype)
     if spec.op == "lp":  # |x| ** p, never in place on the input
         powers = cur if cur is not xb else _scratch("input", xb.shape, dtype)
@@ -557,13 +567,15 @@ def window(x, spec: WindowSpec, out, indices) -> None:
         return
 
     acc = _accumulator(x.dtype)
-    scale = _avg_scale(spec) if spec.op == "avg" else None
+    divisor, empty = _avg_divisor(spec) if spec.op == "avg" else (None, None)
 
     def block(b0, b1):
         direct = oc.dtype == acc
         res = _separable_window(xc[b0:b1], spec, acc, oc[b0:b1] if direct else None)
         if spec.op == "avg":
-            res *= scale
+            np.divide(res, divisor, out=res)
+            if empty is not None:
+                np.copyto(res, 0, where=empty)
         elif spec.op == "lp":
             if spec.p == 2.0:
                 np.sqrt(res, out=res)
@@ -711,12 +723,15 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
         _in_blocks(block, geom.batch, plane_bytes)
         return
     acc = _accumulator(x.dtype)
-    scale = None
+    counts = None
     if spec.op == "avg":
         counts = np.ones(())
         for _, lengths in per_dim:
             counts = np.multiply.outer(counts, lengths.astype(np.float64))
-        scale = _expand((1.0 / counts).astype(acc), geom)
+        counts = _expand(counts.astype(acc), geom)
+    # a tap beyond a window adds -0.0 (no change: the sum of its taps in order, as the
+    # window ops and the CUDA kernels sum) or the lowest value (no change to a max)
+    fill = np.asarray(_lowest(acc) if spec.op == "max" else -0.0, dtype=acc)
 
     def block(b0, b1):
         cur = _widened(xc[b0:b1], acc)
@@ -726,9 +741,7 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
             for pos, valid in taps:
                 v = np.take(cur, pos, axis=axis)
                 if valid is not None:
-                    mask = _shape_mask(valid, v.ndim, axis)
-                    fill = _lowest(acc) if spec.op == "max" else 0
-                    v = np.where(mask, v, np.asarray(fill, dtype=acc))
+                    v = np.where(_shape_mask(valid, v.ndim, axis), v, fill)
                 if res is None:
                     res = np.array(v, dtype=acc, copy=True)
                 elif spec.op == "max":
@@ -737,7 +750,7 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
                     res += v
             cur = res
         if spec.op == "avg":
-            cur *= scale
+            np.divide(cur, counts, out=cur)
         oc[b0:b1] = cur
     _in_blocks(block, geom.batch, plane_bytes)
 

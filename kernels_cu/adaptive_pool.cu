@@ -20,16 +20,16 @@ __global__ void adaptive_max_indices(const T* __restrict__ x, T* __restrict__ ou
   gp::max_outputs<T, I, true, NHWC>(x, out, indices, gp::AdaptiveTaps<I>{g}, g);
 }
 
-// Adaptive average: the mean of the window (gp::SumOfTaps counts its taps). Geometry as
-// adaptive_max.
+// Adaptive average: the separable sum of the window (gp::AdaptiveTaps::sum) over its tap
+// count. Geometry as adaptive_max.
 template <typename T, typename I, bool NHWC>
 __global__ void adaptive_avg(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I)) {
   GP_GEO(I);
   typedef typename gp::Num<T>::acc A;
   const gp::AdaptiveTaps<I> taps{g};
   gp::for_outputs<NHWC>(g, x, [&](const T* __restrict__ xp, I cs, I o_d, I o_h, I o_w, I oi) {
-    gp::SumOfTaps<T, I, false> acc(xp, cs, (A)1);
-    taps(o_d, o_h, o_w, acc);
-    out[oi] = gp::Num<T>::store(acc.s / (A)acc.n);
+    long long count;
+    const A s = taps.sum(o_d, o_h, o_w, gp::TapTerm<T, I, false>{xp, cs, (A)1}, (A)-0.0, count);
+    out[oi] = gp::Num<T>::store(s / (A)count);
   });
 }

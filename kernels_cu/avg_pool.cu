@@ -21,9 +21,10 @@ __device__ __forceinline__ int count_taps(I o, int s, int pb, int k, int d, I lo
 
 }  // namespace gp
 
-// Average pooling. The divisor is divisor_override when > 0, else the product over dims of the
-// taps inside [-pad_begin, size + pad_end) (include_pad) or inside [0, size); an empty window
-// (divisor 0) gives 0. ped/peh/pew are the end pads.
+// Average pooling: the separable sum of the valid taps (gp::WindowTaps::sum) divided by
+// divisor_override when > 0, else by the product over dims of the taps inside
+// [-pad_begin, size + pad_end) (include_pad) or the number of valid taps; a window with no
+// valid tap gives +0. ped/peh/pew are the end pads.
 // Geometry: see gp::for_outputs_nchw / gp::for_outputs_nhwc (grid x = spatial chunks,
 // y/z = plane groups; block (TX, TY, TZ planes); one thread = `rows` outputs).
 template <typename T, typename I, int K, bool NHWC>
@@ -33,23 +34,23 @@ __global__ void avg_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PA
   typedef typename gp::Num<T>::acc A;
   const gp::WindowTaps<K, I> taps{g};
   gp::for_outputs<NHWC>(g, x, [&](const T* __restrict__ xp, I cs, I o_d, I o_h, I o_w, I oi) {
-    gp::SumOfTaps<T, I, false> acc(xp, cs, (A)1);
-    taps(o_d, o_h, o_w, acc);
-    long long divisor = divisor_override;
-    if (divisor <= 0) {
-      const I lod = include_pad ? -(I)g.pd : (I)0, hid = include_pad ? g.id + (I)ped : g.id;
-      const I loh = include_pad ? -(I)g.ph : (I)0, hih = include_pad ? g.ih + (I)peh : g.ih;
-      const I low = include_pad ? -(I)g.pw : (I)0, hiw = include_pad ? g.iw + (I)pew : g.iw;
-      divisor = (long long)gp::count_taps<I>(o_d, g.sd, g.pd, g.kd, g.dd, lod, hid) *
-                gp::count_taps<I>(o_h, g.sh, g.ph, g.kh, g.dh, loh, hih) *
-                gp::count_taps<I>(o_w, g.sw, g.pw, g.kw, g.dw, low, hiw);
+    long long count;
+    const A s = taps.sum(o_d, o_h, o_w, gp::TapTerm<T, I, false>{xp, cs, (A)1}, (A)-0.0, count);
+    long long divisor = count;
+    if (divisor_override > 0) {
+      divisor = divisor_override;
+    } else if (include_pad) {
+      divisor = (long long)gp::count_taps<I>(o_d, g.sd, g.pd, g.kd, g.dd, -(I)g.pd, g.id + (I)ped) *
+                gp::count_taps<I>(o_h, g.sh, g.ph, g.kh, g.dh, -(I)g.ph, g.ih + (I)peh) *
+                gp::count_taps<I>(o_w, g.sw, g.pw, g.kw, g.dw, -(I)g.pw, g.iw + (I)pew);
     }
-    out[oi] = gp::Num<T>::store(divisor > 0 ? acc.s / (A)divisor : (A)0);
+    out[oi] = gp::Num<T>::store(count > 0 ? s / (A)divisor : (A)0);
   });
 }
 
-// Lp pooling: (sum over the valid taps of |x|**p) ** (1/p), p > 0 finite (A is float for
-// half and float, double for double). Geometry as avg_pool.
+// Lp pooling: (separable sum over the valid taps of |x|**p) ** (1/p), p > 0 finite (A is
+// float for half and float, double for double); +0 for a window with no valid tap. Geometry
+// as avg_pool.
 template <typename T, typename I, int K, bool NHWC>
 __global__ void lp_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I),
                         typename gp::Num<T>::acc p) {
@@ -57,15 +58,15 @@ __global__ void lp_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PAR
   typedef typename gp::Num<T>::acc A;
   const gp::WindowTaps<K, I> taps{g};
   gp::for_outputs<NHWC>(g, x, [&](const T* __restrict__ xp, I cs, I o_d, I o_h, I o_w, I oi) {
-    gp::SumOfTaps<T, I, true> acc(xp, cs, p);
-    taps(o_d, o_h, o_w, acc);
+    long long count;
+    const A s = taps.sum(o_d, o_h, o_w, gp::TapTerm<T, I, true>{xp, cs, p}, (A)0, count);
     A r;
     if (p == (A)1) {
-      r = acc.s;
+      r = s;
     } else if (p == (A)2) {
-      r = sqrt(acc.s);
+      r = sqrt(s);
     } else {
-      r = pow(acc.s, (A)1 / p);
+      r = pow(s, (A)1 / p);
     }
     out[oi] = gp::Num<T>::store(r);
   });

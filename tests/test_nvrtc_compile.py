@@ -85,3 +85,18 @@ def compile_clean(real_nvrtc, source_file: str, names, arch: str):
 @pytest.mark.parametrize("source_file", sorted(_by_file()))
 def test_compiles_without_warnings_or_local_memory(real_nvrtc, source_file, arch):
     compile_clean(real_nvrtc, source_file, _by_file()[source_file], arch)
+
+
+def test_no_multiply_add_is_fused(real_nvrtc):
+    """The backend's options keep ``s + v * v`` two roundings, as the NumPy backend computes
+    it (Lp sums agree bit for bit); NVRTC's default (``--fmad=true``) fuses them into one fma."""
+    source = 'extern "C" __global__ void k(const float* x, float* s) { s[0] += x[0] * x[0]; }'
+
+    def fused(options) -> int:
+        program = real_nvrtc.compiler._NVRTCProgram(source, "k.cu", method="ptx")
+        ptx, _ = program.compile(tuple(real_nvrtc.core.assemble_cupy_compiler_options(options))
+                                 + ("-arch=compute_90",), io.StringIO())
+        return len(re.findall(r"\bfma\.", ptx.decode() if isinstance(ptx, bytes) else ptx))
+
+    assert fused(tuple(o for o in cuda_backend.OPTIONS if o != "--fmad=false")) > 0
+    assert fused(cuda_backend.OPTIONS) == 0

@@ -69,7 +69,9 @@ class Build:
         return "address" in self.sanitize.split(",")
 
     def flags(self) -> list[str]:
-        flags = ["-std=c++17", self.opt, "-fPIC", "-shared", "-Wall", "-Wno-unknown-pragmas",
+        # -ffp-contract=off: no fused multiply-add, as the NVRTC options (--fmad=false)
+        flags = ["-std=c++17", self.opt, "-ffp-contract=off", "-fPIC", "-shared", "-Wall",
+                 "-Wno-unknown-pragmas",
                  "-Wno-unused-variable", "-Wno-unused-but-set-variable", f"-I{INCLUDE}"]
         if self.sanitize:
             flags += ["-g", f"-fsanitize={self.sanitize}", "-fno-omit-frame-pointer",
