@@ -81,6 +81,10 @@ def call(op, x, *args, **kwargs):
     func = op.__name__
     params = _bind(op, func, x, args, kwargs)
     _check_input(func, x)
+    for name in ("x", "indices"):  # native byte order, as the in-memory ops return
+        a = params.get(name)
+        if isinstance(a, da.Array) and not a.dtype.isnative:
+            params[name] = a.astype(a.dtype.newbyteorder("="))
     return _HANDLERS[func](func, params)
 
 
