@@ -33,7 +33,7 @@ LARGE_BYTES = 256 << 20
 @dataclass(frozen=True)
 class Case:
     name: str
-    op: str  # max | avg | gavg | aavg | qmax | qavg
+    op: str  # max | avg | lp | gavg | aavg | amax | qmax | qavg
     sample: tuple  # shape of one sample, without N
     dtype: str = "float32"
     kernel: tuple = (2, 2)
@@ -44,6 +44,7 @@ class Case:
     n: int | None = None  # a fixed N for every --size; None: N set by --size
     batched: bool = True  # False: no N at all (the seed documents' shapes): the input is sample
     indices: bool = False  # max pooling that also returns the argmax indices
+    p: float = 2.0  # lp's exponent
 
     def shape(self, n: int) -> tuple:
         """The input's shape for batch size ``n`` (ignored by an unbatched case)."""
@@ -80,16 +81,41 @@ SUITE = (
 )
 
 
+#: The fixed cost of a call: tiny inputs, where the time is Python and launch overhead, not
+#: memory traffic (the "overhead" section of the results).
+OVERHEAD = tuple(
+    Case(f"overhead {'x'.join(map(str, sample))} {name}", op, sample, dtype, n=1, **kw)
+    for sample, ops in (
+        ((4, 8, 8), (("max 2x2", "max", "float32", {}),
+                     ("max 3x3 s2 p1", "max", "float32",
+                      dict(kernel=(3, 3), stride=(2, 2), padding=1)),
+                     ("avg 2x2", "avg", "float32", {}),
+                     ("lp p=2 2x2", "lp", "float32", {}),
+                     ("global avg", "gavg", "float32", {}),
+                     ("adaptive avg ->3x3", "aavg", "float32", dict(output_size=(3, 3))),
+                     ("adaptive max ->3x3", "amax", "float32", dict(output_size=(3, 3))),
+                     ("max 2x2 + indices", "max", "float32", dict(indices=True)),
+                     ("int8 max 2x2", "qmax", "int8", {}))),
+        ((64, 7, 7), (("max 3x3 s2 p1", "max", "float32",
+                       dict(kernel=(3, 3), stride=(2, 2), padding=1)),
+                      ("avg 2x2", "avg", "float32", {}),
+                      ("global avg", "gavg", "float32", {}),
+                      ("max 2x2 + indices", "max", "float32", dict(indices=True)))))
+    for name, op, dtype, kw in ops)
+
+OVERHEAD_ROUNDS = 5  # rounds of :func:`time_host` per overhead case (each call is short)
+
 #: the op names ``--ops`` accepts besides parts of case names
-OPS = ("max", "avg", "gavg", "aavg", "qmax", "qavg")
+OPS = ("max", "avg", "lp", "gavg", "aavg", "amax", "qmax", "qavg")
 
 
-def select_cases(ops=None) -> list[Case]:
-    """The cases whose op is in ``ops`` or whose name contains one of them (all for None).
+def select_cases(ops=None, cases=SUITE) -> list[Case]:
+    """The ``cases`` whose op is in ``ops`` or whose name contains one of them (all for None).
     ``ValueError`` for no entries, a blank entry (it would select every case), and naming
-    every entry that selects nothing, listing the valid names."""
+    every entry that selects nothing in the suite or the overhead cases, listing the valid
+    names."""
     if ops is None:
-        return list(SUITE)
+        return list(cases)
     if not ops:
         raise ValueError(f"--ops: no op or case name given: give an op ({', '.join(OPS)}) or "
                          f"part of a case name, or leave --ops out for every case")
@@ -98,12 +124,12 @@ def select_cases(ops=None) -> list[Case]:
         raise ValueError(f"--ops {', '.join(map(repr, blank))}: a blank name would select every "
                          f"case: give an op ({', '.join(OPS)}) or part of a case name, or leave "
                          f"--ops out for every case")
-    unknown = [o for o in ops if o not in OPS and not any(o in c.name for c in SUITE)]
+    unknown = [o for o in ops if o not in OPS and not any(o in c.name for c in SUITE + OVERHEAD)]
     if unknown:
         raise ValueError(f"--ops {', '.join(map(repr, unknown))} matches no case: give an op "
                          f"({', '.join(OPS)}) or part of a case name ("
-                         f"{'; '.join(c.name for c in SUITE)})")
-    return [c for c in SUITE if c.op in ops or any(o in c.name for o in ops)]
+                         f"{'; '.join(c.name for c in SUITE + OVERHEAD)})")
+    return [c for c in cases if c.op in ops or any(o in c.name for o in ops)]
 
 
 def check_output_path(option: str, path: str) -> None:
@@ -172,10 +198,14 @@ def gpupool_call(case: Case, x):
                                         return_indices=case.indices, **kw)
     if case.op == "avg":
         return lambda: gpupool.avg_pool(x, case.kernel, case.stride, case.padding, **kw)
+    if case.op == "lp":
+        return lambda: gpupool.lp_pool(x, case.p, case.kernel, case.stride, case.padding, **kw)
     if case.op == "gavg":
         return lambda: gpupool.global_avg_pool(x, spatial_dims=len(case.kernel), **kw)
     if case.op == "aavg":
         return lambda: gpupool.adaptive_avg_pool(x, case.output_size, **kw)
+    if case.op == "amax":
+        return lambda: gpupool.adaptive_max_pool(x, case.output_size, **kw)
     q = gpupool.quantized.QArray(x, 0.05, 0)
     f = gpupool.quantized.max_pool if case.op == "qmax" else gpupool.quantized.avg_pool
     return lambda: f(q, case.kernel, case.stride, case.padding, layout=case.layout)
@@ -256,8 +286,15 @@ def torch_call(case: Case, x, device: str):
         f = getattr(F, f"avg_pool{nd}d")
         k, s = (case.kernel[0], (case.stride or case.kernel)[0]) if nd == 1 else (case.kernel, case.stride)
         return (lambda: f(t, k, s, case.padding, count_include_pad=False)), None
+    if case.op == "lp":  # PyTorch omits the abs: the same for an even p
+        if case.p % 2 or case.padding:
+            return None, "odd p or padding (PyTorch's LpPool has neither abs nor padding)"
+        f = getattr(F, f"lp_pool{nd}d")
+        return (lambda: f(t, case.p, case.kernel, case.stride)), None
     if case.op == "gavg":
         return (lambda: F.adaptive_avg_pool2d(t, 1)), None
+    if case.op == "amax":
+        return (lambda: F.adaptive_max_pool2d(t, case.output_size)), None
     return (lambda: F.adaptive_avg_pool2d(t, case.output_size)), None
 
 
@@ -270,7 +307,7 @@ def onnxruntime_call(case: Case, x):
         return None, "not installed"
     if case.layout == "NHWC":
         return None, "no NHWC pooling op"
-    if case.op in ("aavg", "qavg"):
+    if case.op in ("aavg", "amax", "qavg"):
         return None, "no such op"
     nd = len(case.kernel)
     xb = np.ascontiguousarray(with_batch(case, x))
@@ -281,7 +318,10 @@ def onnxruntime_call(case: Case, x):
     else:
         attrs = dict(kernel_shape=list(case.kernel), strides=list(case.stride or case.kernel),
                      pads=[case.padding] * (2 * nd))
-        node = helper.make_node("MaxPool" if case.op in ("max", "qmax") else "AveragePool",
+        if case.op == "lp":
+            attrs["p"] = int(case.p)
+        node = helper.make_node({"max": "MaxPool", "qmax": "MaxPool", "lp": "LpPool"}.get(
+                                    case.op, "AveragePool"),
                                 ["X"], ["Y", "I"] if case.indices else ["Y"], **attrs)
     graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("X", elem, xb.shape)],
                               [helper.make_tensor_value_info(name, type_, None) for name, type_
@@ -304,7 +344,7 @@ def cupy_call(case: Case, x):
     """Plain CuPy doing the same pooling: a reshape + reduction when k == s and there is no
     padding, else a ``cupyx.scipy.ndimage`` filter + slicing; or (None, reason). Any leading
     axes (N and C, or C alone for an unbatched case) are kept."""
-    if case.layout != "NCHW" or case.op in ("qavg", "aavg"):
+    if case.layout != "NCHW" or case.op in ("qavg", "aavg", "amax", "lp"):
         return None, "no plain-CuPy equivalent"
     nd = len(case.kernel)
     lead, spatial = x.shape[:-nd], x.shape[-nd:]
@@ -354,6 +394,29 @@ def time_host(funcs: dict, rounds=10, burst_s=0.05, min_reps=3, max_reps=200,
                 times[name].append(time.perf_counter() - t)
                 reps += 1
     return times
+
+
+def time_launches(f, sync, reps=200, loops=10) -> tuple[list[float], list[float]]:
+    """The fixed cost of a GPU call: ``(host, loop)`` seconds per call, ``host`` each call's
+    own time on the host (launches queued, no wait for the device), ``loop`` the time of a
+    loop of ``reps // loops`` calls ended by ``sync()``, per call (``loops`` such loops)."""
+    f()
+    sync()
+    host = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        f()
+        host.append(time.perf_counter() - t)
+    sync()
+    per_loop = max(1, reps // loops)
+    loop = []
+    for _ in range(loops):
+        t = time.perf_counter()
+        for _ in range(per_loop):
+            f()
+        sync()
+        loop.append((time.perf_counter() - t) / per_loop)
+    return host, loop
 
 
 def time_gpu(f, reps=50) -> list[float]:
@@ -423,28 +486,47 @@ def reference_values(case: Case, x) -> np.ndarray:
     axes = tuple(range(a.ndim - nd, a.ndim))
     if case.op == "gavg":
         r = a.mean(axis=axes, keepdims=True)
+    elif case.op in ("aavg", "amax"):  # window i spans [floor(i*I/O), ceil((i+1)*I/O))
+        r = np.empty(a.shape[:-nd] + tuple(case.output_size))
+        for pos in np.ndindex(*case.output_size):
+            win = tuple(slice(i * size // o, -(-(i + 1) * size // o))
+                        for i, size, o in zip(pos, a.shape[-nd:], case.output_size))
+            part = a[(...,) + win]
+            r[(...,) + pos] = (part.max if case.op == "amax" else part.mean)(axis=axes)
     else:
         kernel, stride, pad = case.kernel, case.stride or case.kernel, case.padding
-        if case.op == "aavg":  # evenly divisible sizes only: a k = s = I / O average
-            kernel = stride = tuple(a.shape[ax] // o for ax, o in zip(axes, case.output_size))
         is_max = case.op in ("max", "qmax")
         padded = np.pad(a, [(0, 0)] * (a.ndim - nd) + [(pad, pad)] * nd,
                         constant_values=-np.inf if is_max else np.nan)
         win = np.lib.stride_tricks.sliding_window_view(padded, kernel, axis=axes)
         win = win[(...,) + tuple(slice(None, None, st) for st in stride) + (slice(None),) * nd]
         taps = tuple(range(win.ndim - nd, win.ndim))
-        r = win.max(axis=taps) if is_max else np.nanmean(win, axis=taps)  # NaN = padding
+        if is_max:
+            r = win.max(axis=taps)
+        elif case.op == "lp":
+            r = np.nansum(np.abs(win) ** case.p, axis=taps) ** (1 / case.p)
+        else:
+            r = np.nanmean(win, axis=taps)  # NaN = padding
         if case.op == "qavg":  # default scales: zp + round half away from zero, zp = 0
             r = np.clip(np.sign(r) * np.floor(np.abs(r) + 0.5), -128, 127)
     return np.moveaxis(r, -nd - 1, -1) if case.layout == "NHWC" else r
 
 
-def run_case(case: Case, size: str, gpu: bool) -> Row:
+def run_case(case: Case, size: str, gpu: bool, overhead: bool = False) -> Row:
+    """Check ``case``, then time it. ``overhead``: on the GPU, host and loop times per call
+    (:func:`time_launches`, names ``X`` and ``X_loop``) instead of device times."""
     n = batch_size(case, size)
     row = Row(case.name, "cupy" if gpu else "numpy", case.shape(n), case.dtype, case.layout)
     try:
         if gpu:
             import cupy
+
+            def time_gpu_call(name, g):
+                if overhead:
+                    row.times_s[name], row.times_s[f"{name}_loop"] = time_launches(
+                        g, cupy.cuda.Device().synchronize)
+                else:
+                    row.times_s[name] = time_gpu(g)
             x = make_input(case, n, cupy)
             f = gpupool_call(case, x)
             t0 = time.perf_counter()
@@ -456,17 +538,17 @@ def run_case(case: Case, size: str, gpu: bool) -> Row:
                                                  case.dtype)
             row.check = check_summary(row.checks)
             row.bytes = int(x.nbytes + output_bytes(result))
-            row.times_s["gpupool"] = time_gpu(f)
+            time_gpu_call("gpupool", f)
             tf, why = torch_call(case, x, "cuda")
             if tf is None:
                 row.missing["torch"] = why
             else:
-                row.times_s["torch"] = time_gpu(tf)
+                time_gpu_call("torch", tf)
             cf, why = cupy_call(case, x)
             if cf is None:
                 row.missing["cupy"] = why
             else:
-                row.times_s["cupy"] = time_gpu(cf)
+                time_gpu_call("cupy", cf)
         else:
             x = make_input(case, n)
             f = gpupool_call(case, x)
@@ -495,7 +577,8 @@ def run_case(case: Case, size: str, gpu: bool) -> Row:
                 row.missing["onnxruntime"] = why
             else:
                 funcs["onnxruntime"] = of
-            times = time_host(funcs, setups=setups)
+            times = time_host(funcs, setups=setups, **({"rounds": OVERHEAD_ROUNDS} if overhead
+                                                       else {}))
             torch_runs = {int(k[6:]): times.pop(k) for k in list(times) if k.startswith("torch@")}
             if torch_runs:
                 row.torch_threads = min(torch_runs, key=lambda n: np.median(torch_runs[n]))
@@ -595,6 +678,56 @@ def summarise(rows: list[Row], copy_bw: float, gpu: bool) -> dict:
     return {"rows": table, "summary": geo}
 
 
+def summarise_overhead(rows: list[Row]) -> dict:
+    """Per-row median microseconds per call and each baseline's time over gpupool's (a
+    ``_loop`` time over gpupool's loop time)."""
+    table = []
+    for r in rows:
+        entry = {"case": r.case, "shape": list(r.shape), "dtype": r.dtype, "check": r.check,
+                 "checks": r.checks, "error": r.error, "missing": r.missing,
+                 "raw_times_s": r.times_s}
+        for name in r.times_s:
+            entry[f"{name}_us"] = round(r.median(name) * 1e6, 2)
+        for name in r.times_s:
+            own = "gpupool_loop" if name.endswith("_loop") else "gpupool"
+            if not name.startswith("gpupool") and r.times_s.get(own):
+                entry[f"{name}_over_gpupool"] = round(r.median(name) / r.median(own), 3)
+        if r.torch_threads is not None:
+            entry["torch_threads"] = r.torch_threads
+        table.append(entry)
+    return {"rows": table}
+
+
+def overhead_markdown(result: dict) -> str:
+    """The overhead section's table: microseconds per warm call."""
+    rows = result["overhead"]["rows"]
+    names = sorted({k[:-3] for r in rows for k in r if k.endswith("_us")},
+                   key=lambda n: (not n.startswith("gpupool"), n))
+    head = ["case", "shape", "dtype"] + [f"{n} us" + ("" if n.startswith("gpupool") else " (x)")
+                                         for n in names] + ["check"]
+    lines = ["### Fixed cost per call", "",
+             "Warm calls on tiny inputs, median microseconds per call"
+             + (" (GPU: `X` = host time of one call, launches queued; `X_loop` = a loop of "
+                "calls ended by one device sync, per call)" if result["backend"] == "cupy"
+                else "") + "; (x) = baseline time / gpupool time.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["case"], "x".join(map(str, r["shape"])), r["dtype"]]
+        if r.get("error"):
+            cells += [f"error: {r['error']}"] + [""] * (len(head) - 4)
+        else:
+            for n in names:
+                if f"{n}_us" not in r:
+                    cells.append(f"missing: {r['missing'].get(n.removesuffix('_loop'), 'n/a')}")
+                elif n.startswith("gpupool"):
+                    cells.append(f"{r[n + '_us']:.1f}")
+                else:
+                    cells.append(f"{r[n + '_us']:.1f} ({r[n + '_over_gpupool']:.2f}x)")
+            cells.append(r["check"])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(result: dict) -> str:
     names = sorted({k[:-3] for row in result["rows"] for k in row
                     if k.endswith("_ms") and k not in ("gpupool_ms", "first_call_ms")})
@@ -664,6 +797,7 @@ def run(size: str = "small", ops=None, backend: str = "auto", json_path=None,
     Bad ``ops`` or an output path that cannot be written (``ValueError``) and a ``plot_path``
     without matplotlib (``ImportError``) are reported before anything runs (``preflight``)."""
     cases = preflight(ops, output_options(json_path, markdown_path, plot_path))
+    overhead_cases = select_cases(ops, OVERHEAD)
     usable, reason = gpu_usable()
     if backend == "cupy" and not usable:
         raise SystemExit(f"gpupool bench: --backend cupy asked for, but {reason}")
@@ -690,7 +824,12 @@ def run(size: str = "small", ops=None, backend: str = "auto", json_path=None,
     for r, row in zip(result["rows"], rows):
         r["bytes"] = row.bytes
         r["raw_times_s"] = row.times_s
+    result["overhead"] = summarise_overhead(
+        [run_case(case, "small", gpu, overhead=True)
+         for case in _progress(overhead_cases, "gpupool bench overhead")])
     text = markdown(result)
+    if result["overhead"]["rows"]:
+        text += "\n" + overhead_markdown(result)
     print(text)
     for path, write in ((json_path, lambda p: Path(p).write_text(json.dumps(result, indent=1))),
                         (markdown_path, lambda p: Path(p).write_text(text)),

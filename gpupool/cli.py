@@ -13,7 +13,8 @@ DESCRIPTION = ("gpupool: pooling for NumPy arrays (CPU) and CuPy arrays (CUDA ke
 
 BENCH_DESCRIPTION = (
     "Run the benchmark suite: real layer shapes, each checked and then timed, on the GPU when "
-    "one is usable, else on the CPU. The table goes to stdout, a progress bar to stderr. "
+    "one is usable, else on the CPU, then the fixed cost of a warm call on tiny inputs (the "
+    "overhead section). The tables go to stdout, a progress bar to stderr. "
     "Baselines appear as columns when installed: PyTorch (pip install torch), onnxruntime on "
     "the CPU and plain CuPy on the GPU (pip install \"gpupool[bench]\" also gives the progress "
     "bar and --plot).")
@@ -115,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         return error(f"gpupool bench: error: {e}")
     result = benchmark.run(args.size, args.ops, args.backend, args.json, args.markdown,
                            args.plot)
-    failed = [r["case"] for r in result["rows"] if r.get("error") or "FAILED" in r["check"]]
+    failed = [r["case"] for r in result["rows"] + result["overhead"]["rows"]
+              if r.get("error") or "FAILED" in r["check"]]
     if failed:
         print(f"gpupool bench: {len(failed)} case(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1

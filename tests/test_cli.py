@@ -486,3 +486,65 @@ def test_gpu_job_checks_its_stages_first_and_refuses_a_machine_without_a_gpu(tmp
     log = (tmp_path / "gpu-job.log").read_text()
     assert done.returncode == 1 and log.count("no GPU visible to CuPy: stage refused") == 2
     assert log.rstrip().endswith("gpu job: FAILED")
+
+
+def test_bench_overhead_section_in_json_and_markdown(tmp_path, monkeypatch):
+    """Every overhead case is checked against its baselines and timed per call, in both
+    outputs; a suite case selected with it keeps its own table."""
+    _fast_host_timing(monkeypatch)
+    js, md = tmp_path / "b.json", tmp_path / "b.md"
+    assert cli.main(["bench", "--backend", "numpy", "--ops", "overhead", "seed [64,7,7]",
+                     "--json", str(js), "--markdown", str(md)]) == 0
+    result, text = json.loads(js.read_text()), md.read_text()
+    assert [r["case"] for r in result["rows"]] == ["seed [64,7,7] global avg"]
+    rows = result["overhead"]["rows"]
+    assert [r["case"] for r in rows] == [c.name for c in benchmark.OVERHEAD]
+    assert {r["dtype"] for r in rows} == {"float32", "int8"}
+    assert {tuple(r["shape"]) for r in rows} == {(1, 4, 8, 8), (1, 64, 7, 7)}
+    assert {c.op for c in benchmark.OVERHEAD} >= {"max", "avg", "lp", "gavg", "aavg", "amax",
+                                                  "qmax"}
+    for r in rows:
+        assert r["error"] is None and r["check"].startswith("ok"), r
+        assert r["gpupool_us"] > 0 and r["raw_times_s"]["gpupool"]
+        for name in ("torch", "onnxruntime"):
+            if f"{name}_us" in r:
+                assert r[f"{name}_over_gpupool"] == pytest.approx(
+                    r[f"{name}_us"] / r["gpupool_us"], rel=0.01, abs=0.01)
+            else:
+                assert r["missing"][name]
+    assert "### Fixed cost per call" in text
+    for r in rows:
+        assert f"| {r['case']} | {'x'.join(map(str, r['shape']))} | {r['dtype']} |" in text
+
+
+def test_overhead_only_selects_no_suite_case(monkeypatch):
+    _fast_host_timing(monkeypatch)
+    result = benchmark.run("small", ["overhead 4x8x8 adaptive max"], "numpy")
+    assert result["rows"] == []
+    (row,) = result["overhead"]["rows"]
+    assert row["check"] == "ok (vs torch)"
+
+
+def test_overhead_case_failing_its_check_fails_the_bench(monkeypatch, capsys):
+    _fast_host_timing(monkeypatch)
+    monkeypatch.setattr(benchmark, "_torch", lambda: (None, None))
+    monkeypatch.setattr(benchmark, "reference_values", lambda case, x: np.zeros((1, 4, 3, 3)))
+    assert cli.main(["bench", "--backend", "numpy", "--ops", "overhead 4x8x8 adaptive max"]) == 1
+    assert "1 case(s) failed: overhead 4x8x8 adaptive max ->3x3" in capsys.readouterr().err
+
+
+def test_launch_timing_reports_host_and_synced_loop_times_per_call():
+    calls, syncs = [], []
+    host, loop = benchmark.time_launches(lambda: calls.append(1), lambda: syncs.append(len(calls)),
+                                         reps=12, loops=3)
+    assert len(host) == 12 and len(loop) == 3 and min(host + loop) > 0
+    assert len(calls) == 1 + 12 + 3 * 4
+    assert syncs == [1, 13, 17, 21, 25]  # after the warm-up, the host calls, each loop
+
+
+@pytest.mark.parametrize("op", ["lp", "amax", "aavg"])
+def test_reference_of_the_new_overhead_ops_matches_gpupool(op):
+    (case,) = [c for c in benchmark.OVERHEAD if c.op == op and c.sample == (4, 8, 8)]
+    x = benchmark.make_input(case, 1)
+    got = benchmark.values(benchmark.gpupool_call(case, x)())
+    np.testing.assert_allclose(got, benchmark.reference_values(case, x), rtol=1e-5, atol=1e-6)
