@@ -42,6 +42,13 @@ _LIBC.malloc.argtypes = [ctypes.c_size_t]
 _LIBC.free.argtypes = [ctypes.c_void_p]
 
 
+#: The recorder of ``trace.py`` while one is active, else None: it builds the libraries
+#: (``tracer.build_library``, same arguments as :func:`build_library`) and is told of each launch
+#: (``tracer.begin(kernel, grid, block, arrays)`` with the address and size of each array
+#: argument's guarded copy, then ``tracer.end(kernel)``).
+tracer = None
+
+
 class CompileError(RuntimeError):
     """The host compiler rejected the source."""
 
@@ -119,6 +126,8 @@ def build_library(code: str, names: tuple[str, ...], build: Build,
                   defines: tuple[str, ...] = ()) -> Path:
     """The shared library of ``code`` with launchers for ``names`` (compiled once, cached).
     ``defines``: macros set before the runtime header (``CUDACPU_FTZ``: flush subnormals)."""
+    if tracer is not None:
+        return tracer.build_library(code, names, build, defines)
     unit = _translation_unit(names, defines)
     headers = "".join(p.read_text() for p in sorted(INCLUDE.glob("*.h")))
     key = hashlib.sha256("\0".join(
@@ -242,7 +251,11 @@ class Kernel:
             g3 = (ctypes.c_uint * 3)(*(tuple(grid) + (1, 1, 1))[:3])
             b3 = (ctypes.c_uint * 3)(*(tuple(block) + (1, 1, 1))[:3])
             err = ctypes.create_string_buffer(4096)
+            if tracer is not None:
+                tracer.begin(self, grid, block, [(g.address, g.nbytes) for g, _, _ in guards])
             rc = self._launch(g3, b3, pointers, err, len(err))
+            if tracer is not None:
+                tracer.end(self)
             problems = [m for guard, _, _ in guards for m in guard.damage()]
             for guard, a, written in guards:
                 if written:

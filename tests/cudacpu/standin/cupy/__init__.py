@@ -7,7 +7,8 @@ without a usable GPU) and ``gpupool.cuda_backend`` / ``gpupool.quantized_cuda`` 
   it; ``asarray``, ``empty``, ... and any other NumPy function reached through this module
   return it.
 * ``cuda.Device``, ``cuda.runtime``: ``CUDACPU_DEVICES`` devices (default 2) with an H100's
-  properties, so the planner makes the launches it makes on an H100.
+  properties, so the planner makes the launches it makes on an H100 (``CUDACPU_SM_COUNT``, read
+  at each query, replaces its 132 SMs).
 * ``cuda.Stream``: streams with CUDA's ordering rules (the legacy null stream is ordered with
   blocking streams; two other streams are not). A kernel, ``get`` or copy touching an array
   last written on a stream it is not ordered with, and not synchronised since, is refused:
@@ -163,7 +164,8 @@ class _Runtime:
     @staticmethod
     def getDeviceProperties(device: int) -> dict:
         return {"name": b"cudacpu executor (H100 properties)", "major": 9, "minor": 0,
-                "multiProcessorCount": 132, "maxThreadsPerBlock": 1024,
+                "multiProcessorCount": int(os.environ.get("CUDACPU_SM_COUNT", "132")),
+                "maxThreadsPerBlock": 1024,
                 "maxThreadsPerMultiProcessor": 2048, "sharedMemPerBlockOptin": 227 * 1024,
                 "sharedMemPerBlock": 48 * 1024, "sharedMemPerMultiprocessor": 228 * 1024,
                 "l2CacheSize": 50 * 2**20, "totalGlobalMem": 80 * 2**30,

@@ -1,0 +1,341 @@
+"""The memory-traffic model of gpupool's benchmark suite on an H100: every case of
+:mod:`gpupool.benchmark` at its full (``--size large``) shape, modeled from a trace of a
+smaller shape whose launch plan is the full shape's. Modeled, not measured.
+
+Needs the stand-in CuPy (:func:`cudacpu.install`) and a host compiler.
+
+Scaling down: the traced input keeps the case's plane (NCHW: spatial dims) or row (NHWC:
+spatial dims and channels) and has fewer of them, in one leading dim. The planner fills the
+GPU, so the stand-in reports fewer SMs (``CUDACPU_SM_COUNT``), about as many fewer as there
+are planes, and the plan's choices come out the same. Plans are compared by a dry run (no
+compile, no launch) of each shape: the same launches, each with the same kernel, block and
+scalar arguments but the first (the plane or row count). The traced count is the smallest with
+such a plan that fills whole warps (:func:`plane_quantum`) and gives every array that scales
+with it a multiple of 256 bytes (so each plane meets the sector grid as at full size). Each
+block then does the work it does at full size: the traced counts are multiplied by the ratio
+of the input sizes, DRAM sectors by each array's own ratio (a table does not grow), and the
+full plan's grid bounds the resident warps.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import executor, installed_cupy, trace, traffic
+
+
+@dataclass(frozen=True)
+class PlannedLaunch:
+    """A launch as gpupool makes it: kernel source file, name expression, grid, block, its
+    scalar arguments and the size in bytes of each array argument."""
+
+    source_file: str
+    name: str
+    grid: tuple
+    block: tuple
+    scalars: tuple
+    arrays: tuple
+
+    def signature(self) -> tuple:
+        """What the launch's blocks do: all but the grid and the first scalar (the plane or
+        row count)."""
+        return self.source_file, self.name, self.block, self.scalars[1:]
+
+
+def spatial_dims(case) -> int:
+    return len(case.output_size) if case.op == "aavg" else len(case.kernel)
+
+
+def full_shape(case) -> tuple:
+    from gpupool import benchmark
+    return case.shape(benchmark.batch_size(case, "large"))
+
+
+def plane_count(case, shape) -> int:
+    """Planes (NCHW) or rows (NHWC) of an input of ``shape``."""
+    nd = spatial_dims(case) + (case.layout == "NHWC")
+    return math.prod(shape[:-nd])
+
+
+def scaled_shape(case, planes: int) -> tuple:
+    """The case's input shape with ``planes`` planes (NCHW) or rows (NHWC) in one leading
+    dim."""
+    nd = spatial_dims(case) + (case.layout == "NHWC")
+    return (planes,) + tuple(full_shape(case)[-nd:])
+
+
+def _clear_backend_caches() -> None:
+    """Forget gpupool's device properties, prepared launches and loaded kernels."""
+    from gpupool import cuda_backend
+    for cached in (cuda_backend.device_info, cuda_backend.prepared, cuda_backend.load_module,
+                   cuda_backend.kernel):
+        cached.cache_clear()
+
+
+@contextlib.contextmanager
+def sm_count(sms: int):
+    """While inside, the stand-in device has ``sms`` SMs."""
+    saved = os.environ.get("CUDACPU_SM_COUNT")
+    os.environ["CUDACPU_SM_COUNT"] = str(sms)
+    from gpupool import cuda_backend
+    cuda_backend.device_info.cache_clear()
+    cuda_backend.prepared.cache_clear()
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("CUDACPU_SM_COUNT", None)
+        else:
+            os.environ["CUDACPU_SM_COUNT"] = saved
+        cuda_backend.device_info.cache_clear()
+        cuda_backend.prepared.cache_clear()
+
+
+def run_case(case, x):
+    """gpupool's result of ``case`` on input ``x``."""
+    from gpupool import benchmark
+    return benchmark.gpupool_call(case, x)()
+
+
+def planned(case, shape, sms: int = traffic.SM_COUNT) -> list[PlannedLaunch]:
+    """The launches gpupool makes for ``case`` on an input of ``shape`` on ``sms`` SMs, without
+    compiling or running anything (the input is never written: any size costs nothing)."""
+    import cupy
+    from gpupool import cuda_backend
+    launches = []
+
+    def kernel(source_file, name):
+        def launch(grid, block, args, **_):
+            scalars = tuple(getattr(a, "item", lambda: a)() for a in args
+                            if not isinstance(a, np.ndarray))
+            arrays = tuple(a.nbytes for a in args if isinstance(a, np.ndarray))
+            launches.append(PlannedLaunch(source_file, name, tuple(grid), tuple(block), scalars,
+                                          arrays))
+        return launch
+
+    real = cuda_backend.kernel
+    cuda_backend.kernel = kernel
+    try:
+        with sm_count(sms):
+            run_case(case, cupy.empty(shape, case.dtype))
+    finally:
+        cuda_backend.kernel = real
+        cuda_backend.prepared.cache_clear()
+    return launches
+
+
+def plane_quantum(case, full: list[PlannedLaunch]) -> int:
+    """The fewest planes that fill whole warps in every launch of ``full``: a power of two,
+    above 1 where a warp covers several planes (a plane has fewer than 32 threads)."""
+    total = plane_count(case, full_shape(case))
+    per_plane = min(math.prod(la.grid) * math.prod(la.block) / total for la in full)
+    if per_plane >= traffic.WARP:
+        return 1
+    return 1 << math.ceil(math.log2(traffic.WARP / per_plane))
+
+
+def _whole(traced: list[PlannedLaunch], full: list[PlannedLaunch], planes: int,
+           total: int) -> bool:
+    """Every array of ``traced`` is the full one (a table) or its ``planes / total`` share,
+    a multiple of 256 bytes (whole alignment periods: the sectors it touches per plane are
+    those of the full size)."""
+    return all(t == f or (t * total == f * planes and t % traffic.ALIGNMENT == 0)
+               for a, b in zip(traced, full) for t, f in zip(a.arrays, b.arrays))
+
+
+def matching_scale(case, min_planes: int = 1) -> tuple[int, int, list[PlannedLaunch]]:
+    """(planes, SM count, the full shape's plan) of the smallest traced shape of at least
+    ``min_planes`` planes whose plan is the full shape's, in whole warps and whole alignment
+    periods; ``LookupError`` when none is."""
+    full = planned(case, full_shape(case))
+    want = [la.signature() for la in full]
+    total = plane_count(case, full_shape(case))
+    quantum = plane_quantum(case, full)
+    for planes in range(-(-min_planes // quantum) * quantum, total + 1, quantum):
+        guess = max(1, round(traffic.SM_COUNT * planes / total))
+        for sms in sorted(range(1, traffic.SM_COUNT + 1), key=lambda s: (abs(s - guess), s)):
+            traced = planned(case, scaled_shape(case, planes), sms)
+            if [la.signature() for la in traced] == want:
+                if _whole(traced, full, planes, total):
+                    return planes, sms, full
+                break
+    raise LookupError(f"{case.name}: no smaller shape has the full shape's launch plan")
+
+
+def source_lines(source_file: str) -> list[str]:
+    """``file:line`` of each line of the text gpupool compiles for ``source_file``
+    (``cuda_backend.read_source``: includes inlined); "" for a blank line."""
+    from gpupool import cuda_backend
+    root = cuda_backend.kernel_dir()
+    seen = set()
+
+    def expand(name: str) -> str:
+        if name in seen:
+            return ""
+        seen.add(name)
+        # blank lines and includes stay as they are, so that the include pattern (whose
+        # trailing \s* takes line ends) expands the marked text as it does the plain one
+        marked = "\n".join(
+            line if not line.strip() or cuda_backend._INCLUDE.fullmatch(line) else
+            f"{line}\0{name}:{number}"
+            for number, line in enumerate((root / name).read_text().split("\n"), 1))
+        return cuda_backend._INCLUDE.sub(lambda m: expand(m.group(1)), marked)
+
+    return [line.partition("\0")[2] for line in expand(source_file).split("\n")]
+
+
+def make_input(case, shape, rng):
+    import cupy
+    if case.dtype in ("int8", "uint8"):
+        info = np.iinfo(case.dtype)
+        host = rng.integers(info.min, info.max + 1, size=shape, dtype=case.dtype)
+    else:
+        host = rng.standard_normal(shape, dtype=np.float32).astype(case.dtype)
+    return cupy.asarray(host)
+
+
+@dataclass
+class LaunchModel:
+    """One launch of a case at full size."""
+
+    name: str
+    grid: tuple  # full size
+    block: tuple
+    traffic: traffic.Traffic  # traced size
+    dram_bytes: float  # full size
+    registers: int | None
+    shared: int
+    occupancy: traffic.Occupancy
+    time: traffic.LaunchTime
+    sites: dict  # site -> "file:line: text" of its source line
+
+
+@dataclass
+class CaseModel:
+    """A benchmark case at full size, from its trace at ``traced_shape`` on ``sms`` SMs."""
+
+    case: object
+    shape: tuple
+    traced_shape: tuple
+    sms: int
+    scale: float  # full over traced input bytes
+    ideal_bytes: float  # full size: input read once, output written once
+    launches: list[LaunchModel]
+
+    @property
+    def dram_bytes(self) -> float:
+        return sum(la.dram_bytes for la in self.launches)
+
+    @property
+    def seconds(self) -> float:
+        return sum(la.time.seconds for la in self.launches)
+
+    @property
+    def percent_of_peak(self) -> float:
+        return traffic.percent_of_peak(self.ideal_bytes, self.seconds)
+
+    @property
+    def bound(self) -> str:
+        return max(self.launches, key=lambda la: la.time.seconds).time.bound
+
+
+def _site_labels(launch, counts, source_file) -> dict[int, str]:
+    """Site -> "file:line: text" of the kernel source line it came from."""
+    from gpupool import cuda_backend
+    text = cuda_backend.read_source((source_file,)).split("\n")
+    origins = source_lines(source_file)
+    labels = {}
+    for site, line in launch.site_lines([s.site for s in counts.sites]).items():
+        if 0 < line <= len(text):
+            labels[site] = f"{origins[line - 1]}: {text[line - 1].strip()}"
+    return labels
+
+
+@contextlib.contextmanager
+def _tracing(names_by_file: dict[str, list[str]]):
+    """While inside, gpupool's kernels are trace builds of the given names only (one library
+    per source file, built now in parallel) and a :class:`trace.Recorder` records launches."""
+    import cupy
+    from gpupool import cuda_backend
+    saved_batches = dict(cupy.batches)
+    saved_cache = os.environ.get("GPUPOOL_CACHE_DIR")
+    kernel_cache = tempfile.mkdtemp(prefix="gpupool-trace-kernels-")
+    os.environ["GPUPOOL_CACHE_DIR"] = kernel_cache
+    cupy.batches.clear()
+    jobs = []
+    for source_file, names in names_by_file.items():
+        code = cuda_backend.read_source((source_file,))
+        cupy.batches[code] = tuple(sorted(set(names)))
+        jobs += cupy.chunks(code, cupy.batches[code])
+    _clear_backend_caches()
+    try:
+        with trace.Recorder() as recorder:
+            executor.build_libraries(jobs, executor.Build.from_env())
+            yield recorder
+    finally:
+        cupy.batches.clear()
+        cupy.batches.update(saved_batches)
+        if saved_cache is None:
+            os.environ.pop("GPUPOOL_CACHE_DIR", None)
+        else:
+            os.environ["GPUPOOL_CACHE_DIR"] = saved_cache
+        shutil.rmtree(kernel_cache, ignore_errors=True)
+        _clear_backend_caches()
+
+
+def model_suite(cases, nvrtc=None, sites: bool = False,
+                min_planes: int = 1) -> list[CaseModel]:
+    """The model of each case (see the module docstring). ``nvrtc``: CuPy's NVRTC pieces
+    (:func:`cudacpu.real_nvrtc`) for register counts; None: registers unknown (occupancy
+    from threads and blocks only). ``sites``: name each load and store site by its source
+    line (``LaunchModel.sites``). ``min_planes``: trace at least this many planes."""
+    from gpupool import benchmark
+    scales = {case.name: matching_scale(case, min_planes) for case in cases}
+    names_by_file: dict[str, list[str]] = {}
+    for case in cases:
+        planes, sms, _ = scales[case.name]
+        for la in planned(case, scaled_shape(case, planes), sms):
+            names_by_file.setdefault(la.source_file, []).append(la.name)
+    registers = {}
+    if nvrtc is not None:
+        from gpupool import cuda_backend
+        with installed_cupy():
+            for source_file, names in names_by_file.items():
+                registers.update(traffic.registers(
+                    nvrtc, cuda_backend.read_source((source_file,)), names))
+    rng = np.random.default_rng(0)
+    models = []
+    with _tracing(names_by_file) as recorder:
+        for case in cases:
+            planes, sms, full = scales[case.name]
+            shape = scaled_shape(case, planes)
+            x = make_input(case, shape, rng)
+            first = len(recorder.launches)
+            with sm_count(sms):
+                result = run_case(case, x)
+            traced = recorder.launches[first:]
+            if [(la.name, la.block) for la in traced] != [(la.name, la.block) for la in full]:
+                raise AssertionError(f"{case.name}: the traced launches are not the plan's")
+            scale = math.prod(full_shape(case)) / math.prod(shape)
+            ideal = scale * (x.nbytes + benchmark.output_bytes(result))
+            launches = []
+            for la, plan in zip(traced, full):
+                t = traffic.analyze(la)
+                dram = t.dram_bytes_scaled([f / a.nbytes for f, a in zip(plan.arrays,
+                                                                          la.arrays)])
+                regs, shared = registers.get(la.name, (None, 0))
+                occ = traffic.occupancy(la.threads_per_block, regs, shared)
+                time = traffic.launch_time(t, scale, dram, math.prod(plan.grid),
+                                           la.threads_per_block, occ)
+                lines = _site_labels(la, t, plan.source_file) if sites else {}
+                launches.append(LaunchModel(la.name, plan.grid, la.block, t, dram, regs, shared,
+                                            occ, time, lines))
+            models.append(CaseModel(case, full_shape(case), shape, sms, scale, ideal,
+                                    launches))
+    return models

@@ -1,0 +1,319 @@
+"""The memory-traffic model (tests/cudacpu/trace.py, traffic.py, benchmodel.py): its counts on
+hand-written kernels whose coalescing is known, its time model, and a floor under every
+benchmark case's modeled bandwidth, so that a kernel or planner change that loses bandwidth
+fails here. The kernels run on the CPU executor; no GPU is needed.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import conftest
+from cudacpu import benchmodel, executor, trace, traffic
+from gpupool import benchmark, planner
+
+NO_COMPILER = executor.host_compiler_reason()
+pytestmark = pytest.mark.skipif(NO_COMPILER is not None, reason=f"{NO_COMPILER}")
+
+SOURCE = r"""
+#include <cuda_fp16.h>
+
+// y[i] = x[i * stride + offset]
+template <typename T>
+__global__ void copy_kernel(const T* __restrict__ x, T* __restrict__ y, int n, int offset,
+                            int stride) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = x[(long long)i * stride + offset];
+}
+
+// y = x transposed (x: h rows of w); threadIdx.x walks x's columns
+__global__ void transpose_kernel(const float* __restrict__ x, float* __restrict__ y, int h,
+                                 int w) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y * blockDim.y + threadIdx.y;
+  if (r < h && c < w) y[c * h + r] = x[r * w + c];
+}
+
+// each thread sums `per` elements a block apart, in a loop that is not unrolled
+__global__ void strided_sum_kernel(const float* __restrict__ x, float* __restrict__ y,
+                                   int per) {
+  const int base = blockIdx.x * blockDim.x * per + threadIdx.x;
+  float s = 0;
+  for (int k = 0; k < per; ++k) s += x[base + k * blockDim.x];
+  y[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+
+// odd lanes copy, even lanes skip the load and the store
+__global__ void odd_lanes_kernel(const float* __restrict__ x, float* __restrict__ y) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (threadIdx.x & 1) y[i] = x[i];
+}
+"""
+NAMES = ("copy_kernel<float>", "copy_kernel<__half>", "transpose_kernel", "strided_sum_kernel",
+         "odd_lanes_kernel")
+N = 1 << 14
+
+
+@pytest.fixture(scope="module")
+def lib():
+    """The test kernels, built for tracing."""
+    with trace.Recorder():
+        path = executor.build_library(SOURCE, NAMES, executor.Build.from_env())
+    return executor.Library(path, NAMES)
+
+
+def traced(lib, name, grid, block, args) -> trace.Launch:
+    """The trace of one launch of ``name``."""
+    with trace.Recorder() as recorder:
+        lib.kernel(name)(grid, block, args)
+    (launch,) = recorder.launches
+    return launch
+
+
+def copy(lib, dtype, offset=0, stride=1):
+    """(trace, counts) of a copy of N elements from every ``stride``-th from ``offset``."""
+    x = np.arange(N * stride + offset).astype(dtype)
+    y = np.empty(N, dtype)
+    name = "copy_kernel<float>" if dtype == np.float32 else "copy_kernel<__half>"
+    launch = traced(lib, name, (N // 256,), (256,),
+                    (x, y, np.int32(N), np.int32(offset), np.int32(stride)))
+    np.testing.assert_array_equal(y, x[offset::stride][:N])  # the trace build computes
+    return launch, traffic.analyze(launch)
+
+
+# ------------------------------------------------------------------ the trace
+def test_every_access_is_recorded_with_its_block_thread_and_direction(lib):
+    launch, _ = copy(lib, np.float32)
+    c = launch.columns()
+    assert len(c["addr"]) == 2 * N  # one load and one store per thread
+    reads, writes = c["write"] == 0, c["write"] == 1
+    assert reads.sum() == writes.sum() == N
+    assert set(c["size"].tolist()) == {4}
+    x, y = launch.arrays
+    assert x.const and not y.const and x.nbytes == y.nbytes == 4 * N
+    element = (c["addr"][reads] - x.address) // 4
+    np.testing.assert_array_equal(element, c["block"][reads] * 256 + c["thread"][reads])
+    assert len(set(c["site"][reads].tolist())) == len(set(c["site"][writes].tolist())) == 1
+    lines = launch.site_lines(set(c["site"].tolist()))
+    assert {SOURCE.split("\n")[line - 1].strip() for line in lines.values()} == {
+        "if (i < n) y[i] = x[(long long)i * stride + offset];"}
+
+
+def test_a_launch_built_without_the_recorder_is_refused(lib):
+    plain = executor.Library(executor.build_library(SOURCE, NAMES, executor.Build.from_env()),
+                             NAMES)
+    x = np.zeros(256, np.float32)
+    with trace.Recorder(), pytest.raises(RuntimeError, match="not a trace build"):
+        plain.kernel("copy_kernel<float>")((1,), (256,), (x, np.empty_like(x), np.int32(256),
+                                                           np.int32(0), np.int32(1)))
+
+
+# ------------------------------------------------------------------ sectors per request
+@pytest.mark.parametrize("dtype, sectors", [(np.float32, 4), (np.float16, 2)])
+def test_coalesced_copy_is_fully_efficient(lib, dtype, sectors):
+    _, t = copy(lib, dtype)
+    assert t.load_requests == t.store_requests == N // 32
+    assert t.load_sectors == t.load_ideal == sectors * N // 32
+    assert t.load_efficiency == t.store_efficiency == 1.0
+    assert t.dram_bytes == 2 * N * np.dtype(dtype).itemsize
+
+
+def test_copy_misaligned_by_one_element_touches_one_more_sector_per_request(lib):
+    _, t = copy(lib, np.float32, offset=1)
+    assert t.load_sectors == 5 * t.load_requests and t.load_ideal == 4 * t.load_requests
+    assert t.load_efficiency == pytest.approx(0.8)
+    assert t.store_efficiency == 1.0
+    # DRAM reads the used bytes plus one partial sector at the end
+    assert 32 * sum(t.dram_read_sectors) == 4 * N + 32
+
+
+@pytest.mark.parametrize("stride, efficiency", [(2, 0.5), (8, 0.125)])
+def test_strided_copy_wastes_the_sectors_it_skips(lib, stride, efficiency):
+    _, t = copy(lib, np.float32, stride=stride)
+    assert t.load_efficiency == efficiency
+    assert t.load_sectors == 4 * stride * t.load_requests
+    # every sector of the input is read: stride times the bytes used
+    assert 32 * sum(t.dram_read_sectors) == stride * 4 * N
+    assert t.store_efficiency == 1.0
+
+
+def test_transposed_copy_reads_coalesced_and_writes_one_sector_per_lane(lib):
+    h, w = 256, 128
+    x = np.arange(h * w, dtype=np.float32).reshape(h, w)
+    y = np.empty((w, h), np.float32)
+    launch = traced(lib, "transpose_kernel", (w // 32, h // 8), (32, 8),
+                    (x, y, np.int32(h), np.int32(w)))
+    np.testing.assert_array_equal(y, x.T)
+    t = traffic.analyze(launch)
+    assert t.load_efficiency == 1.0
+    assert t.store_sectors == 32 * t.store_requests  # 32 lanes, 32 rows of y
+    assert t.store_efficiency == 0.125
+    # L2 assumption: the partial sector writes of all warps merge before DRAM
+    assert 32 * sum(t.dram_write_sectors) == y.nbytes
+    # each 32-byte sector of y is written by 8 different warps: 8 times over L2
+    assert 32 * t.l2_write_sectors == 8 * y.nbytes
+
+
+def test_loop_iterations_are_separate_requests_and_overlap_in_rounds(lib):
+    per, blocks = 8, 16
+    x = np.arange(blocks * 256 * per, dtype=np.float32)
+    y = np.empty(blocks * 256, np.float32)
+    launch = traced(lib, "strided_sum_kernel", (blocks,), (256,), (x, y, np.int32(per)))
+    np.testing.assert_allclose(y, x.reshape(blocks, per, 256).sum(axis=1).reshape(-1))
+    t = traffic.analyze(launch)
+    warps = blocks * 256 // 32
+    assert t.load_requests == per * warps and t.load_efficiency == 1.0
+    # the loop's loads are in flight LOOP_LOADS_IN_FLIGHT at a time
+    assert t.rounds == warps * math.ceil(per / traffic.LOOP_LOADS_IN_FLIGHT)
+
+
+def test_lanes_that_skip_a_site_leave_its_request(lib):
+    x = np.arange(N, dtype=np.float32)
+    y = np.zeros(N, np.float32)
+    t = traffic.analyze(traced(lib, "odd_lanes_kernel", (N // 256,), (256,), (x, y)))
+    assert t.load_requests == N // 32
+    (load,) = [s for s in t.sites if not s.write]
+    assert load.lanes == 16  # half the lanes, 64 bytes over 4 sectors
+    assert t.load_efficiency == 0.5
+    assert 32 * sum(t.dram_read_sectors) == x.nbytes  # each sector holds some odd element
+
+
+# ------------------------------------------------------------------ occupancy and time
+@pytest.mark.parametrize("threads, regs, shared, blocks, limiter", [
+    (256, 32, 0, 8, "threads"),
+    (256, 40, 0, 6, "registers"),  # 40 x 32 = 1280 registers a warp: 51 warps fit
+    (64, None, 0, 32, "blocks"),
+    (256, None, 48 * 1024, 4, "shared memory"),
+])
+def test_occupancy_follows_the_sm90_limits(threads, regs, shared, blocks, limiter):
+    occ = traffic.occupancy(threads, regs, shared)
+    assert (occ.blocks_per_sm, occ.limiter) == (blocks, limiter)
+    assert occ.warps_per_sm == blocks * threads // 32
+
+
+def test_constants_are_the_planners_h100():
+    assert traffic.DRAM_PEAK == planner.H100.dram_gbps * 1e9
+    assert traffic.SM_COUNT == planner.H100.sm_count
+    assert 0 < traffic.DRAM_EFFICIENCY <= 1
+
+
+def test_a_large_coalesced_copy_is_dram_bound_and_a_single_block_latency_bound(lib):
+    _, t = copy(lib, np.float32)
+    occ = traffic.occupancy(256, 16)
+    scale = (256 << 20) / (8 * N)  # the traced 2 x 4N bytes as 256 MiB
+    big = traffic.launch_time(t, scale, scale * t.dram_bytes, scale * N // 256, 256, occ)
+    assert big.bound == "dram"
+    ideal = scale * 8 * N
+    assert traffic.percent_of_peak(ideal, big.seconds) == pytest.approx(
+        100 * traffic.DRAM_EFFICIENCY)
+    one = traffic.launch_time(t, 1 / 64, t.dram_bytes / 64, 1, 256, occ)
+    assert one.bound == "latency"
+    assert one.latency == pytest.approx(traffic.DRAM_LATENCY)  # one round of one block
+
+
+def test_strided_reads_cost_dram_time_in_proportion(lib):
+    _, dense = copy(lib, np.float32)
+    _, sparse = copy(lib, np.float32, stride=8)
+    assert sparse.dram_bytes == (8 + 1) / 2 * dense.dram_bytes  # 8x the reads, same writes
+
+
+# ------------------------------------------------------------------ the benchmark suite
+#: Modeled % of DRAM peak of every benchmark case (bench/model.py) times 0.97, rounded down:
+#: a change that models below its floor lost bandwidth. Raise a floor when a change gains.
+FLOORS = {
+    "resnet stem max 3x3 s2 p1": 87.3,
+    "resnet stem max f16": 87.3,
+    "resnet stem max + indices": 87.3,
+    "resnet stem max NHWC": 87.3,
+    "vgg max 2x2 s2": 87.3,
+    "densenet avg 2x2 s2": 87.3,
+    "inception avg 3x3 s1 p1": 48.8,
+    "inception avg NHWC": 74.0,
+    "resnet50 head global avg": 87.3,
+    "resnet50 head global avg f16": 69.8,
+    "global avg N=64": 87.3,
+    "global avg N=64 f16": 69.8,
+    "global avg NHWC": 87.3,
+    "adaptive avg 14->7": 87.3,
+    "3d max 2x2x2": 87.3,
+    "1d max 3 s2 p1": 87.3,
+    "1d avg 4 s4": 87.3,
+    "int8 max 2x2 s2": 48.8,
+    "int8 avg 2x2 s2": 42.3,
+    "seed [64,56,56] max 2x2 s2": 41.4,
+    "seed [64,56,56] avg 3x3 s2 p1": 41.4,
+    "seed [64,7,7] global avg": 0.52,
+}
+
+executor_only = pytest.mark.skipif(
+    conftest.GPU_RUNTIME != "executor",
+    reason="traces gpupool on the CPU executor's stand-in CuPy (a GPU is in use)")
+
+
+@pytest.fixture(scope="module")
+def suite():
+    """The model of every benchmark case, by name."""
+    models = benchmodel.model_suite(benchmark.select_cases(), conftest.REAL_NVRTC)
+    return {m.case.name: m for m in models}
+
+
+@executor_only
+def test_every_benchmark_case_has_a_floor(suite):
+    assert set(FLOORS) == {c.name for c in benchmark.select_cases()} == set(suite)
+
+
+@executor_only
+@pytest.mark.parametrize("name", sorted(FLOORS))
+def test_benchmark_case_models_at_or_above_its_floor(suite, name):
+    m = suite[name]
+    assert m.percent_of_peak >= FLOORS[name], (
+        f"{name}: modeled {m.percent_of_peak:.1f} % of DRAM peak ({m.bound}-bound), floor "
+        f"{FLOORS[name]} %; launches: " + "; ".join(
+            f"{la.name} {la.grid}x{la.block}: {la.time}" for la in m.launches))
+
+
+@executor_only
+def test_no_case_moves_more_dram_bytes_than_it_needs(suite):
+    """Input read once, output written once: within 1 % for every case (L2 catches the
+    re-reads of overlapping windows and of the halo between neighbouring blocks)."""
+    for name, m in suite.items():
+        assert m.dram_bytes == pytest.approx(m.ideal_bytes, rel=0.01), name
+
+
+@executor_only
+@pytest.mark.parametrize("name", ["resnet stem max 3x3 s2 p1", "resnet50 head global avg",
+                                  "int8 avg 2x2 s2"])
+def test_a_larger_traced_shape_models_the_same(suite, name):
+    """Scaling holds: tracing four times the planes changes no figure."""
+    small = suite[name]
+    planes = small.traced_shape[0]
+    (large,) = benchmodel.model_suite([c for c in benchmark.select_cases() if c.name == name],
+                                      conftest.REAL_NVRTC, min_planes=4 * planes)
+    assert large.traced_shape[0] >= 4 * planes
+    for a, b in zip(small.launches, large.launches):
+        for field in ("load_requests", "load_sectors", "load_ideal", "store_requests",
+                      "store_sectors", "l1_wavefronts", "l2_read_sectors", "rounds"):
+            assert getattr(a.traffic, field) * small.scale == pytest.approx(
+                getattr(b.traffic, field) * large.scale, rel=0.01), field
+        assert a.dram_bytes == pytest.approx(b.dram_bytes, rel=0.01)
+    assert small.percent_of_peak == pytest.approx(large.percent_of_peak, rel=0.01)
+
+
+@executor_only
+def test_the_stand_in_reports_the_sm_count_it_is_given(monkeypatch):
+    import cupy
+    monkeypatch.setenv("CUDACPU_SM_COUNT", "7")
+    assert cupy.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"] == 7
+    monkeypatch.delenv("CUDACPU_SM_COUNT")
+    assert cupy.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"] == 132
+
+
+def test_registers_come_from_ptxas(real_nvrtc):
+    from gpupool import cuda_backend
+    source = cuda_backend.read_source(("max_pool.cu",))
+    names = ["max_pool<float, int, 3, false>", "max_pool<__half, int, 2, true>"]
+    regs = traffic.registers(real_nvrtc, source, names)
+    assert set(regs) == set(names)
+    for count, shared in regs.values():
+        assert 8 <= count <= 255 and shared == 0
