@@ -341,6 +341,86 @@ def _avg_divisor(spec: WindowSpec):
     return _expand(divisor, spec.geom), empty
 
 
+# blocks up to this size whose windows hold up to DIRECT_TAPS taps in all reduce through one
+# gather (:func:`_gather_reduce`)
+DIRECT_BYTES, DIRECT_TAPS = 1 << 15, 1 << 16
+
+
+def _direct(cur, nd: int, window_taps: int, outputs: int) -> bool:
+    """Whether the block ``cur`` reduces through :func:`_gather_reduce`: it is small, and so
+    is its gather (``window_taps`` taps per window, ``outputs`` windows per plane)."""
+    return (cur.nbytes <= DIRECT_BYTES and cur.size // math.prod(cur.shape[1:nd + 1])
+            * window_taps * outputs <= DIRECT_TAPS)
+
+
+@functools.lru_cache(maxsize=256)
+def _window_gather(spec: WindowSpec) -> tuple:
+    """The :func:`_gather_plan` of a window op (built only for planes small enough for it)."""
+    taps = []
+    for size, out, k, s, (pb, _), d in zip(spec.geom.spatial, spec.out_spatial, spec.kernel,
+                                           spec.stride, spec.pads, spec.dilation):
+        pos = np.arange(k)[:, None] * d + (np.arange(out) * s - pb)[None, :]
+        taps.append((pos, (pos >= 0) & (pos < size)))
+    return _gather_plan(spec.geom.spatial, taps)
+
+
+def _gather_plan(spatial, taps):
+    """``(index, padded)`` for :func:`_gather_reduce`: ``index[k_nd, ..., k_1, q]`` is the flat
+    plane position of tap ``k_a`` of each dim for output ``q`` (flat over the output plane),
+    or the plane size (one past the plane, where a block gets the sentinel) when any of those
+    taps misses the input; ``padded``: whether any does. ``taps``: per dim, the positions
+    ``(taps, outputs)`` and their validity."""
+    nd = len(spatial)
+    plane_strides = [math.prod(spatial[a + 1:]) for a in range(nd)]
+    kernel = [pos.shape[0] for pos, _ in taps]
+    out = [pos.shape[1] for pos, _ in taps]
+    flat, valid = np.zeros((), np.intp), np.ones((), bool)
+    for a, (pos, ok) in enumerate(taps):
+        shape = [1] * (2 * nd)
+        shape[nd - 1 - a], shape[nd + a] = kernel[a], out[a]
+        flat = flat + (pos * plane_strides[a]).reshape(shape)
+        valid = valid & ok.reshape(shape)
+    index = np.where(valid, flat, math.prod(spatial)).reshape(kernel[::-1] + [math.prod(out)])
+    index.flags.writeable = False
+    return index, not valid.all()
+
+
+def _gather_reduce(cur, nd: int, gather, combine, sentinel, dest):
+    """``_reduce_axis`` over every spatial dim of a small block at once: one gather of every
+    tap of every window (a tap outside the input reads ``sentinel``, which leaves a sum or max
+    unchanged: -0.0 for sums that may hold -0.0, +0 for Lp's terms, the lowest value for a
+    max), then the taps of the first dim combined in tap order for every tap of the others,
+    then those of the second dim, ...: the order and so the rounding of the separable path."""
+    index, padded = gather
+    rows, tail = cur.shape[0], cur.shape[nd + 1:]
+    flat = cur.reshape((rows, -1) + tail)
+    if padded:
+        ext = np.empty((rows, flat.shape[1] + 1) + tail, cur.dtype)
+        ext[:, :-1] = flat
+        ext[:, -1] = sentinel
+        flat = ext
+    taps = flat.take(index, axis=1)  # (rows, k_nd, ..., k_1, outputs, *tail)
+    for level in range(nd):
+        axis = nd - level
+        count = taps.shape[axis]
+        first = taps[(slice(None),) * axis + (0,)]
+        if level == nd - 1:
+            res = dest.reshape(first.shape)
+        elif count == 1:
+            taps = first
+            continue
+        else:
+            res = np.empty(first.shape, taps.dtype)
+        if count == 1:
+            np.copyto(res, first)
+        else:
+            combine(first, taps[(slice(None),) * axis + (1,)], out=res)
+            for k in range(2, count):
+                combine(res, taps[(slice(None),) * axis + (k,)], out=res)
+        taps = res
+    return dest
+
+
 def _separable_window(xb, spec: WindowSpec, dtype, dest=None):
     """Values-only window reduction of a block, one spatial axis at a time; the last axis is
     written into ``dest`` when given, else into scratch (consume it before the next call)."""
@@ -358,6 +438,10 @@ def _separable_window(xb, spec: WindowSpec, dtype, dest=None):
         elif spec.p != 1.0:
             np.power(cur, dtype.type(spec.p), out=cur)
     nd = spec.geom.nd
+    if _direct(cur, nd, math.prod(spec.kernel), math.prod(spec.out_spatial)):
+        shape = cur.shape[:1] + spec.out_spatial + cur.shape[nd + 1:]
+        return _gather_reduce(cur, nd, _window_gather(spec), combine, init,
+                              _scratch(nd % 2, shape, dtype) if dest is None else dest)
     for a in range(nd):
         plan = _axis_plan(spec.geom.spatial[a], spec.out_spatial[a], spec.kernel[a],
                           spec.stride[a], spec.pads[a][0], spec.dilation[a])
@@ -534,56 +618,71 @@ def _take_winners(xb, geom, indices, values, empty) -> None:
         values[empty] = _lowest(values.dtype)
 
 
-@register("window", "numpy")
-def window(x, spec: WindowSpec, out, indices) -> None:
+@functools.lru_cache(maxsize=256)
+def _prepare_window(spec: WindowSpec):
+    """The window op of ``spec`` as ``run(x, spec, out, indices)``, every decision that depends
+    on the spec alone (the strategy, its plans, the divisor) made once."""
     geom = spec.geom
-    xc, oc = _canonical(x, geom), _canonical(out, geom)
-    plane_bytes = x.itemsize * math.prod(geom.spatial) * geom.channels
-    if (indices is not None and x.dtype in KEYED_INDEX_DTYPES and LITTLE_ENDIAN
+    dtype = np.dtype(geom.dtype)
+    plane_bytes = dtype.itemsize * math.prod(geom.spatial) * geom.channels
+    in_shape = (geom.batch,) + geom.shape[len(geom.lead):]
+    out_shape = (geom.batch,) + spec.out_shape[len(geom.lead):]
+    if (spec.return_indices and dtype in KEYED_INDEX_DTYPES and LITTLE_ENDIAN
             and math.prod(geom.spatial) < 2**31):
-        ic = _canonical(indices, geom)
-
-        def block(b0, b1):
-            _keyed_max_indices(xc[b0:b1], spec, oc[b0:b1], ic[b0:b1])
-        _in_blocks(block, geom.batch, plane_bytes)
-        return
-    if indices is not None:  # float64, int64: no room for tie bits beside their keys
-        ic = _canonical(indices, geom)
+        def blocks(xc, oc, ic):
+            def block(b0, b1):
+                _keyed_max_indices(xc[b0:b1], spec, oc[b0:b1], ic[b0:b1])
+            return block
+    elif spec.return_indices:  # float64, int64: no room for tie bits beside their keys
         plan = _argmax_plan(spec)
 
-        def block(b0, b1):
-            maxima = _separable_window(xc[b0:b1], spec, _accumulator(x.dtype))
-            _argmax_taps(xc[b0:b1], plan, maxima, ic[b0:b1])
-            _take_winners(xc[b0:b1], geom, ic[b0:b1], oc[b0:b1],
-                          ic[b0:b1] < 0 if plan.empty else None)
+        def blocks(xc, oc, ic):
+            def block(b0, b1):
+                maxima = _separable_window(xc[b0:b1], spec, _accumulator(dtype))
+                _argmax_taps(xc[b0:b1], plan, maxima, ic[b0:b1])
+                _take_winners(xc[b0:b1], geom, ic[b0:b1], oc[b0:b1],
+                              ic[b0:b1] < 0 if plan.empty else None)
+            return block
+    elif spec.op == "max" and dtype == np.float16:
+        def blocks(xc, oc, ic):
+            def block(b0, b1):
+                keys = _separable_window(_half_keys(xc[b0:b1]), spec, np.dtype(np.int16))
+                _half_from_keys(keys, oc[b0:b1])
+            return block
+    else:
+        acc = _accumulator(dtype)
+        direct = dtype == acc
+        divisor, empty = _avg_divisor(spec) if spec.op == "avg" else (None, None)
+        inverse = acc.type(1.0 / spec.p) if spec.op == "lp" else None
+        root = None if spec.op != "lp" or spec.p == 1.0 else (
+            np.sqrt if spec.p == 2.0 else lambda res, out: np.power(res, inverse, out=out))
+
+        def blocks(xc, oc, ic):
+            def block(b0, b1):
+                res = _separable_window(xc[b0:b1], spec, acc, oc[b0:b1] if direct else None)
+                if divisor is not None:
+                    np.divide(res, divisor, out=res)
+                    if empty is not None:
+                        np.copyto(res, 0, where=empty)
+                elif root is not None:
+                    root(res, out=res)
+                if not direct:
+                    oc[b0:b1] = res
+            return block
+
+    def run(x, _spec, out, indices) -> None:
+        block = blocks(x.reshape(in_shape), out.reshape(out_shape),
+                       None if indices is None else indices.reshape(out_shape))
         _in_blocks(block, geom.batch, plane_bytes)
-        return
+    return run
 
-    if spec.op == "max" and x.dtype == np.float16:
-        def block(b0, b1):
-            keys = _separable_window(_half_keys(xc[b0:b1]), spec, np.dtype(np.int16))
-            _half_from_keys(keys, oc[b0:b1])
-        _in_blocks(block, geom.batch, plane_bytes)
-        return
 
-    acc = _accumulator(x.dtype)
-    divisor, empty = _avg_divisor(spec) if spec.op == "avg" else (None, None)
+@register("window", "numpy")
+def window(x, spec: WindowSpec, out, indices) -> None:
+    _prepare_window(spec)(x, spec, out, indices)
 
-    def block(b0, b1):
-        direct = oc.dtype == acc
-        res = _separable_window(xc[b0:b1], spec, acc, oc[b0:b1] if direct else None)
-        if spec.op == "avg":
-            np.divide(res, divisor, out=res)
-            if empty is not None:
-                np.copyto(res, 0, where=empty)
-        elif spec.op == "lp":
-            if spec.p == 2.0:
-                np.sqrt(res, out=res)
-            elif spec.p != 1.0:
-                np.power(res, acc.type(1.0 / spec.p), out=res)
-        if not direct:
-            oc[b0:b1] = res
-    _in_blocks(block, geom.batch, plane_bytes)
+
+window.prepare = _prepare_window
 
 
 @functools.lru_cache(maxsize=64)
@@ -714,7 +813,7 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
                 np.copyto(target, means)
         _in_blocks(block, geom.batch, plane_bytes)
         return
-    per_dim = [_adaptive_taps(i, o) for i, o in zip(geom.spatial, spec.out_spatial)]
+    per_dim, counts = _adaptive_plans(spec)
     if indices is not None:
         ic = _canonical(indices, geom)
 
@@ -723,36 +822,68 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
         _in_blocks(block, geom.batch, plane_bytes)
         return
     acc = _accumulator(x.dtype)
-    counts = None
-    if spec.op == "avg":
-        counts = np.ones(())
-        for _, lengths in per_dim:
-            counts = np.multiply.outer(counts, lengths.astype(np.float64))
-        counts = _expand(counts.astype(acc), geom)
     # a tap beyond a window adds -0.0 (no change: the sum of its taps in order, as the
     # window ops and the CUDA kernels sum) or the lowest value (no change to a max)
     fill = np.asarray(_lowest(acc) if spec.op == "max" else -0.0, dtype=acc)
 
     def block(b0, b1):
         cur = _widened(xc[b0:b1], acc)
-        for a, (taps, _) in enumerate(per_dim):
-            axis = a + 1
-            res = None
-            for pos, valid in taps:
-                v = np.take(cur, pos, axis=axis)
-                if valid is not None:
-                    v = np.where(_shape_mask(valid, v.ndim, axis), v, fill)
-                if res is None:
-                    res = np.array(v, dtype=acc, copy=True)
-                elif spec.op == "max":
-                    np.maximum(res, v, out=res)
-                else:
-                    res += v
-            cur = res
+        if _direct(cur, geom.nd, math.prod(len(taps) for taps, _ in per_dim),
+                   math.prod(spec.out_spatial)):
+            cur = _gather_reduce(cur, geom.nd, _adaptive_gather(spec),
+                                 np.maximum if spec.op == "max" else np.add, fill,
+                                 np.empty((b1 - b0,) + oc.shape[1:], acc))
+        else:
+            cur = _adaptive_taps_reduce(cur, per_dim, spec.op, fill)
         if spec.op == "avg":
             np.divide(cur, counts, out=cur)
         oc[b0:b1] = cur
     _in_blocks(block, geom.batch, plane_bytes)
+
+
+def _adaptive_taps_reduce(cur, per_dim, op: str, fill):
+    """Adaptive max or sum of a block, one dim at a time, the taps of each in order."""
+    for a, (taps, _) in enumerate(per_dim):
+        axis = a + 1
+        res = None
+        for pos, valid in taps:
+            v = np.take(cur, pos, axis=axis)
+            if valid is not None:
+                v = np.where(_shape_mask(valid, v.ndim, axis), v, fill)
+            if res is None:
+                res = np.array(v, dtype=fill.dtype, copy=True)
+            elif op == "max":
+                np.maximum(res, v, out=res)
+            else:
+                res += v
+        cur = res
+    return cur
+
+
+@functools.lru_cache(maxsize=256)
+def _adaptive_plans(spec: AdaptiveSpec) -> tuple:
+    """Per dim :func:`_adaptive_taps`, and the divisor of each output (avg; else None)."""
+    geom = spec.geom
+    per_dim = [_adaptive_taps(i, o) for i, o in zip(geom.spatial, spec.out_spatial)]
+    counts = None
+    if spec.op == "avg":
+        counts = np.ones(())
+        for _, lengths in per_dim:
+            counts = np.multiply.outer(counts, lengths.astype(np.float64))
+        counts = _expand(counts.astype(_accumulator(np.dtype(geom.dtype))), geom)
+        counts.flags.writeable = False
+    return per_dim, counts
+
+
+@functools.lru_cache(maxsize=256)
+def _adaptive_gather(spec: AdaptiveSpec) -> tuple:
+    """The :func:`_gather_plan` of adaptive windows (built only for small planes)."""
+    taps = []
+    for size, out in zip(spec.geom.spatial, spec.out_spatial):
+        bounds = np.array([adaptive_window(i, size, out) for i in range(out)], np.intp)
+        pos = bounds[None, :, 0] + np.arange(int((bounds[:, 1] - bounds[:, 0]).max()))[:, None]
+        taps.append((pos, pos < bounds[None, :, 1]))
+    return _gather_plan(spec.geom.spatial, taps)
 
 
 def _adaptive_max_indices(xb, geom, per_dim, values, indices):

@@ -2,12 +2,15 @@
 that matches the input's array type (NumPy in -> NumPy out, CuPy in -> CuPy out)."""
 from __future__ import annotations
 
+import collections
 import functools
+import threading
 from typing import Callable, Sequence, Union
 
 import numpy as np
 
 from . import spec as S
+from . import threads
 from .backends import (Array, ArrayLike, as_array, backend_of, device_scope, dtype_name,
                        foreign_handler, implementation)
 
@@ -25,6 +28,64 @@ def _accepts_foreign(op: Callable) -> Callable:
             return op(x, *args, **kwargs)
         return handler.call(op, x, *args, **kwargs)
     return dispatch
+
+
+PLAN_CACHE_SIZE = 1024  # keys (op, input shape, strides, dtype, arguments, threads) kept
+_plans: collections.OrderedDict = collections.OrderedDict()
+_plans_lock = threading.Lock()
+_PLAIN = frozenset((int, float, bool, str, type(None)))
+
+
+def _arguments_key(values) -> tuple | None:
+    """``values`` with the type of each at any depth (``2``, ``2.0`` and ``True`` are other
+    keys), or None when one is not a plain int, float, bool, str, None or a tuple or list of
+    them: such a call takes the uncached path."""
+    key = []
+    for v in values:
+        t = type(v)
+        if t in _PLAIN:
+            key += (t, v)
+        elif t is tuple or t is list:
+            inner = _arguments_key(v)
+            if inner is None:
+                return None
+            key += (t, inner)
+        else:
+            return None
+    return tuple(key)
+
+
+def _plan(func: str, family: str, x, backend: str, arguments: tuple, build: Callable):
+    """``(spec, run)`` for this call: ``build()`` makes the spec (validating the arguments) on
+    the first call of a key, and ``run(x, spec, out, indices)`` is the backend's
+    implementation prepared for that spec; later calls with the same key (op, input shape,
+    strides, dtype, arguments with their types, thread count) find both in a bounded LRU
+    cache."""
+    arguments = _arguments_key(arguments)
+    if arguments is None:
+        spec = build()
+        return spec, _prepared(family, backend, spec)
+    key = (func, backend, x.shape, x.strides, x.dtype, threads.get_num_threads(), arguments)
+    with _plans_lock:
+        plan = _plans.get(key)
+        if plan is not None:
+            _plans.move_to_end(key)
+            return plan
+    spec = build()
+    plan = spec, _prepared(family, backend, spec)
+    with _plans_lock:
+        _plans[key] = plan
+        if len(_plans) > PLAN_CACHE_SIZE:
+            _plans.popitem(last=False)
+    return plan
+
+
+def _prepared(family: str, backend: str, spec):
+    """The implementation of ``family`` on ``backend``, prepared for ``spec`` where the backend
+    offers that (``impl.prepare(spec)``)."""
+    impl = implementation(family, backend)
+    prepare = getattr(impl, "prepare", None)
+    return impl if prepare is None else prepare(spec)
 
 
 def _result(func: str, out, shape, dtype, x, backend: str, xp):
@@ -47,12 +108,13 @@ def _result(func: str, out, shape, dtype, x, backend: str, xp):
     return out if backend == "cupy" or type(out) is np.ndarray else out.view(np.ndarray)
 
 
-def _run(func: str, family: str, x, backend, xp, spec, out, indices_needed: bool = False):
+def _run(func: str, x, backend, xp, plan, out, indices_needed: bool = False):
+    spec, run = plan
     with device_scope(x, backend):
         result = _result(func, out, spec.out_shape, x.dtype, x, backend, xp)
         indices = xp.empty(spec.out_shape, dtype=xp.int64) if indices_needed else None
         if result.size:
-            implementation(family, backend)(x, spec, result, indices)
+            run(x, spec, result, indices)
     result = result if out is None else out
     return (result, indices) if indices_needed else result
 
@@ -73,9 +135,12 @@ def max_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, paddin
     array([[[[ 5.,  7.], [13., 15.]]]])
     """
     x, backend, xp = as_array("max_pool", x)
-    spec = S.window_spec("max_pool", "max", x.shape, dtype_name(x.dtype), kernel_size, stride, padding,
-                         dilation, ceil_mode, layout, return_indices=return_indices)
-    return _run("max_pool", "window", x, backend, xp, spec, out, spec.return_indices)
+    plan = _plan("max_pool", "window", x, backend,
+                 (kernel_size, stride, padding, dilation, ceil_mode, layout, return_indices),
+                 lambda: S.window_spec("max_pool", "max", x.shape, dtype_name(x.dtype),
+                                       kernel_size, stride, padding, dilation, ceil_mode,
+                                       layout, return_indices=return_indices))
+    return _run("max_pool", x, backend, xp, plan, out, plan[0].return_indices)
 
 
 @_accepts_foreign
@@ -95,10 +160,14 @@ def avg_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, paddin
     array([[[[ 2.5,  4.5], [10.5, 12.5]]]])
     """
     x, backend, xp = as_array("avg_pool", x)
-    spec = S.window_spec("avg_pool", "avg", x.shape, dtype_name(x.dtype), kernel_size, stride, padding,
-                         dilation, ceil_mode, layout, count_include_pad=count_include_pad,
-                         divisor_override=divisor_override)
-    return _run("avg_pool", "window", x, backend, xp, spec, out)
+    plan = _plan("avg_pool", "window", x, backend,
+                 (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
+                  dilation, layout),
+                 lambda: S.window_spec("avg_pool", "avg", x.shape, dtype_name(x.dtype),
+                                       kernel_size, stride, padding, dilation, ceil_mode, layout,
+                                       count_include_pad=count_include_pad,
+                                       divisor_override=divisor_override))
+    return _run("avg_pool", x, backend, xp, plan, out)
 
 
 @_accepts_foreign
@@ -114,9 +183,12 @@ def lp_pool(x: ArrayLike, p: float, kernel_size: Size, stride: Size | None = Non
     array([[[5.]]])
     """
     x, backend, xp = as_array("lp_pool", x)
-    spec = S.window_spec("lp_pool", "lp", x.shape, dtype_name(x.dtype), kernel_size, stride, padding,
-                         dilation, ceil_mode, layout, p=p)
-    return _run("lp_pool", "window", x, backend, xp, spec, out)
+    plan = _plan("lp_pool", "window", x, backend,
+                 (p, kernel_size, stride, padding, dilation, ceil_mode, layout),
+                 lambda: S.window_spec("lp_pool", "lp", x.shape, dtype_name(x.dtype),
+                                       kernel_size, stride, padding, dilation, ceil_mode,
+                                       layout, p=p))
+    return _run("lp_pool", x, backend, xp, plan, out)
 
 
 @_accepts_foreign
@@ -128,8 +200,10 @@ def global_avg_pool(x: ArrayLike, *, spatial_dims: int = 2, layout: str = "NCHW"
     (2, 3, 1, 1)
     """
     x, backend, xp = as_array("global_avg_pool", x)
-    spec = S.global_spec("global_avg_pool", "avg", x.shape, dtype_name(x.dtype), spatial_dims, layout)
-    return _run("global_avg_pool", "adaptive", x, backend, xp, spec, out)
+    plan = _plan("global_avg_pool", "adaptive", x, backend, (spatial_dims, layout),
+                 lambda: S.global_spec("global_avg_pool", "avg", x.shape, dtype_name(x.dtype),
+                                       spatial_dims, layout))
+    return _run("global_avg_pool", x, backend, xp, plan, out)
 
 
 @_accepts_foreign
@@ -141,8 +215,10 @@ def global_max_pool(x: ArrayLike, *, spatial_dims: int = 2, layout: str = "NCHW"
     array([[[[3.]], [[7.]]]])
     """
     x, backend, xp = as_array("global_max_pool", x)
-    spec = S.global_spec("global_max_pool", "max", x.shape, dtype_name(x.dtype), spatial_dims, layout)
-    return _run("global_max_pool", "adaptive", x, backend, xp, spec, out)
+    plan = _plan("global_max_pool", "adaptive", x, backend, (spatial_dims, layout),
+                 lambda: S.global_spec("global_max_pool", "max", x.shape, dtype_name(x.dtype),
+                                       spatial_dims, layout))
+    return _run("global_max_pool", x, backend, xp, plan, out)
 
 
 @_accepts_foreign
@@ -154,8 +230,10 @@ def adaptive_avg_pool(x: ArrayLike, output_size: Size, *, layout: str = "NCHW",
     array([[[1., 4.]]])
     """
     x, backend, xp = as_array("adaptive_avg_pool", x)
-    spec = S.adaptive_spec("adaptive_avg_pool", "avg", x.shape, dtype_name(x.dtype), output_size, layout)
-    return _run("adaptive_avg_pool", "adaptive", x, backend, xp, spec, out)
+    plan = _plan("adaptive_avg_pool", "adaptive", x, backend, (output_size, layout),
+                 lambda: S.adaptive_spec("adaptive_avg_pool", "avg", x.shape,
+                                         dtype_name(x.dtype), output_size, layout))
+    return _run("adaptive_avg_pool", x, backend, xp, plan, out)
 
 
 @_accepts_foreign
@@ -169,9 +247,11 @@ def adaptive_max_pool(x: ArrayLike, output_size: Size, *, return_indices: bool =
     array([[[2., 5.]]])
     """
     x, backend, xp = as_array("adaptive_max_pool", x)
-    spec = S.adaptive_spec("adaptive_max_pool", "max", x.shape, dtype_name(x.dtype), output_size,
-                           layout, return_indices=return_indices)
-    return _run("adaptive_max_pool", "adaptive", x, backend, xp, spec, out, spec.return_indices)
+    plan = _plan("adaptive_max_pool", "adaptive", x, backend, (output_size, return_indices, layout),
+                 lambda: S.adaptive_spec("adaptive_max_pool", "max", x.shape,
+                                         dtype_name(x.dtype), output_size, layout,
+                                         return_indices=return_indices))
+    return _run("adaptive_max_pool", x, backend, xp, plan, out, plan[0].return_indices)
 
 
 @_accepts_foreign

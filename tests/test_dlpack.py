@@ -62,6 +62,8 @@ def seen(monkeypatch):
             return impl(x, spec, result, indices)
         return run
     monkeypatch.setattr(gpupool.ops, "implementation", spy)
+    # a fresh plan cache: a plan cached before would bypass the spy
+    monkeypatch.setattr(gpupool.ops, "_plans", type(gpupool.ops._plans)())
     return calls
 
 
