@@ -177,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench/model.py: not overwriting {', '.join(existing)}; pass --force to replace "
               f"it", file=sys.stderr)
         return 1
+    if not os.path.isdir(args.results_dir):
+        print(f"bench/model.py: --results-dir {args.results_dir} is not a folder",
+              file=sys.stderr)
+        return 2
     reason = executor.host_compiler_reason()
     if reason:
         print(f"bench/model.py: the CPU executor needs a host compiler: {reason}",

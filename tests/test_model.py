@@ -6,6 +6,9 @@ fails here. The kernels run on the CPU executor; no GPU is needed.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -317,3 +320,11 @@ def test_registers_come_from_ptxas(real_nvrtc):
     assert set(regs) == set(names)
     for count, shared in regs.values():
         assert 8 <= count <= 255 and shared == 0
+
+
+def test_report_refuses_a_missing_results_folder_before_tracing(tmp_path):
+    script = Path(__file__).resolve().parent.parent / "bench" / "model.py"
+    done = subprocess.run([sys.executable, str(script), "--results-dir", str(tmp_path / "no")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "is not a folder" in done.stderr and "Traceback" not in done.stderr
