@@ -115,7 +115,9 @@ def _half_as_float32(xb):
     return cur, UNSCALED_HALF
 
 
+@functools.cache
 def _lowest(dtype):
+    """-inf, or an integer dtype's minimum."""
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
 
@@ -592,7 +594,7 @@ def _keyed_max_indices(xb, spec: WindowSpec, values, indices) -> None:
         np.subtract(LOW_BITS, tie, out=indices, where=from_first)
     else:
         np.subtract(LOW_BITS, tie, out=indices)
-    empty = best == np.iinfo(np.int64).min
+    empty = best == _lowest(np.dtype(np.int64))
     _take_winners(xb, geom, indices, values, empty if empty.any() else None)
 
 
