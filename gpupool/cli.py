@@ -95,6 +95,14 @@ def error(message: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _command(argv)
+    except BrokenPipeError:  # the reader left (gpupool info | head -1): stop without a trace
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # for the exit flush
+        return 1
+
+
+def _command(argv: list[str] | None) -> int:
     top, bench = parsers()
     args = top.parse_args(argv)
     if args.command is None:

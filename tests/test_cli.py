@@ -548,3 +548,15 @@ def test_reference_of_the_new_overhead_ops_matches_gpupool(op):
     x = benchmark.make_input(case, 1)
     got = benchmark.values(benchmark.gpupool_call(case, x)())
     np.testing.assert_allclose(got, benchmark.reference_values(case, x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    # gpupool info | head -1: the lines after the first meet a closed pipe
+    proc = subprocess.Popen([sys.executable, "-m", "gpupool.cli", "info"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("gpupool ")
+    proc.stdout.close()
+    with proc.stderr:
+        stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1, stderr
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr
