@@ -246,12 +246,14 @@ def with_batch(case: Case, x):
 
 
 def baseline_values(case: Case, out) -> np.ndarray:
-    """A CPU baseline's result as NumPy values in the case's own layout and shape: the
+    """A baseline's result as NumPy values in the case's own layout and shape: the
     values of a (values, indices) pair, a PyTorch tensor's NCHW view back in NHWC, and no
     N axis for an unbatched case."""
     out = out[0] if isinstance(out, (tuple, list)) else out
     if hasattr(out, "movedim"):  # a PyTorch tensor
         out = (out.movedim(1, -1) if case.layout == "NHWC" else out).cpu().numpy()
+    elif hasattr(out, "get"):  # a CuPy array
+        out = out.get()
     return out if case.batched else out[0]
 
 
@@ -342,10 +344,13 @@ def onnxruntime_call(case: Case, x):
 
 def cupy_call(case: Case, x):
     """Plain CuPy doing the same pooling: a reshape + reduction when k == s and there is no
-    padding, else a ``cupyx.scipy.ndimage`` filter + slicing; or (None, reason). Any leading
-    axes (N and C, or C alone for an unbatched case) are kept."""
+    padding, else for max a ``cupyx.scipy.ndimage`` filter (padding with the dtype's lowest
+    value, which never wins) + slicing; or (None, reason): ndimage's mean counts the padding,
+    where gpupool's default divides by the valid taps. The leading axes (N, as
+    :func:`with_batch` gives it, and C) are kept."""
     if case.layout != "NCHW" or case.op in ("qavg", "aavg", "amax", "lp"):
         return None, "no plain-CuPy equivalent"
+    x = with_batch(case, x)
     nd = len(case.kernel)
     lead, spatial = x.shape[:-nd], x.shape[-nd:]
     if case.op == "gavg":
@@ -356,15 +361,20 @@ def cupy_call(case: Case, x):
         axes = tuple(len(lead) + 2 * a + 1 for a in range(nd))
         red = "max" if case.op in ("max", "qmax") else "mean"
         return (lambda: getattr(x.reshape(split), red)(axis=axes)), None
+    if case.op not in ("max", "qmax"):
+        return None, "no plain-CuPy equivalent (ndimage's mean counts the padding)"
     try:
         from cupyx.scipy import ndimage
     except ImportError as e:
         return None, f"cupyx.scipy.ndimage not importable ({e})"
+    if any(case.padding > kk // 2 for kk in k):
+        return None, "no plain-CuPy equivalent (a window starting before ndimage's first)"
     size = (1,) * len(lead) + k
-    filt = ndimage.maximum_filter if case.op in ("max", "qmax") else ndimage.uniform_filter
-    starts = tuple(kk // 2 - case.padding for kk in k)
-    sl = (Ellipsis,) + tuple(slice(max(st, 0), None, ss) for st, ss in zip(starts, s))
-    return (lambda: filt(x, size=size, mode="constant")[sl]), None
+    lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    # window o starts at o*s - p and ndimage centres a window of k at its start + k // 2
+    sl = (Ellipsis,) + tuple(slice(kk // 2 - case.padding, kk // 2 - case.padding + ss * (
+        (i + 2 * case.padding - kk) // ss) + 1, ss) for i, kk, ss in zip(spatial, k, s))
+    return (lambda: ndimage.maximum_filter(x, size=size, mode="constant", cval=lowest)[sl]), None
 
 
 # ----------------------------------------------------------------- timing
@@ -536,19 +546,23 @@ def run_case(case: Case, size: str, gpu: bool, overhead: bool = False) -> Row:
             got = values(result)
             row.checks["numpy backend"] = _check(got, values(gpupool_call(case, x.get())()),
                                                  case.dtype)
-            row.check = check_summary(row.checks)
             row.bytes = int(x.nbytes + output_bytes(result))
             time_gpu_call("gpupool", f)
-            tf, why = torch_call(case, x, "cuda")
-            if tf is None:
-                row.missing["torch"] = why
-            else:
-                time_gpu_call("torch", tf)
-            cf, why = cupy_call(case, x)
-            if cf is None:
-                row.missing["cupy"] = why
-            else:
-                time_gpu_call("cupy", cf)
+            baselines = {"torch": torch_call(case, x, "cuda"), "cupy": cupy_call(case, x)}
+            timed = {}
+            for name, (bf, why) in baselines.items():  # each baseline timed is checked
+                try:
+                    want = None if bf is None else bf()
+                except Exception as e:  # noqa: BLE001 - e.g. a dtype the library lacks
+                    bf, why = None, f"{type(e).__name__}: {str(e)[:100]}"
+                if bf is None:
+                    row.missing[name] = why
+                else:
+                    row.checks[name] = _check(got, baseline_values(case, want), case.dtype)
+                    timed[name] = bf
+            row.check = check_summary(row.checks)
+            for name, bf in timed.items():
+                time_gpu_call(name, bf)
         else:
             x = make_input(case, n)
             f = gpupool_call(case, x)
