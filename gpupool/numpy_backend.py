@@ -4,9 +4,11 @@ Every op works on a canonical view ``(B, *spatial)`` (NCHW) or ``(B, *spatial, C
 so spatial axes are always ``1..nd``. Python loops run over window taps only, never over
 output elements; values-only max, avg and lp are separable and reduce one spatial axis at a
 time. No padded copy is made: each tap's output range is clipped to the taps that land inside
-the input. Blocks of planes sized to stay in cache run on the thread pool of
-:mod:`gpupool.threads` (NumPy ufuncs release the GIL). Nothing on that pool calls BLAS: the
-global average's mat-vec runs in the calling thread (:func:`threads.blas_threads`).
+the input. A small block instead gathers every tap of every window at once and combines them in
+the same order (:func:`_gather_reduce`): fewer NumPy calls, the same bits. Blocks of planes
+sized to stay in cache run on the thread pool of :mod:`gpupool.threads` (NumPy ufuncs release
+the GIL). Nothing on that pool calls BLAS: the global average's mat-vec runs in the calling
+thread (:func:`threads.blas_threads`).
 """
 from __future__ import annotations
 
@@ -392,7 +394,8 @@ def _gather_reduce(cur, nd: int, gather, combine, sentinel, dest):
     tap of every window (a tap outside the input reads ``sentinel``, which leaves a sum or max
     unchanged: -0.0 for sums that may hold -0.0, +0 for Lp's terms, the lowest value for a
     max), then the taps of the first dim combined in tap order for every tap of the others,
-    then those of the second dim, ...: the order and so the rounding of the separable path."""
+    then those of the second dim, ...: the order and so the rounding of the separable path.
+    ``dest`` (C-contiguous, shape ``(rows, *out_spatial, *tail)``) receives the result."""
     index, padded = gather
     rows, tail = cur.shape[0], cur.shape[nd + 1:]
     flat = cur.reshape((rows, -1) + tail)
