@@ -103,13 +103,16 @@ def asan_preload(build: Build | None = None) -> str:
                           check=True).stdout.strip()
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """Where built libraries are kept (``$CUDACPU_CACHE``, default ``~/.cache/gpupool-cudacpu``)."""
     path = Path(os.environ.get("CUDACPU_CACHE", Path.home() / ".cache" / "gpupool-cudacpu"))
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-def _translation_unit(names: tuple[str, ...], defines: tuple[str, ...]) -> str:
+def translation_unit(names: tuple[str, ...], defines: tuple[str, ...]) -> str:
+    """The C++ unit that includes the runtime and ``kernel.cu`` and exports a launcher and a
+    signature query for each of ``names``."""
     parts = [f"#define {d} 1" for d in defines]
     parts += ['#include "cudacpu.h"', '#include "kernel.cu"', ""]
     for i, name in enumerate(names):
@@ -122,19 +125,38 @@ def _translation_unit(names: tuple[str, ...], defines: tuple[str, ...]) -> str:
     return "\n".join(parts) + "\n"
 
 
+def compile_cached(cxx: str, flags: list[str], unit: str, code: str, prefix: str,
+                   extra_key: tuple[str, ...] = ()) -> Path:
+    """The shared library of ``unit`` (with ``code`` as its ``kernel.cu``) built by ``cxx
+    flags``, kept in :func:`cache_dir` as ``<prefix><hash>.so`` under a hash of everything
+    that goes into it (the runtime headers, ``extra_key`` too)."""
+    headers = "".join(p.read_text() for p in sorted(INCLUDE.glob("*.h")))
+    key = hashlib.sha256("\0".join(
+        [cxx, " ".join(flags), headers, *extra_key, code, unit]).encode()).hexdigest()[:32]
+    path = cache_dir() / f"{prefix}{key}.so"
+    if path.exists():
+        return path
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "unit.cpp").write_text(unit)
+        (Path(tmp) / "kernel.cu").write_text(code)
+        partial = Path(tmp) / "k.so"
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        done = subprocess.run([cxx, *flags, str(Path(tmp) / "unit.cpp"), "-o", str(partial)],
+                              capture_output=True, text=True, env=env)
+        if done.returncode:
+            raise CompileError(f"{cxx} {' '.join(flags)} failed on {unit.count('cudacpu_launch_')} "
+                               f"kernels:\n{done.stderr[-8000:]}")
+        os.replace(partial, path)
+    return path
+
+
 def build_library(code: str, names: tuple[str, ...], build: Build,
                   defines: tuple[str, ...] = ()) -> Path:
     """The shared library of ``code`` with launchers for ``names`` (compiled once, cached).
     ``defines``: macros set before the runtime header (``CUDACPU_FTZ``: flush subnormals)."""
     if tracer is not None:
         return tracer.build_library(code, names, build, defines)
-    unit = _translation_unit(names, defines)
-    headers = "".join(p.read_text() for p in sorted(INCLUDE.glob("*.h")))
-    key = hashlib.sha256("\0".join(
-        [build.cxx, " ".join(build.flags()), headers, code, unit]).encode()).hexdigest()[:32]
-    path = _cache_dir() / f"k_{key}.so"
-    if path.exists():
-        return path
+    return compile_cached(build.cxx, build.flags(), translation_unit(names, defines), code, "k_")
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "unit.cpp").write_text(unit)
         (Path(tmp) / "kernel.cu").write_text(code)

@@ -19,11 +19,9 @@ instruction: :meth:`Launch.site_lines` gives the source line it came from.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import re
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,28 +109,11 @@ def build_library(code: str, names: tuple[str, ...], build: executor.Build,
     """The trace build of ``code`` with launchers for ``names`` (as
     :func:`executor.build_library`; cached). Always ``-O1`` (unrolling needs optimisation) and
     without ``build``'s sanitizers; ``build`` gives the compiler."""
-    code = trace_source(code)
-    unit = executor._translation_unit(names, defines) + f'#include "{RUNTIME.name}"\n'
+    unit = executor.translation_unit(names, defines) + f'#include "{RUNTIME.name}"\n'
     flags = executor.Build("-O1", "", build.cxx).flags() + [
         "-g1", "-gdwarf-4", "-fsanitize=thread", "-static-libtsan", f"-I{RUNTIME.parent}"]
-    headers = "".join(p.read_text() for p in sorted(executor.INCLUDE.glob("*.h")))
-    key = hashlib.sha256("\0".join([build.cxx, " ".join(flags), headers, RUNTIME.read_text(),
-                                    code, unit]).encode()).hexdigest()[:32]
-    path = executor._cache_dir() / f"trace_{key}.so"
-    if path.exists():
-        return path
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "unit.cpp").write_text(unit)
-        (Path(tmp) / "kernel.cu").write_text(code)
-        partial = Path(tmp) / "k.so"
-        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-        done = subprocess.run([build.cxx, *flags, str(Path(tmp) / "unit.cpp"), "-o",
-                               str(partial)], capture_output=True, text=True, env=env)
-        if done.returncode:
-            raise executor.CompileError(f"{build.cxx} (trace build) failed on {len(names)} "
-                                        f"kernels:\n{done.stderr[-8000:]}")
-        os.replace(partial, path)
-    return path
+    return executor.compile_cached(build.cxx, flags, unit, trace_source(code), "trace_",
+                                   (RUNTIME.read_text(),))
 
 
 class Recorder:
