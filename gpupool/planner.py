@@ -268,7 +268,13 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list) -> P
     grid = (n_x * chunks, grid_yz[0], grid_yz[1])
     if grid[0] > INT32_LIMIT:
         raise ValueError(f"gpupool: grid x {grid[0]} exceeds the CUDA limit")
-    words.append(f"threads along {'channels' if nhwc else 'W'}")
+    if nhwc:
+        words.append("threads along channels")
+    elif n_x == 1:
+        words.append("threads along the block's outputs in row-major order (a row fits one "
+                     "block width, so a warp may cross into the next row)")
+    else:
+        words.append("threads along W")
     return Plan(family, index_type(spec), (Launch(kernel, grid, (tx, ty, tz), rows),),
                 tuple(words))
 

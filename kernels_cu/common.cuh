@@ -131,30 +131,48 @@ namespace gp {
 //
 // NCHW -- grid: x = (W chunks of blockDim.x) x (row chunks of blockDim.y * rows rows, a row
 //   being one (d, h) of the output), y/z = plane groups of blockDim.z. block: (TX, TY, TZ).
-//   thread: one output column o_w, rows r*TY + threadIdx.y of its chunk (consecutive lanes ->
-//   consecutive o_w), of plane thread_plane().
+//   thread, when W takes several chunks: one output column o_w, rows r*TY + threadIdx.y of its
+//   chunk (consecutive lanes -> consecutive o_w), of plane thread_plane(). When W fits one
+//   chunk (OW <= TX), the block's TX*TY threads take the chunk's outputs in row-major order
+//   instead, thread t outputs t, t + TX*TY, ...: a row narrower than TX leaves no lane idle
+//   (consecutive lanes -> consecutive outputs, a warp crossing into the next row).
 template <typename I, typename T, typename F>
 __device__ __forceinline__ void for_outputs_nchw(const Geo<I>& g, const T* __restrict__ x, F f) {
   const long long plane = thread_plane();
   if (plane >= (long long)g.planes) return;
   const I nwb = (g.ow + (I)blockDim.x - 1) / (I)blockDim.x;
-  const I wchunk = (I)blockIdx.x % nwb;
-  const I rchunk = (I)blockIdx.x / nwb;
-  const I o_w = wchunk * (I)blockDim.x + (I)threadIdx.x;
-  if (o_w >= g.ow) return;
   const I nrows = g.od * g.oh;
   const I p = (I)plane;
   const T* __restrict__ xp = x + p * (g.id * g.ih * g.iw);
-  const I row0 = rchunk * (I)blockDim.y * (I)g.rows + (I)threadIdx.y;
-  for (int r = 0; r < g.rows; ++r) {
-    const I row = row0 + (I)r * (I)blockDim.y;
-    if (row >= nrows) break;
+  const auto output = [&](I row, I o_w) {
     I o_d = 0, o_h = row;
     if (g.od > 1) {
       o_d = row / g.oh;
       o_h = row - o_d * g.oh;
     }
     f(xp, (I)1, o_d, o_h, o_w, (p * nrows + row) * g.ow + o_w);
+  };
+  if (nwb == 1) {
+    const I first = (I)blockIdx.x * (I)blockDim.y * (I)g.rows;
+    const I last = first + (I)blockDim.y * (I)g.rows < nrows ? first + (I)blockDim.y * (I)g.rows
+                                                             : nrows;
+    const I count = (last - first) * g.ow;
+    const I step = (I)blockDim.x * (I)blockDim.y;
+    for (I q = (I)threadIdx.y * (I)blockDim.x + (I)threadIdx.x; q < count; q += step) {
+      const I r = q / g.ow;
+      output(first + r, q - r * g.ow);
+    }
+    return;
+  }
+  const I wchunk = (I)blockIdx.x % nwb;
+  const I rchunk = (I)blockIdx.x / nwb;
+  const I o_w = wchunk * (I)blockDim.x + (I)threadIdx.x;
+  if (o_w >= g.ow) return;
+  const I row0 = rchunk * (I)blockDim.y * (I)g.rows + (I)threadIdx.y;
+  for (int r = 0; r < g.rows; ++r) {
+    const I row = row0 + (I)r * (I)blockDim.y;
+    if (row >= nrows) break;
+    output(row, o_w);
   }
 }
 
