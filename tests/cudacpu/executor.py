@@ -157,18 +157,6 @@ def build_library(code: str, names: tuple[str, ...], build: Build,
     if tracer is not None:
         return tracer.build_library(code, names, build, defines)
     return compile_cached(build.cxx, build.flags(), translation_unit(names, defines), code, "k_")
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "unit.cpp").write_text(unit)
-        (Path(tmp) / "kernel.cu").write_text(code)
-        partial = Path(tmp) / "k.so"
-        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-        done = subprocess.run([build.cxx, *build.flags(), str(Path(tmp) / "unit.cpp"), "-o",
-                               str(partial)], capture_output=True, text=True, env=env)
-        if done.returncode:
-            raise CompileError(f"{build.cxx} failed on {len(names)} kernels:\n"
-                               f"{done.stderr[-8000:]}")
-        os.replace(partial, path)
-    return path
 
 
 def build_libraries(jobs: list[tuple[str, tuple[str, ...]]], build: Build,
