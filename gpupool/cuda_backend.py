@@ -38,7 +38,7 @@ import numpy as np
 
 from . import planner
 from .backends import dtype_name, register
-from .spec import FLOAT_DTYPES, INT_DTYPES, AdaptiveSpec, UnpoolSpec, WindowSpec
+from .spec import ACC_DTYPES, FLOAT_DTYPES, INT_DTYPES, AdaptiveSpec, UnpoolSpec, WindowSpec
 
 #: dtype name -> C type of the kernels (the only dtypes the kernels are instantiated for).
 CTYPES = {
@@ -48,8 +48,6 @@ CTYPES = {
 }
 #: unsigned word moved by max_unpool for each element size.
 WORDS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
-#: accumulator dtype of the reductions (Num<T>::acc in common.cuh).
-ACC = {"float16": "float32", "float32": "float32", "float64": "float64"}
 INDEX_TYPES = ("int", "long long")
 #: NVRTC options of every kernel (plus CuPy's include paths, and -arch from the device): IEEE
 #: float32, subnormals kept, division and square root correctly rounded, and no multiply-add
@@ -77,7 +75,9 @@ def ctype(dtype: str) -> str:
 
 
 def _acc(dtype: str) -> str:
-    return ACC.get(dtype, dtype)
+    """Accumulator dtype of the reductions (Num<T>::acc in common.cuh): ACC_DTYPES for
+    floats, the dtype itself for integers."""
+    return ACC_DTYPES.get(dtype, dtype)
 
 
 def _bool(b) -> str:
