@@ -136,6 +136,10 @@ CUDACPU_TRACE_HOOK void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(
 
 // Atomics (the launcher's block counter, std::mutex internals) keep their meaning, sequentially
 // consistent whatever order was asked for.
+#define CUDACPU_TRACE_RMW(N, T, OP, BUILTIN)                                                 \
+  CUDACPU_TRACE_HOOK T __tsan_atomic##N##_##OP(volatile T* a, T v, int) {                    \
+    return BUILTIN(a, v, __ATOMIC_SEQ_CST);                                                  \
+  }
 #define CUDACPU_TRACE_ATOMIC(N, T)                                                           \
   CUDACPU_TRACE_HOOK T __tsan_atomic##N##_load(const volatile T* a, int) {                   \
     return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                             \
@@ -143,24 +147,12 @@ CUDACPU_TRACE_HOOK void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(
   CUDACPU_TRACE_HOOK void __tsan_atomic##N##_store(volatile T* a, T v, int) {                \
     __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                \
   }                                                                                          \
-  CUDACPU_TRACE_HOOK T __tsan_atomic##N##_exchange(volatile T* a, T v, int) {                \
-    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                      \
-  }                                                                                          \
-  CUDACPU_TRACE_HOOK T __tsan_atomic##N##_fetch_add(volatile T* a, T v, int) {               \
-    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                       \
-  }                                                                                          \
-  CUDACPU_TRACE_HOOK T __tsan_atomic##N##_fetch_sub(volatile T* a, T v, int) {               \
-    return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                       \
-  }                                                                                          \
-  CUDACPU_TRACE_HOOK T __tsan_atomic##N##_fetch_and(volatile T* a, T v, int) {               \
-    return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST);                                       \
-  }                                                                                          \
-  CUDACPU_TRACE_HOOK T __tsan_atomic##N##_fetch_or(volatile T* a, T v, int) {                \
-    return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);                                        \
-  }                                                                                          \
-  CUDACPU_TRACE_HOOK T __tsan_atomic##N##_fetch_xor(volatile T* a, T v, int) {               \
-    return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST);                                       \
-  }                                                                                          \
+  CUDACPU_TRACE_RMW(N, T, exchange, __atomic_exchange_n)                                    \
+  CUDACPU_TRACE_RMW(N, T, fetch_add, __atomic_fetch_add)                                     \
+  CUDACPU_TRACE_RMW(N, T, fetch_sub, __atomic_fetch_sub)                                     \
+  CUDACPU_TRACE_RMW(N, T, fetch_and, __atomic_fetch_and)                                     \
+  CUDACPU_TRACE_RMW(N, T, fetch_or, __atomic_fetch_or)                                       \
+  CUDACPU_TRACE_RMW(N, T, fetch_xor, __atomic_fetch_xor)                                     \
   CUDACPU_TRACE_HOOK int __tsan_atomic##N##_compare_exchange_strong(volatile T* a, T* c, T v, \
                                                                     int, int) {              \
     return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);  \
@@ -179,3 +171,4 @@ CUDACPU_TRACE_ATOMIC(16, unsigned short)
 CUDACPU_TRACE_ATOMIC(32, unsigned int)
 CUDACPU_TRACE_ATOMIC(64, unsigned long)
 #undef CUDACPU_TRACE_ATOMIC
+#undef CUDACPU_TRACE_RMW
