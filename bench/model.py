@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     import cudacpu
     from cudacpu import benchmodel, executor
 
-    from gpupool import benchmark
+    from gpupool import bench as benchmark
     cases = benchmark.select_cases(args.ops)
     stem = output_stem(args.results_dir, bool(args.ops))
     existing = [stem + ext for ext in (".json", ".md") if os.path.exists(stem + ext)]

@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from gpupool import benchmark  # noqa: E402
+from gpupool import bench as benchmark  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

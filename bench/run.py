@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     backend = args.backend
     if backend == "auto":
-        from gpupool.benchmark import gpu_usable
+        from gpupool.bench import gpu_usable
         backend = "cupy" if gpu_usable()[0] else "numpy"
     stem = output_stem(args.results_dir, backend, args.size, bool(args.ops))
     extensions = (".json", ".md") + (() if args.no_plot else (".png",))

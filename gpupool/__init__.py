@@ -2,14 +2,14 @@
 
 The backend follows the input: a NumPy array runs on the CPU and returns NumPy, a CuPy array
 runs on its GPU and returns CuPy. PyTorch tensors and JAX arrays go the same way without
-copies, through DLPack (:mod:`gpupool.dlpack`), and come back as the input's kind.
+copies, through DLPack (:mod:`gpupool.interop.dlpack`), and come back as the input's kind.
 ``import gpupool`` needs neither CuPy nor a GPU.
 """
 from .ops import (adaptive_avg_pool, adaptive_max_pool, avg_pool, global_avg_pool,
                   global_max_pool, lp_pool, max_pool, max_unpool)
 from . import quantized
-from .planner import explain
-from .threads import get_num_threads, set_num_threads
+from .cuda.planner import explain
+from .cpu.threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
 __all__ = ["max_pool", "avg_pool", "lp_pool", "global_avg_pool", "global_max_pool",

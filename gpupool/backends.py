@@ -2,7 +2,7 @@
 
 A NumPy array (or a plain list/tuple) runs on the ``numpy`` backend; a CuPy array on the
 ``cupy`` backend. The float ops also take PyTorch tensors and JAX arrays, viewed as NumPy or
-CuPy arrays through DLPack (:mod:`gpupool.dlpack`). Backend modules register their
+CuPy arrays through DLPack (:mod:`gpupool.interop.dlpack`). Backend modules register their
 implementations when first imported, so CuPy is imported only when a CuPy array (or a CUDA
 tensor) arrives: ``import gpupool`` needs neither CuPy nor a GPU, and never imports PyTorch or
 JAX.
@@ -12,64 +12,41 @@ from __future__ import annotations
 import contextlib
 import importlib
 import numbers
-from typing import TYPE_CHECKING, Callable, Union
+from typing import Callable
 
 import numpy as np
 
-if TYPE_CHECKING:  # annotations only: importing gpupool never imports CuPy
-    import cupy
-
-#: What the ops return: a NumPy array (CPU) or a CuPy array (GPU), the input's kind.
-Array = Union[np.ndarray, "cupy.ndarray"]
-#: What the ops take as input: a NumPy or CuPy array, or a (nested) list/tuple of numbers,
-#: which becomes a NumPy array. The float ops also take PyTorch tensors and JAX arrays
-#: (:mod:`gpupool.dlpack`) and return the input's kind.
-ArrayLike = Union[np.ndarray, "cupy.ndarray", list, tuple]
+from .arrays import Array, ArrayLike, dtype_name, is_cupy_array, is_dask_array  # noqa: F401
+from .registry import registered
 
 #: the modules of each backend: the float ops, then the quantized ones.
-_MODULES = {"numpy": ("gpupool.numpy_backend", "gpupool.quantized_numpy"),
-            "cupy": ("gpupool.cuda_backend", "gpupool.quantized_cuda")}
-_REGISTRY: dict[tuple[str, str], Callable] = {}
+BACKEND_MODULES = {"numpy": ("gpupool.cpu.numpy_backend", "gpupool.cpu.quantized"),
+                   "cupy": ("gpupool.cuda.backend", "gpupool.cuda.quantized")}
 
 
-def register(op: str, backend: str) -> Callable:
-    """Decorator: make ``func`` the implementation of ``op`` on ``backend``."""
-    def wrap(func: Callable) -> Callable:
-        _REGISTRY[(op, backend)] = func
-        return func
-    return wrap
-
-
-def implementation(op: str, backend: str) -> Callable:
-    """The function registered for ``op`` on ``backend``, importing the backend's modules
+def implementation(family: str, backend: str) -> Callable:
+    """The function registered for ``family`` on ``backend``, importing the backend's modules
     until one registers it."""
-    for module in _MODULES[backend]:
-        if (op, backend) in _REGISTRY:
+    func = registered(family, backend)
+    for module in BACKEND_MODULES[backend]:
+        if func is not None:
             break
         importlib.import_module(module)
-    return _REGISTRY[(op, backend)]
-
-
-def is_cupy_array(x) -> bool:
-    return type(x).__module__.split(".")[0] == "cupy" and hasattr(x, "__cuda_array_interface__")
-
-
-def is_dask_array(x) -> bool:
-    """A Dask array (recognised by its type's module: importing gpupool never imports Dask)."""
-    return type(x).__module__.split(".")[0] == "dask" and hasattr(x, "chunks")
+        func = registered(family, backend)
+    return func
 
 
 def foreign_handler(x):
     """The module that runs an op on ``x`` when ``x`` is neither NumPy, CuPy nor a list:
-    :mod:`gpupool.dask_backend` for a Dask array, :mod:`gpupool.dlpack` for another library's
+    :mod:`gpupool.interop.dask` for a Dask array, :mod:`gpupool.interop.dlpack` for another library's
     tensor that exports DLPack (PyTorch, JAX); ``None`` otherwise. Each such module has
     ``call(op, x, *args, **kwargs)``, where ``op`` is the public function on NumPy/CuPy."""
     if isinstance(x, np.ndarray) or is_cupy_array(x) or isinstance(x, (list, tuple)):
         return None
     if is_dask_array(x):
-        return importlib.import_module("gpupool.dask_backend")
+        return importlib.import_module("gpupool.interop.dask")
     if hasattr(x, "__dlpack__"):
-        return importlib.import_module("gpupool.dlpack")
+        return importlib.import_module("gpupool.interop.dlpack")
     return None
 
 
@@ -114,17 +91,6 @@ def as_array(func: str, x, name: str = "x"):
                else ", a PyTorch tensor, a JAX array")
     raise TypeError(f"gpupool.{func}: {name} must be a NumPy or CuPy array{tensors} or a nested "
                     f"list, got {type(x).__module__}.{type(x).__name__}")
-
-
-_DTYPE_NAMES: dict = {}
-
-
-def dtype_name(dtype) -> str:
-    """``dtype.name``, cached: NumPy computes it in Python (about 6 us a call)."""
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = dtype.name
-    return name
 
 
 def device_scope(x, backend: str):

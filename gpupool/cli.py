@@ -28,7 +28,7 @@ def cuda_version(version: int) -> str:
 def info() -> None:
     """Version, which backends are usable (and why not), device, CuPy/CUDA versions, cache."""
     print(f"gpupool {gpupool.__version__} ({os.path.dirname(gpupool.__file__)})")
-    from .threads import ENV_VAR, available_cpus, get_num_threads
+    from .cpu.threads import ENV_VAR, available_cpus, get_num_threads
     print(f"backend numpy: usable, {get_num_threads()} threads ({available_cpus()} CPUs "
           f"available; {ENV_VAR} or gpupool.set_num_threads to change)")
     try:
@@ -37,7 +37,7 @@ def info() -> None:
         print(f"backend cupy: not usable: CuPy is not installed ({e}); "
               f"pip install 'gpupool[cuda13]' (or [cuda12])")
         return
-    from .benchmark import gpu_usable
+    from .bench import gpu_usable
     usable, reason = gpu_usable()
     print(f"backend cupy: {'usable' if usable else 'not usable'}: {reason}")
     print(f"cupy {cupy.__version__}, CUDA runtime "
@@ -53,13 +53,13 @@ def info() -> None:
         print(f"device {dev}: {name}, {props['multiProcessorCount']} SMs, compute capability "
               f"{props['major']}.{props['minor']}, driver "
               f"{cuda_version(cupy.cuda.runtime.driverGetVersion())}")
-    from .cuda_backend import cache_dir
+    from .cuda.backend import cache_dir
     print(f"kernel cache: {cache_dir()} (set GPUPOOL_CACHE_DIR to move it)")
 
 
 def parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """The ``gpupool`` parser and its ``bench`` subparser."""
-    from .benchmark import OPS
+    from .bench import OPS
     top = argparse.ArgumentParser(prog="gpupool", description=DESCRIPTION)
     top.add_argument("--version", action="version", version=f"gpupool {gpupool.__version__}")
     sub = top.add_subparsers(dest="command", metavar="COMMAND")
@@ -108,7 +108,7 @@ def _command(argv: list[str] | None) -> int:
     if args.command is None:
         top.print_help(sys.stderr)
         return 2
-    from .threads import get_num_threads
+    from .cpu.threads import get_num_threads
     try:  # GPUPOOL_NUM_THREADS, read by both commands
         get_num_threads()
     except ValueError as e:
@@ -116,7 +116,7 @@ def _command(argv: list[str] | None) -> int:
     if args.command == "info":
         info()
         return 0
-    from . import benchmark
+    from . import bench as benchmark
     try:  # every argument problem is reported before anything runs
         benchmark.preflight(args.ops, benchmark.output_options(args.json, args.markdown,
                                                                args.plot))

@@ -10,7 +10,7 @@ from typing import Callable, Sequence, Union
 import numpy as np
 
 from . import spec as S
-from . import threads
+from .cpu import threads
 from .backends import (Array, ArrayLike, as_array, backend_of, device_scope, dtype_name,
                        foreign_handler, implementation)
 

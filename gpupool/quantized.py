@@ -266,7 +266,7 @@ def _frozen(a, dtype):
 def _avg_plan(spec, dtype: str, scale: float, zp_in: int, out_scale: float, zp_out: int,
               rounding: str) -> AvgPlan:
     if isinstance(spec, S.WindowSpec):
-        from .numpy_backend import _valid_counts
+        from .cpu.numpy_backend import _valid_counts
         divisors = _valid_counts(spec, spec.count_include_pad).astype(np.int64)
         counts = _valid_counts(spec, False).astype(np.int64)
         max_taps = math.prod(spec.kernel)
@@ -326,7 +326,7 @@ def _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, family):
 
 
 def _dask_backend():
-    return importlib.import_module("gpupool.dask_backend")
+    return importlib.import_module("gpupool.interop.dask")
 
 
 def _accepts_dask(op):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.testing import assert_array_equal
 
-from gpupool import benchmark, cli
+from gpupool import bench as benchmark, cli
 
 
 def test_info_reports_numpy_usable(capsys):

@@ -68,7 +68,7 @@ def test_float32_subnormals_are_kept(cupy):
 def test_a_new_process_loads_compiled_kernels_from_disk(cupy, monkeypatch):
     """The compiled image is kept on disk: with the in-process memos empty (as in a new
     process), the same op does not compile again."""
-    from gpupool import cuda_backend as CB
+    from gpupool.cuda import backend as CB
     x = cupy.asarray(np.ones((1, 2, 9, 9), np.float64))
     gpupool.max_pool(x, (2, 3), 2)
     for memo in (CB.kernel, CB.load_module):
@@ -115,7 +115,7 @@ def test_requantization_table_is_ready_on_every_stream(cupy):
 def test_quantized_nhwc_global_average_spreads_positions_over_threads(cupy, monkeypatch):
     """Regression: one thread per (batch row, channel) summed every position: (1, 224, 224,
     3) ran 3 threads reading 50,176 codes each."""
-    from gpupool import cuda_backend as CB
+    from gpupool.cuda import backend as CB
     launches, real = [], CB.kernel
 
     def spy(source_file, name):

@@ -33,7 +33,7 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
 import gpupool
-from gpupool import planner
+from gpupool.cuda import planner
 from gpupool import quantized as Q
 
 pytestmark = pytest.mark.gpu
@@ -525,7 +525,7 @@ assert len({c.id for c in CASES}) == len(CASES)
 def apply_hooks(mp, hooks: str) -> None:
     """Install the named test hooks (see the module docstring) with ``mp``; the caller clears
     the memoized plans before and after."""
-    from gpupool import cuda_backend as CB
+    from gpupool.cuda import backend as CB
     if "idx64" in hooks:
         mp.setattr(planner, "INT32_LIMIT", 100)
     if "acc64" in hooks:
@@ -538,7 +538,7 @@ def apply_hooks(mp, hooks: str) -> None:
 
 
 def clear_plans() -> None:
-    from gpupool import cuda_backend as CB
+    from gpupool.cuda import backend as CB
     PLAN.cache_clear()
     CB.prepared.cache_clear()
     Q._avg_plan.cache_clear()
@@ -555,7 +555,7 @@ class Record:
 def record(mp, kernel=None) -> Record:
     """Record plans and kernel requests of the CUDA backends from now on (``kernel``: what to
     hand out instead of the compiled kernel, e.g. a no-op)."""
-    from gpupool import cuda_backend as CB
+    from gpupool.cuda import backend as CB
     rec, real_kernel = Record(), CB.kernel
 
     def plan_spy(spec, device=None):
@@ -723,8 +723,8 @@ def test_max_returns_the_winning_element_bit_for_bit(kind, dtype, backend, cupy)
 
 def test_every_instantiation_is_requested(cupy):
     """All cases together (no-op kernels) ask for every kernel instantiation the host can."""
-    from gpupool import cuda_backend as CB
-    from gpupool import quantized_cuda as QC
+    from gpupool.cuda import backend as CB
+    from gpupool.cuda import quantized as QC
     requested = set()
     groups = [("", CASES)] + [(h, [c for g, c in HOOKED if g == h])
                               for h in dict.fromkeys(g for g, _ in HOOKED)]

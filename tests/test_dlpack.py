@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import gpupool
-import gpupool.dlpack
+import gpupool.interop.dlpack
 import gpupool.ops
 import reference as R
 
@@ -458,8 +458,8 @@ def test_jax_indices_beyond_int32_are_refused_without_x64(jax, monkeypatch):
     if jax.config.jax_enable_x64:
         pytest.skip("JAX keeps int64 indices with x64")
     x = jax.numpy.asarray(data("float32", (1, 1, 4, 4)))  # the last window's index is >= 10
-    monkeypatch.setattr(gpupool.dlpack, "_INT32_MAX", 15)
+    monkeypatch.setattr(gpupool.interop.dlpack, "_INT32_MAX", 15)
     assert gpupool.max_pool(x, 2, return_indices=True)[1].dtype == np.int32
-    monkeypatch.setattr(gpupool.dlpack, "_INT32_MAX", 9)
+    monkeypatch.setattr(gpupool.interop.dlpack, "_INT32_MAX", 9)
     with message(ValueError, "max_pool", "return_indices", "does not fit", "jax_enable_x64"):
         gpupool.max_pool(x, 2, return_indices=True)

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gpupool
-from gpupool import numpy_backend, ops
+from gpupool import ops
+from gpupool.cpu import numpy_backend
 
 
 @st.composite

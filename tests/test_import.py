@@ -42,7 +42,7 @@ def test_import_and_pool_do_not_import_torch_or_jax():
     code = textwrap.dedent("""
         import sys
         import numpy as np
-        import gpupool, gpupool.dlpack
+        import gpupool, gpupool.interop.dlpack
         gpupool.max_pool(np.ones((1, 1, 4, 4)), 2)
         print(sorted(m for m in ("torch", "jax", "jaxlib", "cupy", "dask", "threadpoolctl")
                      if m in sys.modules))

@@ -15,7 +15,8 @@ import pytest
 
 import conftest
 from cudacpu import benchmodel, executor, trace, traffic
-from gpupool import benchmark, planner
+from gpupool import bench as benchmark
+from gpupool.cuda import planner
 
 NO_COMPILER = executor.host_compiler_reason()
 pytestmark = pytest.mark.skipif(NO_COMPILER is not None, reason=f"{NO_COMPILER}")
@@ -313,7 +314,7 @@ def test_the_stand_in_reports_the_sm_count_it_is_given(monkeypatch):
 
 
 def test_registers_come_from_ptxas(real_nvrtc):
-    from gpupool import cuda_backend
+    from gpupool.cuda import backend as cuda_backend
     source = cuda_backend.read_source(("max_pool.cu",))
     names = ["max_pool<float, int, 3, false>", "max_pool<__half, int, 2, true>"]
     regs = traffic.registers(real_nvrtc, source, names)

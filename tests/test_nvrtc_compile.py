@@ -21,7 +21,7 @@ from collections import defaultdict
 
 import pytest
 
-from gpupool import cuda_backend
+from gpupool.cuda import backend as cuda_backend
 
 pytestmark = pytest.mark.nvrtc
 

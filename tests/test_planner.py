@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from gpupool import planner
+from gpupool.cuda import planner
 from gpupool import spec as S
-from gpupool.planner import H100, DeviceInfo, explain, plan
+from gpupool.cuda.planner import H100, DeviceInfo, explain, plan
 
 SMALL_GPU = DeviceInfo(name="test GPU", sm_count=4)
 

@@ -8,6 +8,7 @@ run the same body against the same exact values, which makes them bit-identical.
 """
 from __future__ import annotations
 
+import importlib
 import math
 import sys
 from fractions import Fraction
@@ -217,7 +218,7 @@ def test_adaptive_and_global_avg_pool_are_exact(backend, case, global_pool):
 def test_narrow_and_wide_accumulators_are_exact(backend, kernel, cip):
     """3x3 windows requantize through a per-plan code table on the CPU; 48x48 windows
     (255 * 2304 * 2 + 1 > CODE_TABLE_LIMIT codes) through the threshold table per call."""
-    from gpupool.quantized_numpy import CODE_TABLE_LIMIT
+    from gpupool.cpu.quantized import CODE_TABLE_LIMIT
     assert 255 * 9 * 2 + 1 < CODE_TABLE_LIMIT < 255 * 48 * 48 * 2 + 1
     x = codes((1, 2, 50, 50), "int8", 11)
     qa = Q.QArray(backend.to_backend(x), 0.05, -7)
@@ -245,7 +246,7 @@ def test_sums_of_high_codes_never_wrap(backend):
 
 def _requantize_all(scale, out_scale, rounding, divisor, amax):
     """Run the backend's integer requantizer on every accumulator in [-amax, amax]."""
-    from gpupool.quantized_numpy import requantize
+    from gpupool.cpu.quantized import requantize
     table = Q.requant_table(scale, out_scale, rounding, [divisor], amax)
     plan = Q.AvgPlan(None, 0, 0, -2 ** 40, 2 ** 40, "int64", None, None, table)
     acc = np.arange(-amax, amax + 1, dtype=np.int64)
@@ -298,7 +299,7 @@ def test_large_accumulators_take_int64_and_stay_exact():
         for rounding in ROUNDINGS:
             amax = 255 * 2 ** 24
             table = Q.requant_table(scale, out_scale, rounding, [2 ** 24], amax)
-            from gpupool.quantized_numpy import requantize
+            from gpupool.cpu.quantized import requantize
             plan = Q.AvgPlan(None, 0, 0, -2 ** 40, 2 ** 40, "int64", None, None, table)
             rng = np.random.default_rng(1)
             acc = np.concatenate([rng.integers(-amax, amax, 20000), [amax, -amax, 0]])
@@ -460,14 +461,14 @@ def test_every_quantized_family_resolves_in_a_fresh_process(backend, monkeypatch
     ``quantized_cuda``), and a 4-D spatial quantized op on CuPy asked for the NumPy family of a
     module never imported in that process (KeyError). Here the registry starts empty and the
     backend modules unimported, as in a fresh process. Afterwards the modules imported before
-    are back both in ``sys.modules`` and as attributes of the package (``from gpupool import
-    cuda_backend`` reads the attribute), so later tests patch the modules the ops run."""
-    import gpupool
-    from gpupool import backends
-    monkeypatch.setattr(backends, "_REGISTRY", {})
-    for name in ("numpy_backend", "quantized_numpy", "cuda_backend", "quantized_cuda"):
-        monkeypatch.delitem(sys.modules, f"gpupool.{name}", raising=False)
-        monkeypatch.delattr(gpupool, name, raising=False)
+    are back both in ``sys.modules`` and as attributes of their package (``from gpupool.cuda
+    import backend`` reads the attribute), so later tests patch the modules the ops run."""
+    from gpupool import registry
+    monkeypatch.setattr(registry, "_REGISTRY", {})
+    for package, name in (("cpu", "numpy_backend"), ("cpu", "quantized"), ("cuda", "backend"),
+                          ("cuda", "quantized")):
+        monkeypatch.delitem(sys.modules, f"gpupool.{package}.{name}", raising=False)
+        monkeypatch.delattr(importlib.import_module(f"gpupool.{package}"), name, raising=False)
     x = codes((2, 3, 4, 4, 4, 4), "int8", 4)
     q = Q.QArray(backend.to_backend(x), 0.1, 2)
     assert_array_equal(backend.to_numpy(Q.max_pool(q, (2, 2, 2, 2)).data),
@@ -716,7 +717,7 @@ def test_quantized_kernels_compile_without_warnings_or_local_memory(real_nvrtc, 
     tests/test_nvrtc_compile.py checks for the float families)."""
     from test_nvrtc_compile import compile_clean
 
-    from gpupool import quantized_cuda
+    from gpupool.cuda import quantized as quantized_cuda
     names = [n for f, n in quantized_cuda.instantiations() if f == quantized_cuda.SOURCE]
     assert len(names) == len(set(names)) == len(quantized_cuda.instantiations())
     compile_clean(real_nvrtc, quantized_cuda.SOURCE, names, arch)
@@ -727,8 +728,8 @@ def test_cuda_host_plans_name_instantiated_kernels():
     """Host side of the CUDA path without a GPU: the word view of an NHWC max plans, and the
     names the launchers build are in the compiled list."""
     pytest.importorskip("cupy")
-    from gpupool import planner
-    from gpupool import quantized_cuda as QC
+    from gpupool.cuda import planner
+    from gpupool.cuda import quantized as QC
     listed = set(QC.instantiations())
     spec = Q._int_window_spec("max_pool", "max", (2, 5, 6, 8), "int8", 3, 1, 1, 1, False,
                               "NHWC", False)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import gpupool
-from gpupool import numpy_backend, threads
+from gpupool.cpu import numpy_backend, threads
 
 import reference as ref
 

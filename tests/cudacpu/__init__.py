@@ -2,8 +2,8 @@
 GPU, through a stand-in ``cupy`` (``standin/cupy``) over a host-compiled runtime
 (``executor.py``, ``include/cudacpu.h``).
 
-:func:`install` swaps the stand-in in for CuPy in this process, so ``gpupool.cuda_backend``
-and ``gpupool.quantized_cuda`` run unchanged on NumPy memory.
+:func:`install` swaps the stand-in in for CuPy in this process, so ``gpupool.cuda.backend``
+and ``gpupool.cuda.quantized`` run unchanged on NumPy memory.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def install():
     cache = tempfile.mkdtemp(prefix="gpupool-kernels-")
     atexit.register(shutil.rmtree, cache, ignore_errors=True)
     os.environ["GPUPOOL_CACHE_DIR"] = cache
-    from gpupool import cuda_backend, quantized_cuda
+    from gpupool.cuda import backend as cuda_backend, quantized as quantized_cuda
     by_file: dict[str, list[str]] = {}
     for source_file, name in cuda_backend.instantiations() + quantized_cuda.instantiations():
         by_file.setdefault(source_file, []).append(name)

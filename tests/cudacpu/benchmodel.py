@@ -1,5 +1,5 @@
 """The memory-traffic model of gpupool's benchmark suite on an H100: every case of
-:mod:`gpupool.benchmark` at its full (``--size large``) shape, modeled from a trace of a
+:mod:`gpupool.bench` at its full (``--size large``) shape, modeled from a trace of a
 smaller shape whose launch plan is the full shape's. Modeled, not measured.
 
 Needs the stand-in CuPy (:func:`cudacpu.install`) and a host compiler.
@@ -53,7 +53,7 @@ def spatial_dims(case) -> int:
 
 
 def full_shape(case) -> tuple:
-    from gpupool import benchmark
+    from gpupool import bench as benchmark
     return case.shape(benchmark.batch_size(case, "large"))
 
 
@@ -72,7 +72,7 @@ def scaled_shape(case, planes: int) -> tuple:
 
 def _clear_backend_caches() -> None:
     """Forget gpupool's device properties, prepared launches and loaded kernels."""
-    from gpupool import cuda_backend
+    from gpupool.cuda import backend as cuda_backend
     for cached in (cuda_backend.device_info, cuda_backend.prepared, cuda_backend.load_module,
                    cuda_backend.kernel):
         cached.cache_clear()
@@ -83,7 +83,7 @@ def sm_count(sms: int):
     """While inside, the stand-in device has ``sms`` SMs."""
     saved = os.environ.get("CUDACPU_SM_COUNT")
     os.environ["CUDACPU_SM_COUNT"] = str(sms)
-    from gpupool import cuda_backend
+    from gpupool.cuda import backend as cuda_backend
     cuda_backend.device_info.cache_clear()
     cuda_backend.prepared.cache_clear()
     try:
@@ -99,7 +99,7 @@ def sm_count(sms: int):
 
 def run_case(case, x):
     """gpupool's result of ``case`` on input ``x``."""
-    from gpupool import benchmark
+    from gpupool import bench as benchmark
     return benchmark.gpupool_call(case, x)()
 
 
@@ -107,7 +107,7 @@ def planned(case, shape, sms: int = traffic.SM_COUNT) -> list[PlannedLaunch]:
     """The launches gpupool makes for ``case`` on an input of ``shape`` on ``sms`` SMs, without
     compiling or running anything (the input is never written: any size costs nothing)."""
     import cupy
-    from gpupool import cuda_backend
+    from gpupool.cuda import backend as cuda_backend
     launches = []
 
     def kernel(source_file, name):
@@ -171,8 +171,8 @@ def matching_scale(case, min_planes: int = 1) -> tuple[int, int, list[PlannedLau
 def source_lines(source_file: str) -> list[str]:
     """``file:line`` of each line of the text gpupool compiles for ``source_file``
     (``cuda_backend.read_source``: includes inlined); "" for a blank line."""
-    from gpupool import cuda_backend
-    root = cuda_backend.kernel_dir()
+    from gpupool.cuda import backend as cuda_backend
+    root = cuda_backend.KERNEL_DIR
     seen = set()
 
     def expand(name: str) -> str:
@@ -247,7 +247,7 @@ class CaseModel:
 
 def _site_labels(launch, counts, source_file) -> dict[int, str]:
     """Site -> "file:line: text" of the kernel source line it came from."""
-    from gpupool import cuda_backend
+    from gpupool.cuda import backend as cuda_backend
     text = cuda_backend.read_source((source_file,)).split("\n")
     origins = source_lines(source_file)
     labels = {}
@@ -262,7 +262,7 @@ def _tracing(names_by_file: dict[str, list[str]]):
     """While inside, gpupool's kernels are trace builds of the given names only (one library
     per source file, built now in parallel) and a :class:`trace.Recorder` records launches."""
     import cupy
-    from gpupool import cuda_backend
+    from gpupool.cuda import backend as cuda_backend
     saved_batches = dict(cupy.batches)
     saved_cache = os.environ.get("GPUPOOL_CACHE_DIR")
     kernel_cache = tempfile.mkdtemp(prefix="gpupool-trace-kernels-")
@@ -295,7 +295,7 @@ def model_suite(cases, nvrtc=None, sites: bool = False,
     (:func:`cudacpu.real_nvrtc`) for register counts; None: registers unknown (occupancy
     from threads and blocks only). ``sites``: name each load and store site by its source
     line (``LaunchModel.sites``). ``min_planes``: trace at least this many planes."""
-    from gpupool import benchmark
+    from gpupool import bench as benchmark
     scales = {case.name: matching_scale(case, min_planes) for case in cases}
     names_by_file: dict[str, list[str]] = {}
     for case in cases:
@@ -304,7 +304,7 @@ def model_suite(cases, nvrtc=None, sites: bool = False,
             names_by_file.setdefault(la.source_file, []).append(la.name)
     registers = {}
     if nvrtc is not None:
-        from gpupool import cuda_backend
+        from gpupool.cuda import backend as cuda_backend
         with installed_cupy():
             for source_file, names in names_by_file.items():
                 registers.update(traffic.registers(

@@ -387,7 +387,7 @@ def registers(nvrtc, source: str, names, arch: str = "90") -> dict[str, tuple[in
     (``-Xptxas=-v``) through CuPy's NVRTC with the backend's options; no GPU needed.
     ``nvrtc``: :func:`cudacpu.real_nvrtc`'s namespace, used inside
     :func:`cudacpu.installed_cupy`."""
-    from gpupool import cuda_backend
+    from gpupool.cuda import backend as cuda_backend
     names = list(dict.fromkeys(names))
     program = nvrtc.compiler._NVRTCProgram(source, "kernel.cu", name_expressions=names,
                                            method="cubin")

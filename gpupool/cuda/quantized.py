@@ -1,6 +1,6 @@
 """CUDA backend of :mod:`gpupool.quantized`: kernels in ``kernels_cu/quantized_pool.cu``.
 
-Reuses the float backend's machinery (:mod:`gpupool.cuda_backend`): the source loader
+Reuses the float backend's machinery (:mod:`gpupool.cuda.backend`): the source loader
 (``load_module``, memoized per device), the launch planner and its thread-to-output maps, and
 the index-type rule. The requantization table and the per-position table rows are built on
 the host (:func:`gpupool.quantized._avg_plan`) and copied to each device once per plan.
@@ -22,11 +22,12 @@ import math
 import cupy
 import numpy as np
 
-from . import cuda_backend as CB
+from . import backend as CB
 from . import planner
-from .backends import implementation, register
-from .quantized import AvgPlan
-from .spec import AdaptiveSpec, Geometry, WindowSpec
+from ..cpu import quantized as cpu_quantized
+from ..registry import register
+from ..quantized import AvgPlan
+from ..spec import AdaptiveSpec, Geometry, WindowSpec
 
 SOURCE = "quantized_pool.cu"
 CODE_TYPES = {"int8": "signed char", "uint8": "unsigned char"}
@@ -88,7 +89,7 @@ def _host_fallback(family, x, spec, out, *extra) -> None:
     """More than 3 spatial dims: the NumPy backend through a host round trip (synchronises)."""
     xh = cupy.asnumpy(x)
     oh = np.empty(out.shape, dtype=out.dtype)
-    implementation(family, "numpy")(xh, spec, oh, *extra)
+    getattr(cpu_quantized, family)(xh, spec, oh, *extra)
     out.set(oh)
 
 
@@ -118,7 +119,7 @@ def qmax_window(x, spec: WindowSpec, out) -> None:
     x = CB._contiguous(x)
     ok, _ = _can_use_vmax4(x, spec)
     if not ok:
-        implementation("window", "cupy")(x, spec, out, None)
+        CB.window(x, spec, out, None)
         return
     wspec = _word_spec(spec)
     device_id = cupy.cuda.runtime.getDevice()

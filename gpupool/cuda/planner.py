@@ -27,7 +27,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from . import spec as S
+from .. import spec as S
 
 INT32_LIMIT = 2**31 - 1
 GRID_YZ_MAX = 65535

@@ -13,10 +13,10 @@ import math
 
 import numpy as np
 
-from .backends import implementation, register
-from .numpy_backend import _canonical, _expand, _in_blocks, _scratch, _separable_window
-from .quantized import HEAD, LEVELS, AvgPlan
-from .spec import AdaptiveSpec, WindowSpec, adaptive_window
+from ..registry import register
+from .numpy_backend import window, _canonical, _expand, _in_blocks, _scratch, _separable_window
+from ..quantized import HEAD, LEVELS, AvgPlan
+from ..spec import AdaptiveSpec, WindowSpec, adaptive_window
 
 
 def requantize(acc, rows, plan: AvgPlan, out) -> None:
@@ -86,7 +86,7 @@ def _requantizer(plan: AvgPlan, geom):
 
 @register("qmax_window", "numpy")
 def qmax_window(x, spec: WindowSpec, out) -> None:
-    implementation("window", "numpy")(x, spec, out, None)  # integer max: exact as it is
+    window(x, spec, out, None)  # integer max: exact as it is
 
 
 @register("qavg_window", "numpy")

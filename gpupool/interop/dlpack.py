@@ -29,7 +29,7 @@ import importlib
 
 import numpy as np
 
-from . import spec as S
+from .. import spec as S
 
 _CPU, _CUDA = 1, 2
 #: DLPack device types (``DLDeviceType``), for messages

@@ -39,11 +39,11 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import DataNode, List, Task, TaskRef
 
-from . import ops
-from . import quantized as Q
-from . import spec as S
-from .backends import dtype_name, is_cupy_array
-from .numpy_backend import _accumulator, _lowest  # the same fill and working dtype
+from .. import ops
+from .. import quantized as Q
+from .. import spec as S
+from ..arrays import dtype_name, is_cupy_array
+from ..cpu.numpy_backend import _accumulator, _lowest  # the same fill and working dtype
 
 
 def _xp(a):
@@ -591,7 +591,7 @@ def _qwindow(func: str, params: dict) -> Q.QArray:
 def _requantize_sums(sums, plan, zp_counts, rows, dtype):
     """Codes of ``dtype`` for the integer sums of codes ``sums``, through the in-memory op's
     exact requantization (on the host: the pooled accumulators are small)."""
-    from .quantized_numpy import requantize
+    from ..cpu.quantized import requantize
     acc = _host(sums).astype(np.int64) - zp_counts
     out = np.empty(acc.shape, dtype)
     requantize(acc, rows, plan, out)

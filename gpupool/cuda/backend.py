@@ -2,8 +2,7 @@
 
 Imported lazily by :mod:`gpupool.backends` when the first CuPy array arrives.
 
-* Kernel source: ``gpupool/kernels_cu/`` inside an installed wheel, else ``<repo>/kernels_cu/``
-  of a source checkout. Each family's ``.cu`` has ``#include "common.cuh"`` inlined by
+* Kernel source: ``gpupool/cuda/kernels_cu/``, package data next to this module. Each family's ``.cu`` has ``#include "common.cuh"`` inlined by
   :func:`read_source`, so the on-disk kernel cache keys on the full text.
 * Every static choice (element type, index type, layout, specialised window size, lanes) is a
   template argument: a kernel is one ``name_expression``, compiled once per (device, file,
@@ -12,7 +11,7 @@ Imported lazily by :mod:`gpupool.backends` when the first CuPy array arrives.
   NVRTC test compiles exactly that list.
 * Compiled with NVRTC directly (``OPTIONS``): ``cupy.RawModule`` appends ``-ftz=true``, which
   flushes float32 subnormals to zero on the GPU, where the NumPy backend keeps them.
-* Launch plans come from :mod:`gpupool.planner`; the per-spec launch steps (kernel objects,
+* Launch plans come from :mod:`gpupool.cuda.planner`; the per-spec launch steps (kernel objects,
   grid, block, scalar arguments) are cached per (spec, device), so a warm call only checks
   contiguity, allocates scratch when a two-pass reduction needs it and launches.
 * Launches go to CuPy's current stream; nothing synchronises, nothing is copied to the host
@@ -37,8 +36,9 @@ import cupy
 import numpy as np
 
 from . import planner
-from .backends import dtype_name, register
-from .spec import ACC_DTYPES, FLOAT_DTYPES, INT_DTYPES, AdaptiveSpec, UnpoolSpec, WindowSpec
+from ..arrays import dtype_name
+from ..registry import register
+from ..spec import ACC_DTYPES, FLOAT_DTYPES, INT_DTYPES, AdaptiveSpec, UnpoolSpec, WindowSpec
 
 #: dtype name -> C type of the kernels (the only dtypes the kernels are instantiated for).
 CTYPES = {
@@ -85,15 +85,7 @@ def _bool(b) -> str:
 
 
 # ----------------------------------------------------------------- source and compilation
-def kernel_dir() -> Path:
-    """Directory holding ``common.cuh`` and the ``.cu`` files: the installed wheel's
-    ``gpupool/kernels_cu`` first, else the source checkout's ``kernels_cu``."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "kernels_cu", here.parent / "kernels_cu"):
-        if (candidate / "common.cuh").is_file():
-            return candidate
-    raise FileNotFoundError(f"gpupool: CUDA kernel sources not found next to {here} "
-                            f"(expected gpupool/kernels_cu or kernels_cu/ in the checkout)")
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels_cu"  # the .cuh and .cu files
 
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
@@ -102,8 +94,8 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 @functools.lru_cache(maxsize=None)
 def read_source(source_files: tuple[str, ...], defines: tuple[tuple[str, str], ...] = ()) -> str:
     """The text NVRTC compiles: ``#define``s, then each file with its quoted includes
-    (resolved in :func:`kernel_dir`) inlined once."""
-    root = kernel_dir()
+    (in :data:`KERNEL_DIR`) inlined once."""
+    root = KERNEL_DIR
     seen: set[str] = set()
 
     def expand(name: str) -> str:
@@ -402,12 +394,11 @@ def _run(x, spec, out, indices, indices_dtype: str = "int64") -> None:
 
 def _host_fallback(family: str, x, spec, out, indices) -> None:
     """More than 3 spatial dims: the NumPy backend through a host round trip (synchronises)."""
-    from . import numpy_backend  # noqa: F401  (registers the numpy implementations)
-    from .backends import implementation
+    from ..cpu import numpy_backend
     xh = cupy.asnumpy(x)
     oh = np.empty(out.shape, dtype=out.dtype)
     ih = None if indices is None else np.empty(indices.shape, dtype=indices.dtype)
-    implementation(family, "numpy")(xh, spec, oh, ih)
+    getattr(numpy_backend, family)(xh, spec, oh, ih)
     out.set(oh)
     if indices is not None:
         indices.set(ih)

@@ -6,7 +6,7 @@ output elements; values-only max, avg and lp are separable and reduce one spatia
 time. No padded copy is made: each tap's output range is clipped to the taps that land inside
 the input. A small block instead gathers every tap of every window at once and combines them in
 the same order (:func:`_gather_reduce`): fewer NumPy calls, the same bits. Blocks of planes
-sized to stay in cache run on the thread pool of :mod:`gpupool.threads` (NumPy ufuncs release
+sized to stay in cache run on the thread pool of :mod:`gpupool.cpu.threads` (NumPy ufuncs release
 the GIL). Nothing on that pool calls BLAS: the global average's mat-vec runs in the calling
 thread (:func:`threads.blas_threads`).
 """
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import threads
-from .backends import register
-from .spec import AdaptiveSpec, UnpoolSpec, WindowSpec, adaptive_window
+from ..registry import register
+from ..spec import AdaptiveSpec, UnpoolSpec, WindowSpec, adaptive_window
 
 BLOCK_BYTES = 1 << 21  # input bytes per work item (best measured on 2 cores); 2+ blocks: threads
 SCRATCH_BYTES = 1 << 22  # temporaries up to this size reuse a per-thread buffer
@@ -37,7 +37,7 @@ def _canonical(a, geom):
 
 def _in_blocks(func, n_items: int, item_bytes: int) -> None:
     """Call ``func(start, stop)`` over ``[0, n_items)`` in cache-sized blocks, on the thread
-    pool of :mod:`gpupool.threads`. Floating-point warnings are silenced: inf - inf gives NaN,
+    pool of :mod:`gpupool.cpu.threads`. Floating-point warnings are silenced: inf - inf gives NaN,
     as on the GPU."""
     inner = func
 
