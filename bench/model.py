@@ -2,7 +2,7 @@
 """Modeled H100 memory traffic and bandwidth of every benchmark case at its --size large shape,
 from traces of the CUDA kernels on the CPU executor (no GPU needed). Modeled, not measured.
 
-Each case of gpupool/benchmark.py is traced at a smaller shape with the same launch plan
+Each case of gpupool/bench/cases.py is traced at a smaller shape with the same launch plan
 (tests/cudacpu/benchmodel.py), its global loads and stores grouped into warp requests and
 sectors (tests/cudacpu/traffic.py, where every constant of the time model is, with its
 source), and the counts scaled to the full shape. Per launch it reports sectors per request

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the benchmark suite and keep its JSON, Markdown and PNG under bench/results/.
 
-The same suite as `gpupool bench` (the machinery lives in gpupool/benchmark.py so that the
+The same suite as `gpupool bench` (the machinery lives in gpupool/bench/ so that the
 installed command has it), with the output files named after the backend, size and date:
 
   bench-<backend>-<size>-<date>.{json,md,png}           a full run
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     backend = args.backend
     if backend == "auto":
-        from gpupool.bench import gpu_usable
+        from gpupool.cuda.probe import gpu_usable
         backend = "cupy" if gpu_usable()[0] else "numpy"
     stem = output_stem(args.results_dir, backend, args.size, bool(args.ops))
     extensions = (".json", ".md") + (() if args.no_plot else (".png",))

@@ -2,6 +2,7 @@
 CuPy, Dask, PyTorch or JAX), and the array types of the public signatures."""
 from __future__ import annotations
 
+import numbers
 from typing import TYPE_CHECKING, Union
 
 import numpy as np
@@ -24,6 +25,49 @@ def is_cupy_array(x) -> bool:
 def is_dask_array(x) -> bool:
     """A Dask array (recognised by its type's module)."""
     return type(x).__module__.split(".")[0] == "dask" and hasattr(x, "chunks")
+
+
+def backend_of(a) -> str | None:
+    """``"cupy"`` for a CuPy array, ``"numpy"`` for a NumPy array of any ndarray subclass,
+    else None."""
+    if is_cupy_array(a):
+        return "cupy"
+    return "numpy" if isinstance(a, np.ndarray) else None
+
+
+def as_array(func: str, x, name: str = "x"):
+    """Return ``(array, backend, xp)``; plain (nested) lists and tuples become NumPy arrays.
+    A NumPy array comes back as a plain ``numpy.ndarray`` (a subclass such as ``np.memmap``
+    or ``np.matrix`` is viewed as one) in native byte order (a byte-swapped one is converted:
+    a copy), so results are plain native arrays.
+
+    Errors name ``gpupool.<func>`` and the parameter: a scalar or another type is a
+    ``TypeError``, a ragged nested sequence a ``ValueError``."""
+    if is_cupy_array(x):  # first: an array type may be both
+        import cupy
+        return x, "cupy", cupy
+    if isinstance(x, np.ndarray):
+        if type(x) is not np.ndarray:  # a subclass (np.matrix reshapes its own way, ...)
+            x = np.asarray(x)
+        if not x.dtype.isnative:  # byte-swapped: once here, so no backend ever sees it
+            x = x.astype(x.dtype.newbyteorder("="))
+        return x, "numpy", np
+    if isinstance(x, (list, tuple)):
+        try:
+            return np.asarray(x), "numpy", np
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"gpupool.{func}: {name} is a nested sequence that is not a "
+                             f"rectangular array of numbers (every row must have the same "
+                             f"length); pass a NumPy or CuPy array") from e
+    if isinstance(x, (numbers.Number, np.generic)):
+        raise TypeError(f"gpupool.{func}: {name} is a scalar ({type(x).__module__}."
+                        f"{type(x).__name__} {x}); pooling needs an array with the spatial "
+                        f"dims, e.g. of shape (N, C, H, W): a NumPy or CuPy array or a nested "
+                        f"list")
+    tensors = ("" if func.startswith("quantized.") or name != "x"
+               else ", a PyTorch tensor, a JAX array")
+    raise TypeError(f"gpupool.{func}: {name} must be a NumPy or CuPy array{tensors} or a nested "
+                    f"list, got {type(x).__module__}.{type(x).__name__}")
 
 
 _DTYPE_NAMES: dict = {}

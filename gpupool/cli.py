@@ -37,7 +37,7 @@ def info() -> None:
         print(f"backend cupy: not usable: CuPy is not installed ({e}); "
               f"pip install 'gpupool[cuda13]' (or [cuda12])")
         return
-    from .bench import gpu_usable
+    from .cuda.probe import gpu_usable
     usable, reason = gpu_usable()
     print(f"backend cupy: {'usable' if usable else 'not usable'}: {reason}")
     print(f"cupy {cupy.__version__}, CUDA runtime "

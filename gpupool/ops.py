@@ -11,8 +11,8 @@ import numpy as np
 
 from . import spec as S
 from .cpu import threads
-from .backends import (Array, ArrayLike, as_array, backend_of, device_scope, dtype_name,
-                       foreign_handler, implementation)
+from .arrays import Array, ArrayLike, as_array, backend_of, dtype_name
+from .backends import device_scope, foreign_handler, implementation
 
 Size = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]

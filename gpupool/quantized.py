@@ -47,97 +47,24 @@ CPU and GPU agree to the bit.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
-import math
-from dataclasses import dataclass
-from fractions import Fraction
 from typing import Sequence, Union
 
-import numpy as np
-
-from . import spec as S
-from .backends import (Array, ArrayLike, as_array, backend_of, device_scope, dtype_name,
-                       implementation, is_dask_array)
+from . import quantized_spec as QS
+from .arrays import Array, ArrayLike, as_array, backend_of, dtype_name, is_dask_array
+from .backends import device_scope, implementation
+from .quantized_spec import (LEVELS, RANGES, ROUNDINGS, QArray, avg_plan, check_qdtype,
+                             check_scale, check_zero_point, out_params, requant_table)
 
 Size = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]
 
-QDTYPES = ("int8", "uint8")
-ROUNDINGS = ("half_away_from_zero", "half_to_even")
-LEVELS = 256  # |round(acc * c)| is clamped here: zp_out +- 256 saturates for every zp
-HEAD = 3  # table columns before the thresholds: M, sh, xcap
-_RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
-_SCALE_MIN = 5e-324  # the smallest float64 > 0
-
-
-def _fail(func: str, message: str, exc: type = ValueError):
-    raise exc(f"gpupool.quantized.{func}: {message}")
-
-
-def _check_scale(func: str, name: str, scale) -> float:
-    """A finite float64 > 0 (the requantization takes its exact binary value)."""
-    return S.check_real(f"quantized.{func}", name, scale, _SCALE_MIN, S.FLOAT64_RANGE[1],
-                        "finite and > 0 as a float64")
-
-
-def _check_zero_point(func: str, name: str, zero_point, dtype: str) -> int:
-    return S.check_int(f"quantized.{func}", name, zero_point, *_RANGES[dtype],
-                       f"the {dtype} range")
-
-
-def _check_qdtype(func: str, dtype) -> str:
-    if isinstance(dtype, str) and dtype.casefold() in QDTYPES:  # "INT8" as "int8"
-        return dtype.casefold()
-    try:
-        name = np.dtype(dtype).name
-    except TypeError:
-        name = None
-    if name not in QDTYPES:
-        _fail(func, f"dtype {dtype} is not supported (supported: {', '.join(QDTYPES)})",
-              TypeError)
-    return name
-
-
-class QArray:
-    """An int8 or uint8 array of codes with one scale and zero point (per tensor).
-
-    ``data`` is a NumPy, CuPy or Dask array (a list becomes NumPy); ``scale`` a finite float > 0;
-    ``zero_point`` an int in the dtype's range. Code ``q`` means ``scale * (q - zero_point)``.
-    Raises ``TypeError`` for another dtype or a non-number, ``ValueError`` for a bad value.
-
-    >>> QArray(np.array([0, 10], np.int8), 0.5, 2).data.tolist()
-    [0, 10]
-    """
-
-    __slots__ = ("data", "scale", "zero_point")
-
-    def __init__(self, data: ArrayLike, scale: float, zero_point: int = 0) -> None:
-        if not is_dask_array(data):
-            data, _, _ = as_array("quantized.QArray", data, "data")
-        dtype = _check_qdtype("QArray", data.dtype)
-        self.data = data
-        self.scale = _check_scale("QArray", "scale", scale)
-        self.zero_point = _check_zero_point("QArray", "zero_point", zero_point, dtype)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.data.shape)
-
-    @property
-    def dtype(self):
-        return self.data.dtype
-
-    def __repr__(self) -> str:
-        return (f"QArray({type(self.data).__module__.split('.')[0]} {dtype_name(self.data.dtype)}"
-                f"{self.shape}, scale={self.scale!r}, zero_point={self.zero_point})")
-
 
 def _qarray(func: str, q) -> QArray:
     if not isinstance(q, QArray):
-        _fail(func, f"q must be a gpupool.quantized.QArray, got {type(q).__module__}."
-                    f"{type(q).__name__}", TypeError)
+        raise TypeError(f"gpupool.quantized.{func}: q must be a gpupool.quantized.QArray, got "
+                        f"{type(q).__module__}.{type(q).__name__}")
     return q
 
 
@@ -152,19 +79,19 @@ def quantize(x: ArrayLike, scale: float, zero_point: int = 0, dtype: str = "int8
     [0, 2, -2]
     """
     if is_dask_array(x):
-        return _dask_backend().quantize(x, scale, zero_point, dtype)
+        return _dask_adapter().quantize(quantize, x, scale, zero_point, dtype)
     x, backend, xp = as_array("quantized.quantize", x)
-    name = _check_qdtype("quantize", dtype)
-    scale = _check_scale("quantize", "scale", scale)
-    zero_point = _check_zero_point("quantize", "zero_point", zero_point, name)
+    name = check_qdtype("quantize", dtype)
+    scale = check_scale("quantize", "scale", scale)
+    zero_point = check_zero_point("quantize", "zero_point", zero_point, name)
     if x.dtype.kind not in "fiu":
-        _fail("quantize", f"x has dtype {x.dtype}; expected a real (float or integer) array",
-              TypeError)
+        raise TypeError(f"gpupool.quantized.quantize: x has dtype {x.dtype}; expected a real "
+                        f"(float or integer) array")
     with device_scope(x, backend):
         y = x.astype(xp.float64) / scale
         if bool(xp.isnan(y).any()):
-            _fail("quantize", "x contains NaN, which has no code")
-        lo, hi = _RANGES[name]
+            raise ValueError("gpupool.quantized.quantize: x contains NaN, which has no code")
+        lo, hi = RANGES[name]
         codes = xp.clip(xp.rint(y) + zero_point, lo, hi).astype(name)
     return QArray(codes, scale, zero_point)
 
@@ -182,142 +109,9 @@ def dequantize(q: QArray) -> Array:
         return ((data.astype("float64") - q.zero_point) * q.scale).astype("float32")
 
 
-# ----------------------------------------------------------------------------- requantization
-
-@functools.lru_cache(maxsize=4096)
-def _requant_row(num: int, den: int, rounding: str, divisor: int, amax: int) -> tuple[int, ...]:
-    """One table row, ``(M, sh, xcap, T[0..LEVELS+1])``, for ``c = num / (den * divisor)`` and
-    accumulators ``|acc| <= amax`` (see the module docstring)."""
-    big = amax + 1  # above every |acc|: "never"
-    if divisor == 0:  # empty window: acc is 0, the result is zp_out
-        return (0, 1, 0, 0) + (big,) * (LEVELS + 1)
-    d = den * divisor
-    thresholds = [0]
-    for v in range(1, LEVELS + 1):
-        q, r = divmod((2 * v - 1) * d, 2 * num)  # x * c >= v - 1/2  <=>  2*x*num >= (2v-1)*d
-        t = q + (r != 0)
-        if rounding == "half_to_even" and r == 0 and v % 2 == 1:
-            t += 1  # an exact tie at v - 1/2 rounds down to the even v - 1
-        thresholds.append(min(t, big))
-    thresholds.append(big)
-    xcap = min(amax, thresholds[LEVELS])
-    c = Fraction(num, d)
-    if c >= LEVELS + 1:  # every x >= 1 gives LEVELS: v = x * LEVELS, clamped
-        return (LEVELS, 0, xcap) + tuple(thresholds)
-    nbits = min(31, 62 - max(xcap.bit_length(), 1))
-    e = c.numerator.bit_length() - c.denominator.bit_length()  # 2**(e-1) <= c < 2**(e+1)
-    if c >= Fraction(2) ** e:
-        e += 1  # now 2**(e-1) <= c < 2**e
-    sh = nbits - e
-    if sh > 62:  # c < 2**(nbits-62): x * c < 1/2 for every x <= xcap < 2**(62-nbits)
-        sh = 62
-    m = round(c * 2 ** sh)
-    if m >= 2 ** nbits:  # rounding carried into a new bit
-        m //= 2
-        sh -= 1
-    return (m, sh, xcap) + tuple(thresholds)
-
-
-def requant_table(scale: float, out_scale: float, rounding: str, divisors: Sequence[int],
-                  amax: int) -> np.ndarray:
-    """Read-only int64 table, one row ``(M, sh, xcap, T[0..LEVELS+1])`` per divisor, that maps
-    an accumulator to ``round(acc * scale / (out_scale * divisor))`` exactly (module
-    docstring). ``amax`` bounds ``|acc|``."""
-    rounding = S.choice("quantized.requant_table", "rounding", rounding, ROUNDINGS)
-    ratio = Fraction(scale) / Fraction(out_scale)
-    rows = [_requant_row(ratio.numerator, ratio.denominator, rounding, int(d), int(amax))
-            for d in divisors]
-    table = np.array(rows, dtype=np.int64).reshape(len(rows), HEAD + LEVELS + 2)
-    table.setflags(write=False)
-    return table
-
-
-@dataclass(frozen=True, eq=False)
-class AvgPlan:
-    """Everything a backend needs to requantize one average pooling (host arrays, read-only).
-
-    ``rows[pos]``: the table row of each output position (shape ``out_spatial``);
-    ``counts[pos]``: valid taps per output position (for ``acc = sum(q) - zp_in * count``);
-    ``acc_dtype``: int32 unless a window could overflow it."""
-
-    key: tuple
-    zp_in: int
-    zp_out: int
-    qmin: int
-    qmax: int
-    acc_dtype: str
-    rows: np.ndarray
-    counts: np.ndarray
-    table: np.ndarray
-
-
-def _acc_dtype(max_taps: int) -> tuple[str, int]:
-    amax = 255 * max_taps  # |q - zp| <= 255 for both dtypes and every zero point
-    return ("int32" if amax < 2 ** 31 else "int64"), amax
-
-
-def _frozen(a, dtype):
-    a = np.ascontiguousarray(a, dtype=dtype)
-    a.setflags(write=False)
-    return a
-
-
-@functools.lru_cache(maxsize=256)
-def _avg_plan(spec, dtype: str, scale: float, zp_in: int, out_scale: float, zp_out: int,
-              rounding: str) -> AvgPlan:
-    if isinstance(spec, S.WindowSpec):
-        from .cpu.numpy_backend import _valid_counts
-        divisors = _valid_counts(spec, spec.count_include_pad).astype(np.int64)
-        counts = _valid_counts(spec, False).astype(np.int64)
-        max_taps = math.prod(spec.kernel)
-    else:
-        lengths = []
-        for size, out in zip(spec.geom.spatial, spec.out_spatial):
-            bounds = [S.adaptive_window(i, size, out) for i in range(out)]
-            lengths.append(np.array([e - s for s, e in bounds], dtype=np.int64))
-        counts = np.ones((), dtype=np.int64)
-        for per_dim in lengths:
-            counts = np.multiply.outer(counts, per_dim)
-        divisors = counts
-        max_taps = math.prod(int(per_dim.max()) for per_dim in lengths)
-    acc_dtype, amax = _acc_dtype(max_taps)
-    distinct, rows = np.unique(divisors, return_inverse=True)
-    table = requant_table(scale, out_scale, rounding, distinct.tolist(), amax)
-    lo, hi = _RANGES[dtype]
-    key = (spec, dtype, scale, zp_in, out_scale, zp_out, rounding)
-    return AvgPlan(key, zp_in, zp_out, lo, hi, acc_dtype,
-                   _frozen(rows.reshape(divisors.shape), np.int32), _frozen(counts, acc_dtype),
-                   table)
-
-
-# ----------------------------------------------------------------------------- dispatch
-
-@S.memoized
-def _int_window_spec(func, op, shape, dtype, kernel_size, stride, padding, dilation, ceil_mode,
-                     layout, count_include_pad):
-    """``spec.window_spec`` for int8/uint8 codes: built as the max family (which admits integer
-    dtypes), then relabelled for averages; the requantization parameters travel apart."""
-    spec = S.window_spec(f"quantized.{func}", "max", shape, dtype, kernel_size, stride, padding,
-                         dilation, ceil_mode, layout, count_include_pad=count_include_pad)
-    return spec if op == "max" else dataclasses.replace(spec, op=op)
-
-
-def _int_adaptive_spec(spec):
-    return dataclasses.replace(spec, op="avg")
-
-
-def _out_params(func, q, out_scale, out_zero_point, rounding):
-    dtype = dtype_name(q.data.dtype)
-    out_scale = q.scale if out_scale is None else _check_scale(func, "out_scale", out_scale)
-    zp_out = (q.zero_point if out_zero_point is None
-              else _check_zero_point(func, "out_zero_point", out_zero_point, dtype))
-    rounding = S.choice(f"quantized.{func}", "rounding", rounding, ROUNDINGS)
-    return dtype, out_scale, zp_out, rounding
-
-
 def _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, family):
     dtype = dtype_name(q.data.dtype)
-    plan = _avg_plan(spec, dtype, q.scale, q.zero_point, out_scale, zp_out, rounding)
+    plan = avg_plan(spec, dtype, q.scale, q.zero_point, out_scale, zp_out, rounding)
     with device_scope(q.data, backend):
         out = xp.empty(spec.out_shape, dtype=q.data.dtype)
         if out.size:
@@ -325,7 +119,7 @@ def _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, family):
     return QArray(out, out_scale, zp_out)
 
 
-def _dask_backend():
+def _dask_adapter():
     return importlib.import_module("gpupool.interop.dask")
 
 
@@ -335,7 +129,7 @@ def _accepts_dask(op):
     @functools.wraps(op)
     def dispatch(q, *args, **kwargs):
         if isinstance(q, QArray) and is_dask_array(q.data):
-            return _dask_backend().call_quantized(op, q, *args, **kwargs)
+            return _dask_adapter().call_quantized(op, q, *args, **kwargs)
         return op(q, *args, **kwargs)
     return dispatch
 
@@ -353,8 +147,8 @@ def max_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: 
     """
     q = _qarray("max_pool", q)
     data, backend, xp = as_array("quantized.max_pool", q.data)
-    spec = _int_window_spec("max_pool", "max", data.shape, dtype_name(data.dtype), kernel_size,
-                            stride, padding, dilation, ceil_mode, layout, False)
+    spec = QS.window_spec("max_pool", "max", data.shape, dtype_name(data.dtype), kernel_size,
+                          stride, padding, dilation, ceil_mode, layout)
     with device_scope(data, backend):
         out = xp.empty(spec.out_shape, dtype=data.dtype)
         if out.size:
@@ -382,9 +176,9 @@ def avg_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: 
     func = "avg_pool"
     q = _qarray(func, q)
     data, backend, xp = as_array(f"quantized.{func}", q.data)
-    spec = _int_window_spec(func, "avg", data.shape, dtype_name(data.dtype), kernel_size, stride,
-                            padding, 1, ceil_mode, layout, count_include_pad)
-    _, out_scale, zp_out, rounding = _out_params(func, q, out_scale, out_zero_point,
+    spec = QS.window_spec(func, "avg", data.shape, dtype_name(data.dtype), kernel_size, stride,
+                          padding, 1, ceil_mode, layout, count_include_pad)
+    _, out_scale, zp_out, rounding = out_params(func, q, out_scale, out_zero_point,
                                                  rounding)
     return _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, "qavg_window")
 
@@ -402,9 +196,8 @@ def global_avg_pool(q: QArray, *, spatial_dims: int = 2, out_scale: float | None
     func = "global_avg_pool"
     q = _qarray(func, q)
     data, backend, xp = as_array(f"quantized.{func}", q.data)
-    spec = _int_adaptive_spec(S.global_spec(f"quantized.{func}", "max", data.shape,
-                                            dtype_name(data.dtype), spatial_dims, layout))
-    _, out_scale, zp_out, rounding = _out_params(func, q, out_scale, out_zero_point,
+    spec = QS.global_spec(func, data.shape, dtype_name(data.dtype), spatial_dims, layout)
+    _, out_scale, zp_out, rounding = out_params(func, q, out_scale, out_zero_point,
                                                  rounding)
     return _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, "qavg_adaptive")
 
@@ -422,9 +215,8 @@ def adaptive_avg_pool(q: QArray, output_size: Size, *, out_scale: float | None =
     func = "adaptive_avg_pool"
     q = _qarray(func, q)
     data, backend, xp = as_array(f"quantized.{func}", q.data)
-    spec = _int_adaptive_spec(S.adaptive_spec(f"quantized.{func}", "max", data.shape,
-                                              dtype_name(data.dtype), output_size, layout))
-    _, out_scale, zp_out, rounding = _out_params(func, q, out_scale, out_zero_point,
+    spec = QS.adaptive_spec(func, data.shape, dtype_name(data.dtype), output_size, layout)
+    _, out_scale, zp_out, rounding = out_params(func, q, out_scale, out_zero_point,
                                                  rounding)
     return _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, "qavg_adaptive")
 

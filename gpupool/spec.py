@@ -318,9 +318,12 @@ class WindowSpec:
 @memoized
 def window_spec(func: str, op: str, shape, dtype: str, kernel_size, stride, padding, dilation,
                 ceil_mode, layout, *, return_indices=False, count_include_pad=False,
-                divisor_override=None, p=None) -> WindowSpec:
+                divisor_override=None, p=None, integers=None) -> WindowSpec:
+    """Validate a window pooling. ``integers``: whether integer dtypes are admitted (default:
+    for max only; the quantized ops admit them for averages too)."""
     nd = spatial_rank(func, kernel_size)
-    g = geometry(func, shape, dtype, layout, nd, integers=(op == "max"))
+    g = geometry(func, shape, dtype, layout, nd,
+                 integers=(op == "max") if integers is None else integers)
     kernel = _window_ints(func, "kernel_size", kernel_size, nd, 1)
     stride = kernel if stride is None else _window_ints(func, "stride", stride, nd, 1)
     dilation = _window_ints(func, "dilation", dilation, nd, 1)
@@ -384,9 +387,11 @@ def adaptive_window(i: int, size: int, out: int) -> tuple[int, int]:
 
 @memoized
 def adaptive_spec(func: str, op: str, shape, dtype: str, output_size, layout, *,
-                  return_indices=False) -> AdaptiveSpec:
+                  return_indices=False, integers=None) -> AdaptiveSpec:
+    """Validate an adaptive pooling (``integers`` as in :func:`window_spec`)."""
     nd = spatial_rank(func, output_size, "output_size")
-    g = geometry(func, shape, dtype, layout, nd, integers=(op == "max"))
+    g = geometry(func, shape, dtype, layout, nd,
+                 integers=(op == "max") if integers is None else integers)
     out = _int_tuple(func, "output_size", output_size, nd, 1)
     return_indices = check_bool(func, "return_indices", return_indices)
     check_output_size(func, g, out, f"output_size={output_size!r} on x of shape {g.shape}",
@@ -395,20 +400,30 @@ def adaptive_spec(func: str, op: str, shape, dtype: str, output_size, layout, *,
 
 
 @memoized
-def global_spec(func: str, op: str, shape, dtype: str, spatial_dims, layout) -> AdaptiveSpec:
+def global_spec(func: str, op: str, shape, dtype: str, spatial_dims, layout, *,
+                integers=None) -> AdaptiveSpec:
+    """Validate a global pooling (``integers`` as in :func:`window_spec`)."""
     if not _is_int(spatial_dims) or int(spatial_dims) < 1:
         _fail(func, f"spatial_dims={spatial_dims!r} must be a positive int")
     nd = int(spatial_dims)
-    g = geometry(func, shape, dtype, layout, nd, integers=(op == "max"))
+    g = geometry(func, shape, dtype, layout, nd,
+                 integers=(op == "max") if integers is None else integers)
     return AdaptiveSpec(g, op, (1,) * nd)
 
 
 @dataclass(frozen=True)
 class UnpoolSpec:
-    """Scatter of pooled values into zeros at per-plane flat indices."""
+    """Scatter of pooled values into zeros at per-plane flat indices: the pooling it undoes
+    (kernel, stride, dilation, and its pads resolved on the unpooled size) and the indices'
+    dtype."""
 
     geom: Geometry  # geometry of the pooled input
     out_spatial: tuple[int, ...]
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    pads: tuple[tuple[int, int], ...]
+    index_dtype: str
 
     @functools.cached_property
     def out_shape(self) -> tuple[int, ...]:
@@ -505,7 +520,8 @@ def unpool_spec(func: str, shape, dtype: str, indices_shape, indices_dtype: str,
                         f"pooled from another size would land at wrong positions")
         cause = f"output_size={output_size!r} on x of shape {g.shape}"
     check_output_size(func, g, out, cause)
-    return UnpoolSpec(g, out)
+    pads = resolve_padding(func, padding, nd, out, kernel, stride, dilation)
+    return UnpoolSpec(g, out, kernel, stride, dilation, pads, indices_dtype)
 
 
 def check_unpool_indices(func: str, low: int, high: int, spec: UnpoolSpec) -> None:

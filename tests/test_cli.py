@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from numpy.testing import assert_array_equal
 
-from gpupool import bench as benchmark, cli
+from gpupool import cli
+from gpupool.bench import baselines, cases, checks, report, runner, timing
+from gpupool.cuda import probe
 
 
 def test_info_reports_numpy_usable(capsys):
@@ -41,8 +43,8 @@ def test_bench_one_case_writes_json_and_markdown(tmp_path, capsys):
 
 
 def test_missing_baseline_is_reported_not_faked(monkeypatch, tmp_path):
-    monkeypatch.setattr(benchmark, "_torch", lambda: (None, None))
-    result = benchmark.run("small", ["seed [64,7,7]"], "numpy")
+    monkeypatch.setattr(baselines, "torch_modules", lambda: (None, None))
+    result = runner.run("small", ["seed [64,7,7]"], "numpy")
     (row,) = result["rows"]
     assert row["missing"]["torch"] == "not installed"
     assert "torch_ms" not in row
@@ -54,19 +56,19 @@ def test_host_timing_runs_each_library_in_bursts():
     part in every round, and a burst of fast calls stops at ``max_reps``."""
     calls = []
     funcs = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
-    times = benchmark.time_host(funcs, rounds=3, burst_s=0.0, min_reps=4, settle_s=0.0)
+    times = timing.time_host(funcs, rounds=3, burst_s=0.0, min_reps=4, settle_s=0.0)
     runs = [(name, len(list(group))) for name, group in itertools.groupby(calls)]
     assert [name for name, _ in runs] == ["a", "b", "c"] * 3
     assert all(length == 5 for _, length in runs)
     assert {name: len(t) for name, t in times.items()} == {"a": 12, "b": 12, "c": 12}
-    capped = benchmark.time_host(funcs, rounds=1, burst_s=10.0, max_reps=7, settle_s=0.0)
+    capped = timing.time_host(funcs, rounds=1, burst_s=10.0, max_reps=7, settle_s=0.0)
     assert {name: len(t) for name, t in capped.items()} == {"a": 7, "b": 7, "c": 7}
 
 
 def test_cupy_backend_without_gpu_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(benchmark, "gpu_usable", lambda: (False, "no GPU"))
+    monkeypatch.setattr(probe, "gpu_usable", lambda: (False, "no GPU"))
     with pytest.raises(SystemExit, match="--backend cupy.*no GPU"):
-        benchmark.run("small", ["seed [64,7,7]"], "cupy")
+        runner.run("small", ["seed [64,7,7]"], "cupy")
 
 
 def test_console_script_runs():
@@ -75,26 +77,26 @@ def test_console_script_runs():
     assert done.returncode == 0 and "gpupool" in done.stdout
 
 
-@pytest.mark.parametrize("case", benchmark.SUITE, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", cases.SUITE, ids=lambda c: c.name)
 def test_bench_reference_checks_every_case(case):
     """The bench's own check (used where no baseline runs) accepts gpupool's answer and
     rejects a wrong one."""
-    x = benchmark.make_input(case, 1)
-    got = benchmark.values(benchmark.gpupool_call(case, x)())
-    want = benchmark.reference_values(case, x)
-    assert benchmark._check(got, want, case.dtype) == "ok"
+    x = cases.make_input(case, 1)
+    got = cases.values(cases.gpupool_call(case, x)())
+    want = checks.reference_values(case, x)
+    assert checks.check_values(got, want, case.dtype) == "ok"
     wrong = got.copy()
     wrong.flat[wrong.size // 2] += 1
-    assert benchmark._check(wrong, want, case.dtype).startswith("FAILED")
+    assert checks.check_values(wrong, want, case.dtype).startswith("FAILED")
 
 
 def _fast_host_timing(monkeypatch):
     """One untimed and one timed call per library: the checks, not the times, are tested."""
-    monkeypatch.setattr(benchmark, "time_host", functools.partial(
-        benchmark.time_host, rounds=1, burst_s=0.0, min_reps=1, settle_s=0.0))
+    monkeypatch.setattr(timing, "time_host", functools.partial(
+        timing.time_host, rounds=1, burst_s=0.0, min_reps=1, settle_s=0.0))
 
 
-@pytest.mark.parametrize("case", benchmark.SUITE, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", cases.SUITE, ids=lambda c: c.name)
 def test_plain_cupy_baseline_computes_the_case_or_says_why_not(case, monkeypatch):
     """The GPU bench's plain-CuPy baseline, run here on NumPy data with SciPy's ndimage (the
     API cupyx.scipy.ndimage copies): it gives gpupool's values, or a reason when it cannot."""
@@ -104,18 +106,18 @@ def test_plain_cupy_baseline_computes_the_case_or_says_why_not(case, monkeypatch
     cupyx.scipy.ndimage = ndimage
     monkeypatch.setitem(sys.modules, "cupyx", cupyx)
     monkeypatch.setitem(sys.modules, "cupyx.scipy", cupyx.scipy)
-    x = benchmark.make_input(case, 2)
-    call, why = benchmark.cupy_call(case, x)
+    x = cases.make_input(case, 2)
+    call, why = baselines.cupy_call(case, x)
     if call is None:
         assert why and (case.layout == "NHWC" or case.op not in ("max", "gavg")), why
         return
-    want = benchmark.values(benchmark.gpupool_call(case, x)())
+    want = cases.values(cases.gpupool_call(case, x)())
     try:
         result = call()
     except RuntimeError as e:  # the bench reports the baseline as missing (float16 here)
         assert case.dtype == "float16", e
         return
-    got = benchmark.baseline_values(case, result)
+    got = baselines.baseline_values(case, result)
     if case.op in ("max", "qmax"):
         assert_array_equal(got, want)
     else:  # a mean in CuPy's order of summation
@@ -123,7 +125,7 @@ def test_plain_cupy_baseline_computes_the_case_or_says_why_not(case, monkeypatch
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol / 10)
 
 
-@pytest.mark.parametrize("case", benchmark.SUITE, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", cases.SUITE, ids=lambda c: c.name)
 def test_small_suite_agrees_with_every_cpu_baseline(case, monkeypatch):
     """Each case of the small suite as ``gpupool bench`` runs it on the CPU: gpupool's answer
     is compared with that of every baseline that runs the case (PyTorch, onnxruntime), and
@@ -132,7 +134,7 @@ def test_small_suite_agrees_with_every_cpu_baseline(case, monkeypatch):
     pytest.importorskip("torch", reason="PyTorch (the test extra) is the CPU baseline checked")
     pytest.importorskip("onnxruntime", reason="onnxruntime (the test extra) is a CPU baseline")
     _fast_host_timing(monkeypatch)
-    row = benchmark.run_case(case, "small", gpu=False)
+    row = runner.run_case(case, "small", gpu=False)
     assert row.error is None
     assert set(row.missing.values()) <= {"no such op", "no NHWC pooling op"}, row.missing
     baselines = {"torch", "onnxruntime"} - set(row.missing)
@@ -148,19 +150,19 @@ def test_fixed_batch_cases_agree_with_onnxruntime_without_pytorch(name, monkeypa
     cases were checked against onnxruntime only, which was given a 5-D tensor (a leading 1
     before the N) and pooled the wrong axes, so the case failed its check."""
     pytest.importorskip("onnxruntime", reason="onnxruntime (the test extra) is a CPU baseline")
-    monkeypatch.setattr(benchmark, "_torch", lambda: (None, None))
+    monkeypatch.setattr(baselines, "torch_modules", lambda: (None, None))
     _fast_host_timing(monkeypatch)
-    (case,) = [c for c in benchmark.SUITE if c.name == name]
-    row = benchmark.run_case(case, "small", gpu=False)
+    (case,) = [c for c in cases.SUITE if c.name == name]
+    row = runner.run_case(case, "small", gpu=False)
     assert (row.check, row.error) == ("ok (vs onnxruntime)", None)
 
 
 def test_cases_without_a_baseline_are_checked_against_the_reference(monkeypatch):
-    monkeypatch.setattr(benchmark, "_torch", lambda: (None, None))
+    monkeypatch.setattr(baselines, "torch_modules", lambda: (None, None))
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime -> ImportError
     _fast_host_timing(monkeypatch)
-    for case in benchmark.select_cases(["seed"]):
-        row = benchmark.run_case(case, "small", gpu=False)
+    for case in cases.select_cases(["seed"]):
+        row = runner.run_case(case, "small", gpu=False)
         assert (row.check, row.error) == ("ok (vs reference)", None)
         assert row.missing == {"torch": "not installed", "onnxruntime": "not installed"}
 
@@ -174,8 +176,8 @@ def test_cases_without_a_baseline_are_checked_against_the_reference(monkeypatch)
     ("resnet50 head global avg", "large", (669, 2048, 7, 7)),  # 669 samples: >= 256 MiB
 ])
 def test_case_input_shapes(name, size, shape):
-    (case,) = [c for c in benchmark.SUITE if c.name == name]
-    assert case.shape(benchmark.batch_size(case, size)) == shape
+    (case,) = [c for c in cases.SUITE if c.name == name]
+    assert case.shape(cases.batch_size(case, size)) == shape
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -228,8 +230,8 @@ def _one_line_error(capsys) -> str:
 def _no_run(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("the suite ran")
-    monkeypatch.setattr(benchmark, "run_case", fail)
-    monkeypatch.setattr(benchmark, "copy_bandwidth", fail)
+    monkeypatch.setattr(runner, "run_case", fail)
+    monkeypatch.setattr(timing, "copy_bandwidth", fail)
 
 
 def test_unknown_op_exits_nonzero_before_running(monkeypatch, capsys):
@@ -239,7 +241,7 @@ def test_unknown_op_exits_nonzero_before_running(monkeypatch, capsys):
     assert "'nosuchop'" in err and "'max'" not in err
     assert "gavg" in err and "qavg" in err and "resnet50 head global avg" in err
     with pytest.raises(ValueError, match="nosuchop"):
-        benchmark.run("small", ["nosuchop"], "numpy")
+        runner.run("small", ["nosuchop"], "numpy")
 
 
 def test_plot_without_matplotlib_exits_nonzero_before_running(monkeypatch, capsys, tmp_path):
@@ -252,7 +254,7 @@ def test_plot_without_matplotlib_exits_nonzero_before_running(monkeypatch, capsy
     assert "--plot needs matplotlib" in err and 'pip install "gpupool[bench]"' in err
     assert not png.exists()
     with pytest.raises(ImportError, match="pip install"):
-        benchmark.run("small", ["seed [64,7,7]"], "numpy", plot_path=str(png))
+        runner.run("small", ["seed [64,7,7]"], "numpy", plot_path=str(png))
 
 
 @pytest.mark.parametrize("option", ["--json", "--markdown", "--plot"])
@@ -268,7 +270,7 @@ def test_unwritable_output_is_an_error_before_running(monkeypatch, capsys, tmp_p
     naming the option and the path (the run used to end in a traceback when it came to write
     it, or /dev/full's write failed after the whole run), and leaves no file behind."""
     _no_run(monkeypatch)
-    monkeypatch.setattr(benchmark, "require_matplotlib", lambda: None)  # paths, not matplotlib
+    monkeypatch.setattr(report, "require_matplotlib", lambda: None)  # paths, not matplotlib
     (tmp_path / "file").write_text("kept")
     path = {"a folder": tmp_path, "a missing folder": tmp_path / "missing" / "out",
             "a file for a folder": tmp_path / "file" / "out", "/dev/full": "/dev/full"}[where]
@@ -287,8 +289,8 @@ def test_unwritable_output_is_an_error_before_running(monkeypatch, capsys, tmp_p
 def test_output_check_keeps_an_existing_file_and_leaves_no_new_one(tmp_path):
     existing, new = tmp_path / "existing.md", tmp_path / "new.md"
     existing.write_text("kept")
-    benchmark.check_output_path("--markdown", str(existing))
-    benchmark.check_output_path("--markdown", str(new))
+    report.check_output_path("--markdown", str(existing))
+    report.check_output_path("--markdown", str(new))
     assert existing.read_text() == "kept"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing.md"]
 
@@ -296,7 +298,7 @@ def test_output_check_keeps_an_existing_file_and_leaves_no_new_one(tmp_path):
 def test_unwritable_output_in_run_is_found_before_running(monkeypatch, tmp_path):
     _no_run(monkeypatch)
     with pytest.raises(ValueError, match="--json .*is a directory"):
-        benchmark.run("small", ["seed [64,7,7]"], "numpy", json_path=str(tmp_path))
+        runner.run("small", ["seed [64,7,7]"], "numpy", json_path=str(tmp_path))
 
 
 @pytest.mark.parametrize("ops", [[""], ["  "], ["max", ""]])
@@ -308,7 +310,7 @@ def test_blank_ops_is_an_error_not_every_case(monkeypatch, capsys, ops):
     assert "--ops" in err and "every case" in err
     assert all(repr(o) in err for o in ops if not o.strip())
     with pytest.raises(ValueError, match="--ops"):
-        benchmark.select_cases(ops)
+        cases.select_cases(ops)
 
 
 def test_ops_without_a_value_is_an_error(monkeypatch, capsys):
@@ -318,7 +320,7 @@ def test_ops_without_a_value_is_an_error(monkeypatch, capsys):
     assert exit_.value.code == 2
     assert "--ops" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--ops: no op or case name given"):
-        benchmark.select_cases([])
+        cases.select_cases([])
 
 
 @pytest.mark.parametrize("command", ["info", "bench"])
@@ -337,8 +339,8 @@ def test_bad_thread_count_variable_is_a_one_line_error(command, value):
 
 def test_bench_exits_1_when_a_case_fails_its_check(monkeypatch, capsys):
     """A baseline that disagrees fails the case, and the command's status says so."""
-    monkeypatch.setattr(benchmark, "_torch", lambda: (None, None))
-    monkeypatch.setattr(benchmark, "onnxruntime_call",
+    monkeypatch.setattr(baselines, "torch_modules", lambda: (None, None))
+    monkeypatch.setattr(baselines, "onnxruntime_call",
                         lambda case, x: (lambda: np.zeros((1, 64, 1, 1), np.float32), None))
     _fast_host_timing(monkeypatch)
     assert cli.main(["bench", "--backend", "numpy", "--ops", "seed [64,7,7]"]) == 1
@@ -350,7 +352,7 @@ def test_bench_exits_1_when_a_case_fails_its_check(monkeypatch, capsys):
 def test_bench_exits_1_when_a_case_raises(monkeypatch, capsys):
     def broken(case, x):
         raise RuntimeError("broken case")
-    monkeypatch.setattr(benchmark, "gpupool_call", broken)
+    monkeypatch.setattr(cases, "gpupool_call", broken)
     _fast_host_timing(monkeypatch)
     assert cli.main(["bench", "--backend", "numpy", "--ops", "seed [64,7,7]"]) == 1
     out, err = capsys.readouterr()
@@ -381,7 +383,7 @@ def test_cuda_versions_read_as_major_minor(version, words):
 def test_info_prints_cuda_runtime_and_driver_as_major_minor(monkeypatch, capsys):
     cupy = pytest.importorskip("cupy")
     runtime = cupy.cuda.runtime
-    monkeypatch.setattr(benchmark, "gpu_usable", lambda: (True, "1 GPU(s)"))
+    monkeypatch.setattr(probe, "gpu_usable", lambda: (True, "1 GPU(s)"))
     monkeypatch.setattr(runtime, "runtimeGetVersion", lambda: 13020)
     monkeypatch.setattr(runtime, "driverGetVersion", lambda: 12080)
     monkeypatch.setattr(runtime, "getDevice", lambda: 0)
@@ -457,9 +459,9 @@ SEED_BYTES = {"seed [64,56,56] max 2x2 s2": 4 * (64 * 56 * 56 + 64 * 28 * 28),
 def test_gpu_bench_checks_each_case_against_the_cpu_and_counts_its_bytes(monkeypatch, capsys):
     """Regression: the GPU rows took a CuPy array's ``.data`` (its device pointer) for a
     QArray's codes, so every check read 'FAILED: shape ()' and the output counted 8 bytes."""
-    time_gpu = benchmark.time_gpu
-    monkeypatch.setattr(benchmark, "time_gpu", lambda f, reps=50: time_gpu(f, 3))
-    result = benchmark.run("small", ["seed"], "cupy")
+    time_gpu = timing.time_gpu
+    monkeypatch.setattr(timing, "time_gpu", lambda f, reps=50: time_gpu(f, 3))
+    result = runner.run("small", ["seed"], "cupy")
     assert [r["case"] for r in result["rows"]] == list(SEED_BYTES)
     for row in result["rows"]:
         assert row["error"] is None, row
@@ -477,12 +479,12 @@ def test_bench_reads_values_and_counts_bytes_of_every_result_kind(backend):
     import gpupool
     codes = np.arange(-8, 8, dtype=np.int8).reshape(1, 1, 4, 4)
     q = gpupool.quantized.max_pool(gpupool.quantized.QArray(backend.to_backend(codes), 0.1, 0), 2)
-    assert_array_equal(benchmark.values(q), [[[[-3, -1], [5, 7]]]])
-    assert benchmark.output_bytes(q) == 4
+    assert_array_equal(cases.values(q), [[[[-3, -1], [5, 7]]]])
+    assert cases.output_bytes(q) == 4
     x = backend.to_backend(codes.astype(np.float32))
-    assert_array_equal(benchmark.values(gpupool.max_pool(x, 2)), [[[[-3, -1], [5, 7]]]])
-    assert benchmark.output_bytes(gpupool.max_pool(x, 2)) == 4 * 4
-    assert benchmark.output_bytes(gpupool.max_pool(x, 2, return_indices=True)) == 4 * (4 + 8)
+    assert_array_equal(cases.values(gpupool.max_pool(x, 2)), [[[[-3, -1], [5, 7]]]])
+    assert cases.output_bytes(gpupool.max_pool(x, 2)) == 4 * 4
+    assert cases.output_bytes(gpupool.max_pool(x, 2, return_indices=True)) == 4 * (4 + 8)
 
 
 @pytest.mark.gpu
@@ -530,11 +532,11 @@ def test_bench_overhead_section_in_json_and_markdown(tmp_path, monkeypatch):
     result, text = json.loads(js.read_text()), md.read_text()
     assert [r["case"] for r in result["rows"]] == ["seed [64,7,7] global avg"]
     rows = result["overhead"]["rows"]
-    assert [r["case"] for r in rows] == [c.name for c in benchmark.OVERHEAD]
+    assert [r["case"] for r in rows] == [c.name for c in cases.OVERHEAD]
     assert {r["dtype"] for r in rows} == {"float32", "int8"}
     assert {tuple(r["shape"]) for r in rows} == {(1, 4, 8, 8), (1, 64, 7, 7)}
-    assert {c.op for c in benchmark.OVERHEAD} >= {"max", "avg", "lp", "gavg", "aavg", "amax",
-                                                  "qmax"}
+    assert {c.op for c in cases.OVERHEAD} >= {"max", "avg", "lp", "gavg", "aavg", "amax",
+                                              "qmax"}
     for r in rows:
         assert r["error"] is None and r["check"].startswith("ok"), r
         assert r["gpupool_us"] > 0 and r["raw_times_s"]["gpupool"]
@@ -551,7 +553,7 @@ def test_bench_overhead_section_in_json_and_markdown(tmp_path, monkeypatch):
 
 def test_overhead_only_selects_no_suite_case(monkeypatch):
     _fast_host_timing(monkeypatch)
-    result = benchmark.run("small", ["overhead 4x8x8 adaptive max"], "numpy")
+    result = runner.run("small", ["overhead 4x8x8 adaptive max"], "numpy")
     assert result["rows"] == []
     (row,) = result["overhead"]["rows"]
     assert row["check"] == "ok (vs torch)"
@@ -559,16 +561,16 @@ def test_overhead_only_selects_no_suite_case(monkeypatch):
 
 def test_overhead_case_failing_its_check_fails_the_bench(monkeypatch, capsys):
     _fast_host_timing(monkeypatch)
-    monkeypatch.setattr(benchmark, "_torch", lambda: (None, None))
-    monkeypatch.setattr(benchmark, "reference_values", lambda case, x: np.zeros((1, 4, 3, 3)))
+    monkeypatch.setattr(baselines, "torch_modules", lambda: (None, None))
+    monkeypatch.setattr(checks, "reference_values", lambda case, x: np.zeros((1, 4, 3, 3)))
     assert cli.main(["bench", "--backend", "numpy", "--ops", "overhead 4x8x8 adaptive max"]) == 1
     assert "1 case(s) failed: overhead 4x8x8 adaptive max ->3x3" in capsys.readouterr().err
 
 
 def test_launch_timing_reports_host_and_synced_loop_times_per_call():
     calls, syncs = [], []
-    host, loop = benchmark.time_launches(lambda: calls.append(1), lambda: syncs.append(len(calls)),
-                                         reps=12, loops=3)
+    host, loop = timing.time_launches(lambda: calls.append(1), lambda: syncs.append(len(calls)),
+                                      reps=12, loops=3)
     assert len(host) == 12 and len(loop) == 3 and min(host + loop) > 0
     assert len(calls) == 1 + 12 + 3 * 4
     assert syncs == [1, 13, 17, 21, 25]  # after the warm-up, the host calls, each loop
@@ -576,10 +578,10 @@ def test_launch_timing_reports_host_and_synced_loop_times_per_call():
 
 @pytest.mark.parametrize("op", ["lp", "amax", "aavg"])
 def test_reference_of_the_new_overhead_ops_matches_gpupool(op):
-    (case,) = [c for c in benchmark.OVERHEAD if c.op == op and c.sample == (4, 8, 8)]
-    x = benchmark.make_input(case, 1)
-    got = benchmark.values(benchmark.gpupool_call(case, x)())
-    np.testing.assert_allclose(got, benchmark.reference_values(case, x), rtol=1e-5, atol=1e-6)
+    (case,) = [c for c in cases.OVERHEAD if c.op == op and c.sample == (4, 8, 8)]
+    x = cases.make_input(case, 1)
+    got = cases.values(cases.gpupool_call(case, x)())
+    np.testing.assert_allclose(got, checks.reference_values(case, x), rtol=1e-5, atol=1e-6)
 
 
 def test_a_reader_that_leaves_early_gets_no_traceback():

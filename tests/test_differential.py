@@ -17,7 +17,7 @@ together they request every name of ``cuda_backend.instantiations()`` and
 
 Test hooks (monkeypatched, memoized plans cleared on both sides):
   * ``idx64``: ``planner.INT32_LIMIT = 100`` forces the ``long long`` index variants;
-  * ``acc64``: ``quantized._acc_dtype`` picks int64 accumulators (naturally only past 8.4M taps);
+  * ``acc64``: ``quantized_spec.accumulator_dtype`` picks int64 accumulators (naturally only past 8.4M taps);
   * ``small-device``: a 1-SM device, so tiny inputs fill it and threads compute several rows;
   * ``grid64``: grid y and z hold 64 blocks each, so planes spill onto grid z.
 """
@@ -35,6 +35,7 @@ from numpy.testing import assert_allclose, assert_array_equal
 import gpupool
 from gpupool.cuda import planner
 from gpupool import quantized as Q
+from gpupool import quantized_spec as QS
 
 pytestmark = pytest.mark.gpu
 
@@ -366,29 +367,27 @@ def quantized_cases():
                              Q.adaptive_avg_pool(q, o, layout=L, **kw)), True,
                    requests=None if len(spatial) > 3 else ("qavg_adaptive",),
                    tags=frozenset({"acc64", "idx64"} if len(spatial) <= 3 else ()))
-    glob = [("7x7", (2, 5, 7, 7), 2, "NCHW"), ("300x301", (1, 2, 300, 301), 2, "NCHW"),
-            ("1d", (4, 50), 1, "NCHW"), ("3d", (2, 4, 5, 6, 3), 3, "NHWC"),
-            ("7x7", (2, 7, 7, 5), 2, "NHWC"), ("4d", (2, 3, 2, 3, 4, 5), 4, "NCHW")]
-    for (gid, shape, nd, layout), dtype in itertools.product(glob, QDTYPES):
-        kernel = "qavg_global_nhwc" if layout == "NHWC" else "qavg_global"
+    for (gid, shape, nd, layout, _, launches), dtype in itertools.product(GLOBALS, QDTYPES):
         yield Case(f"qglobal-{dtype}-{layout}-{gid}", qinputs(shape, dtype),
                    quantized(dtype, lambda q, nd=nd, L=layout:
                              Q.global_avg_pool(q, spatial_dims=nd, layout=L, out_scale=0.02)),
-                   True, requests=(kernel,), tags=frozenset({"acc64", "idx64"}))
+                   True, launches=launches, requests=tuple("q" + k.replace("global", "avg_global")
+                                                           for k in launches),
+                   tags=frozenset({"acc64", "idx64"}))
 
 
 def natural_int64_accumulator_cases():
     """Windows of 8421505 > 2**31 / 255 taps take int64 accumulators without any hook."""
     taps = 2 ** 31 // 255 + 1
-    cases = [("qadaptive", (1, 1, taps, 1), "NCHW", "qavg_adaptive",
+    cases = [("qadaptive", (1, 1, taps, 1), "NCHW", ("qavg_adaptive",),
               lambda q: Q.adaptive_avg_pool(q, (1, 2))),
-             ("qglobal", (1, taps), "NCHW", "qavg_global",
+             ("qglobal", (1, taps), "NCHW", ("qavg_global_block", "qavg_global_lanes"),
               lambda q: Q.global_avg_pool(q, spatial_dims=1)),
-             ("qglobal", (1, taps, 1), "NHWC", "qavg_global_nhwc",
+             ("qglobal", (1, taps, 1), "NHWC", ("qavg_global_channels",) * 2,
               lambda q: Q.global_avg_pool(q, spatial_dims=1, layout="NHWC"))]
-    for op, shape, layout, kernel, call in cases:
+    for op, shape, layout, kernels, call in cases:
         yield Case(f"{op}-int8-{layout}-{taps}-taps", qinputs(shape, "int8"),
-                   quantized("int8", call), True, requests=(kernel,), paths=frozenset({"acc64"}))
+                   quantized("int8", call), True, requests=kernels, paths=frozenset({"acc64"}))
 
 
 # ----------------------------------------------------------------------------- planes > 65535
@@ -430,7 +429,7 @@ def many_plane_cases():
                    quantized("int8", call), True, tags=frozenset({"grid64"}))
     yield Case(f"qglobal-int8-NHWC-{n}x1x1", qinputs((n, 1, 1), "int8"),
                quantized("int8", lambda q: Q.global_avg_pool(q, spatial_dims=1, layout="NHWC")),
-               True, requests=("qavg_global_nhwc",))
+               True, requests=("qavg_global_channels",))
 
 
 # ----------------------------------------------------------------------------- non-contiguous
@@ -529,7 +528,7 @@ def apply_hooks(mp, hooks: str) -> None:
     if "idx64" in hooks:
         mp.setattr(planner, "INT32_LIMIT", 100)
     if "acc64" in hooks:
-        mp.setattr(Q, "_acc_dtype", lambda taps: ("int64", 255 * taps))
+        mp.setattr(QS, "accumulator_dtype", lambda taps: ("int64", 255 * taps))
     if "grid64" in hooks:
         mp.setattr(planner, "GRID_YZ_MAX", 64)
     if "small-device" in hooks:
@@ -541,7 +540,7 @@ def clear_plans() -> None:
     from gpupool.cuda import backend as CB
     PLAN.cache_clear()
     CB.prepared.cache_clear()
-    Q._avg_plan.cache_clear()
+    QS.avg_plan.cache_clear()
 
 
 # ----------------------------------------------------------------------------- running a case

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import gpupool
 from gpupool import ops
-from gpupool.cpu import numpy_backend
+from gpupool.cpu import numpy_backend, reduce
 
 
 @st.composite
@@ -90,16 +90,17 @@ def test_direct_path_gives_the_general_paths_bits(drawn):
     except ValueError:  # an output size below 1
         return
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(numpy_backend, "DIRECT_BYTES", 0)
+        m.setattr(reduce, "DIRECT_BYTES", 0)
         general = call()
     assert _bits(fast, infinite) == _bits(general, infinite)
 
 
 def test_small_blocks_take_the_direct_path_and_large_ones_do_not(monkeypatch):
     seen = []
-    gather = numpy_backend._gather_reduce
-    monkeypatch.setattr(numpy_backend, "_gather_reduce",
-                        lambda *a: seen.append(a[0].nbytes) or gather(*a))
+    gather = reduce.gather_reduce
+    for module in (reduce, numpy_backend):  # the window ops' and the adaptive ops' callers
+        monkeypatch.setattr(module, "gather_reduce",
+                            lambda *a: seen.append(a[0].nbytes) or gather(*a))
     gpupool.max_pool(np.ones((1, 4, 8, 8), np.float32), 2)
     gpupool.adaptive_avg_pool(np.ones((1, 4, 8, 8), np.float32), (3, 3))
     assert seen == [1024, 1024]

@@ -4,7 +4,7 @@ sm_90, with no error and no warning. Needs CuPy and its NVRTC library, not a GPU
 The options are the ones ``cupy.RawModule`` uses at run time: CuPy's own include paths and
 ``--std=c++17`` (``cupy._core.core.assemble_cupy_compiler_options``), the backend's OPTIONS,
 ``-arch=sm_XX`` and ``--device-as-default-execution-space`` (added by CuPy's NVRTC path when
-jitify is off, the RawModule default). The source is the same text (``read_source``) and the
+jitify is off, the RawModule default). The source is the same text (``source``) and the
 name expressions the same list (``instantiations``) the runtime uses. ``compile_using_nvrtc``
 itself asks the driver for the device's architecture, so the test drives CuPy's NVRTC program
 wrapper directly with an explicit architecture.
@@ -53,12 +53,23 @@ def test_instantiation_list_covers_every_family():
         assert any(n.startswith(prefix) for n in names), prefix
 
 
+def test_quantized_constants_are_defined_once_by_the_host():
+    """GPQ_LEVELS and GPQ_HEAD reach the kernels from quantized_spec's LEVELS and HEAD, set
+    ahead of the text (the kernel files hold no copy of them)."""
+    from gpupool import quantized_spec as QS
+    head = f"#define GPQ_LEVELS {QS.LEVELS}\n#define GPQ_HEAD {QS.HEAD}\n"
+    text = cuda_backend.source("quantized_pool.cu")
+    assert text.startswith(head)
+    assert "#define GPQ_LEVELS" not in text[len(head):]
+    assert "#define GPQ_HEAD" not in text[len(head):]
+
+
 def compile_clean(real_nvrtc, source_file: str, names, arch: str):
     """(cubin, mapping) of ``names`` from ``source_file`` for sm_``arch``; fails the test on a
     compile error, on any NVRTC or ptxas diagnostic, and on a kernel with a stack frame or
     spills."""
     compiler = real_nvrtc.compiler
-    program = compiler._NVRTCProgram(cuda_backend.read_source((source_file,)), source_file,
+    program = compiler._NVRTCProgram(cuda_backend.source(source_file), source_file,
                                      name_expressions=list(names), method="cubin")
     log = io.StringIO()
     try:

@@ -19,7 +19,7 @@ def window(shape, k, s=None, p=0, d=1, *, op="max", dtype="float32", layout="NCH
 def covered_outputs(sp, launch):
     """Outputs the grid/block/rows cover, per plane (NCHW: rows x W; NHWC: positions x C)."""
     tx, ty, _ = launch.block
-    od, oh, ow = planner._canonical3(sp.out_spatial, 1)
+    od, oh, ow = planner.canonical3(sp.out_spatial, 1)
     if sp.geom.layout == "NHWC":
         n_x = -(-sp.geom.channels // tx)
         chunks = launch.grid[0] // n_x
@@ -47,7 +47,7 @@ def test_window_plan_covers_every_output(shape, k, s, p, layout, device):
     tx, ty, tz = la.block
     assert tx * ty * tz <= 256 and tz <= 64 and la.rows >= 1
     units, cols = covered_outputs(sp, la)
-    od, oh, ow = planner._canonical3(sp.out_spatial, 1)
+    od, oh, ow = planner.canonical3(sp.out_spatial, 1)
     if layout == "NHWC":
         assert units >= od * oh * ow and cols >= sp.geom.channels
         planes = sp.geom.batch
@@ -94,7 +94,7 @@ def test_blocks_hold_two_warps_when_there_are_64_outputs(device):
         planes = sp.geom.batch if sp.geom.layout == "NHWC" else sp.geom.planes
         assert la.grid[1] * la.grid[2] * tz >= planes
         units, cols = covered_outputs(sp, la)
-        od, oh, ow = planner._canonical3(sp.out_spatial, 1)
+        od, oh, ow = planner.canonical3(sp.out_spatial, 1)
         if sp.geom.layout == "NHWC":
             assert units >= od * oh * ow and cols >= sp.geom.channels
         else:

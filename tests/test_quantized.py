@@ -21,6 +21,7 @@ from numpy.testing import assert_array_equal
 
 import reference as ref
 from gpupool import quantized as Q
+from gpupool import quantized_spec as QS
 
 RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
 ROUNDINGS = ("half_away_from_zero", "half_to_even")
@@ -248,7 +249,7 @@ def _requantize_all(scale, out_scale, rounding, divisor, amax):
     """Run the backend's integer requantizer on every accumulator in [-amax, amax]."""
     from gpupool.cpu.quantized import requantize
     table = Q.requant_table(scale, out_scale, rounding, [divisor], amax)
-    plan = Q.AvgPlan(None, 0, 0, -2 ** 40, 2 ** 40, "int64", None, None, table)
+    plan = QS.AvgPlan(None, 0, 0, -2 ** 40, 2 ** 40, "int64", None, None, table)
     acc = np.arange(-amax, amax + 1, dtype=np.int64)
     out = np.empty_like(acc)
     requantize(acc, np.zeros((), np.int64), plan, out)
@@ -291,7 +292,7 @@ def test_requantizer_random_ratios_near_ties(rounding):
 def test_large_accumulators_take_int64_and_stay_exact():
     """A window of 2**24 taps can overflow int32 (255 * 2**24 >= 2**31): int64 accumulator,
     narrower multiplier, still exact."""
-    plan_big = Q._avg_plan(Q.S.global_spec("quantized.global_avg_pool", "max", (1, 1, 2 ** 24),
+    plan_big = QS.avg_plan(QS.global_spec("global_avg_pool", (1, 1, 2 ** 24),
                                            "uint8", 1, "NCHW"),
                            "uint8", 1.0, 0, 1.0, 0, "half_away_from_zero")
     assert plan_big.acc_dtype == "int64"
@@ -300,7 +301,7 @@ def test_large_accumulators_take_int64_and_stay_exact():
             amax = 255 * 2 ** 24
             table = Q.requant_table(scale, out_scale, rounding, [2 ** 24], amax)
             from gpupool.cpu.quantized import requantize
-            plan = Q.AvgPlan(None, 0, 0, -2 ** 40, 2 ** 40, "int64", None, None, table)
+            plan = QS.AvgPlan(None, 0, 0, -2 ** 40, 2 ** 40, "int64", None, None, table)
             rng = np.random.default_rng(1)
             acc = np.concatenate([rng.integers(-amax, amax, 20000), [amax, -amax, 0]])
             got = np.empty_like(acc)
@@ -731,8 +732,7 @@ def test_cuda_host_plans_name_instantiated_kernels():
     from gpupool.cuda import planner
     from gpupool.cuda import quantized as QC
     listed = set(QC.instantiations())
-    spec = Q._int_window_spec("max_pool", "max", (2, 5, 6, 8), "int8", 3, 1, 1, 1, False,
-                              "NHWC", False)
+    spec = QS.window_spec("max_pool", "max", (2, 5, 6, 8), "int8", 3, 1, 1, 1, False, "NHWC")
     words = QC._word_spec(spec)
     assert words.geom.channels == 2 and words.out_spatial == spec.out_spatial
     pl = planner.plan(words)
@@ -741,5 +741,6 @@ def test_cuda_host_plans_name_instantiated_kernels():
     for dtype in ("int8", "uint8"):
         for acc in ("int32", "int64"):
             for nhwc in (False, True):
-                assert (QC.SOURCE, QC.qavg_global_name(dtype, acc, "int", nhwc)) in listed
+                base = "global_channels" if nhwc else "global_block"
+                assert (QC.SOURCE, QC.qavg_global_name(base, dtype, acc, dtype, "int")) in listed
                 assert (QC.SOURCE, QC.qavg_pool_name(dtype, acc, "long long", 3, nhwc)) in listed

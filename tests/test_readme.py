@@ -10,7 +10,7 @@ import typing
 import pytest
 
 import gpupool
-from gpupool import backends, quantized
+from gpupool import arrays, quantized
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -83,13 +83,13 @@ def test_public_functions_are_annotated(name, func):
     for array_param in ("x", "data", "indices"):
         if array_param in sig.parameters:
             resolved = _resolve(sig.parameters[array_param].annotation, func)
-            assert resolved is backends.ArrayLike, (name, array_param)
+            assert resolved is arrays.ArrayLike, (name, array_param)
             assert typing.Any not in typing.get_args(resolved)
 
 
 def test_array_aliases_name_numpy_and_cupy_without_importing_cupy():
     import numpy as np
-    for alias in (backends.Array, backends.ArrayLike):
+    for alias in (arrays.Array, arrays.ArrayLike):
         args = typing.get_args(alias)
         assert np.ndarray in args
         assert typing.ForwardRef("cupy.ndarray") in args

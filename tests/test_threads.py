@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import gpupool
-from gpupool.cpu import numpy_backend, threads
+from gpupool.cpu import numpy_backend, reduce, threads
 
 import reference as ref
 
@@ -50,7 +50,7 @@ def multi_block_cases():
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    monkeypatch.setattr(numpy_backend, "BLOCK_BYTES", 1 << 14)
+    monkeypatch.setattr(reduce, "BLOCK_BYTES", 1 << 14)
 
 
 def test_results_do_not_depend_on_the_thread_count(restore_threads, small_blocks):
@@ -78,12 +78,12 @@ def test_one_thread_never_starts_the_pool(restore_threads, small_blocks, monkeyp
 
 def test_work_runs_on_at_most_the_requested_threads(restore_threads, small_blocks, monkeypatch):
     seen = set()
-    original = numpy_backend._separable_window
+    original = numpy_backend.separable_window
 
     def spy(*args, **kwargs):
         seen.add(threading.get_ident())
         return original(*args, **kwargs)
-    monkeypatch.setattr(numpy_backend, "_separable_window", spy)
+    monkeypatch.setattr(numpy_backend, "separable_window", spy)
     gpupool.set_num_threads(3)
     cases, x = multi_block_cases()
     for _ in range(3):

@@ -14,8 +14,9 @@ import math
 import numpy as np
 
 from ..registry import register
-from .numpy_backend import window, _canonical, _expand, _in_blocks, _scratch, _separable_window
-from ..quantized import HEAD, LEVELS, AvgPlan
+from .numpy_backend import window
+from .reduce import canonical, expand, in_blocks, scratch, separable_window
+from ..quantized_spec import HEAD, LEVELS, AvgPlan
 from ..spec import AdaptiveSpec, WindowSpec, adaptive_window
 
 
@@ -65,20 +66,20 @@ def _requantizer(plan: AvgPlan, geom):
     requantizes them, broadcasting per position as ``geom``'s canonical layout."""
     table = _code_table(plan)
     if table is None:
-        rows = _expand(plan.rows, geom)
-        zp_counts = _expand(plan.counts.astype(np.int64) * plan.zp_in, geom)
+        rows = expand(plan.rows, geom)
+        zp_counts = expand(plan.counts.astype(np.int64) * plan.zp_in, geom)
 
         def finish(acc, dest):
             acc -= zp_counts
             requantize(acc, rows, plan, dest)
         return np.dtype(plan.acc_dtype), finish
     amax, width, codes = table
-    offsets = _expand((plan.rows.astype(np.int64) * width + amax
+    offsets = expand((plan.rows.astype(np.int64) * width + amax
                        - plan.counts.astype(np.int64) * plan.zp_in).astype(np.int32), geom)
 
     def finish(acc, dest):
         shape = np.broadcast_shapes(acc.shape, offsets.shape)
-        index = np.add(acc, offsets, out=_scratch("index", shape, np.intp))
+        index = np.add(acc, offsets, out=scratch("index", shape, np.intp))
         np.take(codes, index, out=dest)  # in range by construction
     # |sum of the codes| <= amax (255 per tap): int16 sums whenever that fits
     return np.dtype(np.int16 if amax <= np.iinfo(np.int16).max else plan.acc_dtype), finish
@@ -92,18 +93,18 @@ def qmax_window(x, spec: WindowSpec, out) -> None:
 @register("qavg_window", "numpy")
 def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
     geom = spec.geom
-    xc, oc = _canonical(x, geom), _canonical(out, geom)
+    xc, oc = canonical(x, geom), canonical(out, geom)
     acc_dtype, finish = _requantizer(plan, geom)
 
     def block(b0, b1):
-        finish(_separable_window(xc[b0:b1], spec, acc_dtype), oc[b0:b1])  # sums of the codes
-    _in_blocks(block, geom.batch, x.itemsize * math.prod(geom.spatial) * geom.channels)
+        finish(separable_window(xc[b0:b1], spec, acc_dtype), oc[b0:b1])  # sums of the codes
+    in_blocks(block, geom.batch, x.itemsize * math.prod(geom.spatial) * geom.channels)
 
 
 @register("qavg_adaptive", "numpy")
 def qavg_adaptive(x, spec: AdaptiveSpec, out, plan: AvgPlan) -> None:
     geom = spec.geom
-    xc, oc = _canonical(x, geom), _canonical(out, geom)
+    xc, oc = canonical(x, geom), canonical(out, geom)
     _, finish = _requantizer(plan, geom)
     axes = tuple(range(1, geom.nd + 1))
     bounds = [np.array([adaptive_window(i, size, o) for i in range(o)], dtype=np.intp)
@@ -122,4 +123,4 @@ def qavg_adaptive(x, spec: AdaptiveSpec, out, plan: AvgPlan) -> None:
                 cur = np.take(prefix, b[:, 1], axis=axis) - np.take(prefix, b[:, 0], axis=axis)
             acc = cur
         finish(acc, oc[b0:b1])
-    _in_blocks(block, geom.batch, x.itemsize * math.prod(geom.spatial) * geom.channels)
+    in_blocks(block, geom.batch, x.itemsize * math.prod(geom.spatial) * geom.channels)

@@ -2,8 +2,9 @@
 
 Imported lazily by :mod:`gpupool.backends` when the first CuPy array arrives.
 
-* Kernel source: ``gpupool/cuda/kernels_cu/``, package data next to this module. Each family's ``.cu`` has ``#include "common.cuh"`` inlined by
-  :func:`read_source`, so the on-disk kernel cache keys on the full text.
+* Kernel source: ``gpupool/cuda/kernels_cu/``, package data next to this module: one ``.cu``
+  per op family and the ``.cuh`` headers it includes, inlined by :func:`read_source` after the
+  file's :data:`DEFINES` (:func:`source`), so the on-disk kernel cache keys on the full text.
 * Every static choice (element type, index type, layout, specialised window size, lanes) is a
   template argument: a kernel is one ``name_expression``, compiled once per (device, file,
   name expression) by :func:`load_module` (memoized per device, and kept on disk), never on a
@@ -31,12 +32,14 @@ import os
 import re
 import struct
 from pathlib import Path
+from typing import NamedTuple
 
 import cupy
 import numpy as np
 
 from . import planner
 from ..arrays import dtype_name
+from ..quantized_spec import HEAD, LEVELS
 from ..registry import register
 from ..spec import ACC_DTYPES, FLOAT_DTYPES, INT_DTYPES, AdaptiveSpec, UnpoolSpec, WindowSpec
 
@@ -75,20 +78,23 @@ def ctype(dtype: str) -> str:
 
 
 def _acc(dtype: str) -> str:
-    """Accumulator dtype of the reductions (Num<T>::acc in common.cuh): ACC_DTYPES for
+    """Accumulator dtype of the reductions (Num<T>::acc in traits.cuh): ACC_DTYPES for
     floats, the dtype itself for integers."""
     return ACC_DTYPES.get(dtype, dtype)
 
 
-def _bool(b) -> str:
+def cbool(b) -> str:
+    """A C++ bool template argument."""
     return "true" if b else "false"
 
 
 # ----------------------------------------------------------------- source and compilation
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels_cu"  # the .cuh and .cu files
-
-
-_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+#: Macros set before a source file's text: the constants its kernels share with the Python
+#: side, taken from their one definition there.
+DEFINES = {"quantized_pool.cu": (("GPQ_LEVELS", str(LEVELS)), ("GPQ_HEAD", str(HEAD)))}
+#: A quoted include line, as read_source inlines it.
+QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 
 
 @functools.lru_cache(maxsize=None)
@@ -103,10 +109,15 @@ def read_source(source_files: tuple[str, ...], defines: tuple[tuple[str, str], .
             return ""
         seen.add(name)
         text = (root / name).read_text()
-        return _INCLUDE.sub(lambda m: expand(m.group(1)), text)
+        return QUOTED_INCLUDE.sub(lambda m: expand(m.group(1)), text)
 
     head = "".join(f"#define {k} {v}\n" for k, v in defines)
     return head + "\n".join(expand(f) for f in source_files)
+
+
+def source(source_file: str) -> str:
+    """The text compiled for ``source_file``: :func:`read_source` with its :data:`DEFINES`."""
+    return read_source((source_file,), DEFINES.get(source_file, ()))
 
 
 def compile_options() -> tuple[str, ...]:
@@ -172,23 +183,24 @@ def kernel(source_file: str, name_expression: str):
     """The compiled kernel ``name_expression`` of ``source_file`` on the current device
     (compiled on first use, then memoized): ``kernel(grid, block, args)`` launches it on
     the current stream."""
-    module, mapping = load_module((source_file,), (name_expression,))
+    module, mapping = load_module((source_file,), (name_expression,),
+                                  DEFINES.get(source_file, ()))
     return module.get_function(mapping[name_expression])
 
 
 # ----------------------------------------------------------------- name expressions
 def window_name(kernel_base: str, dtype: str, itype: str, k: int, nhwc: bool) -> str:
-    return f"{kernel_base}<{ctype(dtype)}, {itype}, {k}, {_bool(nhwc)}>"
+    return f"{kernel_base}<{ctype(dtype)}, {itype}, {k}, {cbool(nhwc)}>"
 
 
 def adaptive_name(kernel_base: str, dtype: str, itype: str, nhwc: bool) -> str:
-    return f"{kernel_base}<{ctype(dtype)}, {itype}, {_bool(nhwc)}>"
+    return f"{kernel_base}<{ctype(dtype)}, {itype}, {cbool(nhwc)}>"
 
 
 def global_name(kernel_base: str, is_max: bool, tin: str, tout: str, itype: str,
                 lanes: int | None = None) -> str:
     tail = f", {lanes}" if kernel_base == "global_lanes" else ""
-    return f"{kernel_base}<{_bool(is_max)}, {ctype(tin)}, {ctype(tout)}, {itype}{tail}>"
+    return f"{kernel_base}<{cbool(is_max)}, {ctype(tin)}, {ctype(tout)}, {itype}{tail}>"
 
 
 def unpool_name(itemsize: int, indices_dtype: str, itype: str) -> str:
@@ -260,27 +272,68 @@ def device_info(device_id: int) -> planner.DeviceInfo:
         dram_gbps=2 * p.get("memoryClockRate", 0) * 1e3 * p.get("memoryBusWidth", 0) / 8 / 1e9)
 
 
-def _itype_scalar(itype: str):
+def itype_scalar(itype: str):
+    """The NumPy scalar type of an index type (``int`` or ``long long``)."""
     return np.int32 if itype == "int" else np.int64
 
 
-def _geo_args(spec, it, windowed: bool) -> tuple:
+def geo_args(spec, it, windowed: bool) -> tuple:
     """Scalars of GP_GEO_PARAMS but the last (rows): planes, chans, in D/H/W, out D/H/W,
     then kernel, stride, pad begin and dilation (zeros for adaptive) for a window or adaptive
     spec."""
     g = spec.geom
     nhwc = g.layout == "NHWC"
     planes = g.batch if nhwc else g.planes
-    idd, ih, iw = planner._canonical3(g.spatial, 1)
-    od, oh, ow = planner._canonical3(spec.out_spatial, 1)
+    idd, ih, iw = planner.canonical3(g.spatial, 1)
+    od, oh, ow = planner.canonical3(spec.out_spatial, 1)
     sizes = tuple(it(v) for v in (planes, g.channels if nhwc else 1, idd, ih, iw, od, oh, ow))
     if windowed:
-        small = (planner._canonical3(spec.kernel, 1) + planner._canonical3(spec.stride, 1)
-                 + planner._canonical3(tuple(pb for pb, _ in spec.pads), 0)
-                 + planner._canonical3(spec.dilation, 1))
+        small = (planner.canonical3(spec.kernel, 1) + planner.canonical3(spec.stride, 1)
+                 + planner.canonical3(tuple(pb for pb, _ in spec.pads), 0)
+                 + planner.canonical3(spec.dilation, 1))
     else:
         small = (0,) * 12
     return sizes + tuple(np.int32(v) for v in small)
+
+
+class GlobalPass(NamedTuple):
+    """One launch of a global plan: ``second`` when it reduces the first's partials; ``io``
+    the (input, output) array keys ("x", "partial", "out"); ``tin``, ``tout`` their dtypes;
+    ``sizes`` the scalars after the two arrays (lanes ``nseg, seglen``; block ``nseg, seglen,
+    nchunks, chunklen``; channels ``nbatch, seglen, chans, nchunks, chunklen``); ``lanes``
+    those of a ``global_lanes`` launch, else None."""
+
+    launch: planner.Launch
+    second: bool
+    io: tuple[str, str]
+    tin: str
+    tout: str
+    sizes: tuple
+    lanes: int | None
+
+
+def global_passes(spec, pl: planner.Plan, it, partial: str) -> list[GlobalPass]:
+    """The passes of a global plan over ``spec``'s input (dtype ``spec.geom.dtype``): one
+    straight to the output, or a first to partials of dtype ``partial`` and a second from
+    them. ``it``: the index scalar type."""
+    g = spec.geom
+    seglen = math.prod(g.spatial)
+    first = pl.launches[0]
+    lanes = [la.get("lanes") if la.kernel == "global_lanes" else None for la in pl.launches]
+    if first.kernel == "global_lanes":
+        sizes = (it(g.planes), it(seglen))
+    else:
+        chunks = (it(first.get("nchunks")), it(first.get("chunklen")))
+        sizes = ((it(g.planes), it(seglen)) if first.kernel == "global_block"
+                 else (it(g.batch), it(seglen), it(g.channels))) + chunks
+    if len(pl.launches) == 1:
+        return [GlobalPass(first, False, ("x", "out"), g.dtype, g.dtype, sizes, lanes[0])]
+    second = pl.launches[1]
+    nchunks = it(first.get("nchunks"))
+    sizes2 = ((it(g.planes), nchunks) if second.kernel == "global_lanes"
+              else (it(g.batch), nchunks, it(g.channels), it(1), nchunks))
+    return [GlobalPass(first, False, ("x", "partial"), g.dtype, partial, sizes, lanes[0]),
+            GlobalPass(second, True, ("partial", "out"), partial, g.dtype, sizes2, lanes[1])]
 
 
 class _Step:
@@ -304,19 +357,19 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64"
     ``indices_dtype``: dtype of an unpool's indices (not part of UnpoolSpec)."""
     pl = planner.plan(spec, device_info(device_id))
     itype = pl.index_type
-    it = _itype_scalar(itype)
+    it = itype_scalar(itype)
     g = spec.geom
     nhwc = g.layout == "NHWC"
     steps = []
     scratch = None
     if pl.family in ("window", "adaptive"):
         la = pl.launches[0]
-        geo = _geo_args(spec, it, pl.family == "window") + (np.int32(la.rows),)
+        geo = geo_args(spec, it, pl.family == "window") + (np.int32(la.rows),)
         if pl.family == "window":
             name = window_name(la.kernel, g.dtype, itype, planner.static_window(spec), nhwc)
             extra = ()
             if spec.op == "avg":
-                pe = planner._canonical3(tuple(e for _, e in spec.pads), 0)
+                pe = planner.canonical3(tuple(e for _, e in spec.pads), 0)
                 extra = tuple(np.int32(v) for v in pe) + (
                     np.int32(spec.count_include_pad), np.int32(spec.divisor_override or 0))
             elif spec.op == "lp":
@@ -328,45 +381,16 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64"
         fn = kernel(FAMILY_FILES[la.kernel], name)
         steps.append(_Step(fn, la.grid, la.block, io, geo + extra))
     elif pl.family == "global":
-        op, dtype = spec.op, g.dtype
-        is_max = op == "max"
-        seglen = math.prod(g.spatial)
-        part = _partial_dtype(op, dtype)
-        acc_t = np.dtype(_acc(dtype)).type
-        part_acc_t = np.dtype(_acc(part)).type
-        inv = 1.0 / seglen
-        first = pl.launches[0]
-        two = len(pl.launches) > 1
-        tout = part if two else dtype
-        scale = acc_t(inv)  # an average sums value * (1 / count): finite where the mean is
-        if first.kernel == "global_lanes":
-            lanes = first.get("lanes")
-            name = global_name("global_lanes", is_max, dtype, tout, itype, lanes)
-            scalars = (it(g.planes), it(seglen), scale)
-        elif first.kernel == "global_block":
-            name = global_name("global_block", is_max, dtype, tout, itype)
-            scalars = (it(g.planes), it(seglen), it(first.get("nchunks")),
-                       it(first.get("chunklen")), scale)
-        else:
-            name = global_name("global_channels", is_max, dtype, tout, itype)
-            scalars = (it(g.batch), it(seglen), it(g.channels), it(first.get("nchunks")),
-                       it(first.get("chunklen")), scale)
-        fn = kernel(FAMILY_FILES[first.kernel], name)
-        steps.append(_Step(fn, first.grid, first.block, ("x", "partial" if two else "out"),
-                           scalars))
-        if two:
-            second = pl.launches[1]
-            nchunks = first.get("nchunks")
-            scratch = ((g.planes * nchunks), part)
-            if second.kernel == "global_lanes":
-                name = global_name("global_lanes", is_max, part, dtype, itype, 32)
-                scalars = (it(g.planes), it(nchunks), part_acc_t(1.0))
-            else:
-                name = global_name("global_channels", is_max, part, dtype, itype)
-                scalars = (it(g.batch), it(nchunks), it(g.channels), it(1), it(nchunks),
-                           part_acc_t(1.0))
-            fn = kernel(FAMILY_FILES[second.kernel], name)
-            steps.append(_Step(fn, second.grid, second.block, ("partial", "out"), scalars))
+        part = _partial_dtype(spec.op, g.dtype)
+        # an average sums value * (1 / count): finite where the mean is
+        scales = (np.dtype(_acc(g.dtype)).type(1.0 / math.prod(g.spatial)),
+                  np.dtype(_acc(part)).type(1.0))
+        for p in global_passes(spec, pl, it, part):
+            name = global_name(p.launch.kernel, spec.op == "max", p.tin, p.tout, itype, p.lanes)
+            steps.append(_Step(kernel(FAMILY_FILES[p.launch.kernel], name), p.launch.grid,
+                               p.launch.block, p.io, p.sizes + (scales[p.second],)))
+        if len(pl.launches) > 1:
+            scratch = (g.planes * pl.launches[0].get("nchunks"), part)
     else:  # unpool
         la = pl.launches[0]
         n = math.prod(g.shape)
@@ -378,14 +402,15 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64"
     return tuple(steps), scratch
 
 
-def _contiguous(a):
+def contiguous(a):
+    """``a``, or a C-contiguous copy of it (on the current stream)."""
     return a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
 
 
 def _run(x, spec, out, indices, indices_dtype: str = "int64") -> None:
     device_id = cupy.cuda.runtime.getDevice()
     steps, scratch = prepared(spec, device_id, indices_dtype)
-    arrays = {"x": _contiguous(x), "out": out, "indices": indices}
+    arrays = {"x": contiguous(x), "out": out, "indices": indices}
     if scratch is not None:
         arrays["partial"] = cupy.empty(scratch[0], dtype=scratch[1])
     for step in steps:
@@ -423,4 +448,4 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
 @register("unpool", "cupy")
 def unpool(x, spec: UnpoolSpec, out, indices) -> None:
     out.fill(0)
-    _run(x, spec, out, _contiguous(indices), dtype_name(indices.dtype))
+    _run(x, spec, out, contiguous(indices), dtype_name(indices.dtype))

@@ -15,10 +15,11 @@ Rules, in order (the tiling plan this project started from):
    neighbour. The chunk's input footprint must fit the block's share of the SM's on-chip memory
    (L1/shared, where the overlapping rows are re-read from); while it does not, the chunk shrinks.
 
-Global pooling is a segmented reduction instead: several tiny planes per warp (a group of
-``L`` lanes per plane, e.g. 16 lanes for 7x7), one block per large plane, and large planes
-split in chunks with a second pass over the partials when there are too few planes to fill the
-GPU. NHWC launches put threads along the channels (contiguous), with planes being batch rows.
+Global pooling (float, and the quantized averages) is a segmented reduction instead: several
+tiny planes per warp (a group of ``L`` lanes per plane, e.g. 16 lanes for 7x7), one block per
+large plane, and large planes split in chunks with a second pass over the partials when there
+are too few planes to fill the GPU. NHWC launches put threads along the channels (contiguous),
+with planes being batch rows.
 """
 from __future__ import annotations
 
@@ -121,8 +122,8 @@ def _plane_grid(planes: int) -> tuple[int, int]:
     return GRID_YZ_MAX, z
 
 
-def _canonical3(values, fill):
-    """Pad a per-dim tuple of 1-3 spatial dims to (D, H, W)."""
+def canonical3(values, fill):
+    """A per-dim tuple of 1-3 spatial dims padded to (D, H, W) with ``fill``."""
     values = tuple(values)
     return (fill,) * (3 - len(values)) + values
 
@@ -168,9 +169,9 @@ def _fill_target(device: DeviceInfo, threads: int) -> int:
 
 def _footprint(spec, rows_per_block: int, tx: int, itemsize: int, out_dhw, in_dhw) -> int:
     """Input bytes one block of a window launch reads (its rows plus halo; NCHW)."""
-    kd, kh, kw = _canonical3(spec.kernel, 1)
-    sd, sh, sw = _canonical3(spec.stride, 1)
-    dd, dh, dw = _canonical3(spec.dilation, 1)
+    kd, kh, kw = canonical3(spec.kernel, 1)
+    sd, sh, sw = canonical3(spec.stride, 1)
+    dd, dh, dw = canonical3(spec.dilation, 1)
     od, oh, ow = out_dhw
     idd, ih, iw = in_dhw
     cols = min(iw, (tx - 1) * sw + (kw - 1) * dw + 1)
@@ -187,8 +188,8 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list) -> P
     g = spec.geom
     nd = g.nd
     itemsize = S.ITEMSIZE[g.dtype]
-    out_dhw = _canonical3(spec.out_spatial, 1)
-    in_dhw = _canonical3(g.spatial, 1)
+    out_dhw = canonical3(spec.out_spatial, 1)
+    in_dhw = canonical3(g.spatial, 1)
     od, oh, ow = out_dhw
     nhwc = g.layout == "NHWC"
     if nhwc:
@@ -254,8 +255,8 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list) -> P
         words.append(f"split: {planes} planes (grid y/z) x {cut}: {why}")
         if family == "window" and not nhwc and chunks > 1:
             if overlap or padded:
-                kh, dh, sh = _canonical3(spec.kernel, 1)[1], _canonical3(spec.dilation, 1)[1], \
-                    _canonical3(spec.stride, 1)[1]
+                kh, dh, sh = canonical3(spec.kernel, 1)[1], canonical3(spec.dilation, 1)[1], \
+                    canonical3(spec.stride, 1)[1]
                 halo = max(0, (kh - 1) * dh + 1 - sh)
                 words.append(f"chunks: with halo ({halo} input rows shared between neighbouring "
                              f"chunks{', padding at the plane edges' if padded else ''})")

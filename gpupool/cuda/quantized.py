@@ -3,21 +3,22 @@
 Reuses the float backend's machinery (:mod:`gpupool.cuda.backend`): the source loader
 (``load_module``, memoized per device), the launch planner and its thread-to-output maps, and
 the index-type rule. The requantization table and the per-position table rows are built on
-the host (:func:`gpupool.quantized._avg_plan`) and copied to each device once per plan.
+the host (:func:`gpupool.quantized_spec.avg_plan`) and copied to each device once per plan.
 
 * max, NHWC with ``C % 4 == 0`` (and a 4-byte aligned buffer): ``qmax_pool_nhwc4``, 4 channels
   per 32-bit word with ``__vmaxs4`` / ``__vmaxu4``; otherwise the float backend's integer
   ``max_pool`` kernel (one code per thread: packing bytes would cost more than it saves).
-* average: ``qavg_pool`` (window), ``qavg_adaptive``, ``qavg_global`` (one block per NCHW plane)
-  and ``qavg_global_nhwc`` (threads along channels and positions, one block per batch row),
-  int32 accumulation (int64 where a window could overflow it).
+* average: ``qavg_pool`` (window) and ``qavg_adaptive``, int32 accumulation (int64 where a
+  window could overflow it); global: ``qavg_global_lanes`` / ``_block`` / ``_channels``, the
+  float global kernels' segmented reductions with the launches the planner makes for them
+  (a split plane's partial sums in the accumulator dtype, reduced and requantized by a
+  second launch).
 * more than 3 spatial dims: the NumPy backend through a host round trip, as the float ops.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 
 import cupy
 import numpy as np
@@ -26,34 +27,33 @@ from . import backend as CB
 from . import planner
 from ..cpu import quantized as cpu_quantized
 from ..registry import register
-from ..quantized import AvgPlan
+from ..quantized_spec import AvgPlan
 from ..spec import AdaptiveSpec, Geometry, WindowSpec
 
 SOURCE = "quantized_pool.cu"
-CODE_TYPES = {"int8": "signed char", "uint8": "unsigned char"}
-ACC_TYPES = {"int32": "int", "int64": "long long"}
-GLOBAL_THREADS = 256
-
-
-def _b(v: bool) -> str:
-    return "true" if v else "false"
+CODE_DTYPES = ("int8", "uint8")
+ACC_DTYPES = ("int32", "int64")
 
 
 def qavg_pool_name(dtype, acc, itype, k, nhwc):
-    return f"qavg_pool<{CODE_TYPES[dtype]}, {ACC_TYPES[acc]}, {itype}, {k}, {_b(nhwc)}>"
+    return f"qavg_pool<{CB.ctype(dtype)}, {CB.ctype(acc)}, {itype}, {k}, {CB.cbool(nhwc)}>"
 
 
 def qavg_adaptive_name(dtype, acc, itype, nhwc):
-    return f"qavg_adaptive<{CODE_TYPES[dtype]}, {ACC_TYPES[acc]}, {itype}, {_b(nhwc)}>"
+    return f"qavg_adaptive<{CB.ctype(dtype)}, {CB.ctype(acc)}, {itype}, {CB.cbool(nhwc)}>"
 
 
-def qavg_global_name(dtype, acc, itype, nhwc):
-    base = "qavg_global_nhwc" if nhwc else "qavg_global"
-    return f"{base}<{CODE_TYPES[dtype]}, {ACC_TYPES[acc]}, {itype}>"
+def qavg_global_name(kernel_base, tin, acc, tout, itype, lanes=None):
+    """The quantized average of a float global kernel (``kernel_base``: ``global_lanes``,
+    ``global_block`` or ``global_channels``): reads ``tin``, sums in ``acc``, writes ``tout``
+    (a code dtype, or ``acc`` for partial sums)."""
+    tail = f", {lanes}" if kernel_base == "global_lanes" else ""
+    return (f"q{kernel_base.replace('global', 'avg_global')}<{CB.ctype(tin)}, {CB.ctype(acc)}, "
+            f"{CB.ctype(tout)}, {itype}{tail}>")
 
 
 def qmax_nhwc4_name(dtype, itype, k):
-    return f"qmax_pool_nhwc4<{_b(dtype == 'int8')}, {itype}, {k}>"
+    return f"qmax_pool_nhwc4<{CB.cbool(dtype == 'int8')}, {itype}, {k}>"
 
 
 def instantiations() -> list[tuple[str, str]]:
@@ -61,13 +61,20 @@ def instantiations() -> list[tuple[str, str]]:
     out = []
     ks = (0,) + planner.SPECIALISED_K
     for itype in CB.INDEX_TYPES:
-        for dtype in CODE_TYPES:
+        for dtype in CODE_DTYPES:
             out += [(SOURCE, qmax_nhwc4_name(dtype, itype, k)) for k in ks]
-            for acc in ACC_TYPES:
+            for acc in ACC_DTYPES:
                 for nhwc in (False, True):
                     out += [(SOURCE, qavg_pool_name(dtype, acc, itype, k, nhwc)) for k in ks]
                     out.append((SOURCE, qavg_adaptive_name(dtype, acc, itype, nhwc)))
-                    out.append((SOURCE, qavg_global_name(dtype, acc, itype, nhwc)))
+                # one pass, the first of two (to partial sums), the second
+                passes = {"global_lanes": [(dtype, dtype, n) for n in planner.LANE_WIDTHS]
+                          + [(acc, dtype, 32)],
+                          "global_block": [(dtype, dtype, None), (dtype, acc, None)],
+                          "global_channels": [(dtype, dtype, None), (dtype, acc, None),
+                                              (acc, dtype, None)]}
+                out += [(SOURCE, qavg_global_name(base, tin, acc, tout, itype, lanes))
+                        for base, types in passes.items() for tin, tout, lanes in types]
     return out
 
 
@@ -116,7 +123,7 @@ def qmax_window(x, spec: WindowSpec, out) -> None:
     if spec.geom.nd > 3:
         _host_fallback("qmax_window", x, spec, out)
         return
-    x = CB._contiguous(x)
+    x = CB.contiguous(x)
     ok, _ = _can_use_vmax4(x, spec)
     if not ok:
         CB.window(x, spec, out, None)
@@ -125,15 +132,16 @@ def qmax_window(x, spec: WindowSpec, out) -> None:
     device_id = cupy.cuda.runtime.getDevice()
     pl = planner.plan(wspec, CB.device_info(device_id))
     la = pl.launches[0]
-    it = CB._itype_scalar(pl.index_type)
-    geo = CB._geo_args(wspec, it, True) + (np.int32(la.rows),)
+    it = CB.itype_scalar(pl.index_type)
+    geo = CB.geo_args(wspec, it, True) + (np.int32(la.rows),)
     fn = _kernel(qmax_nhwc4_name(spec.geom.dtype, pl.index_type, planner.static_window(spec)))
     fn(la.grid, la.block, (x.view(cupy.uint32), out.view(cupy.uint32)) + geo)
 
 
-def _requant_args(plan: AvgPlan) -> tuple:
-    return (np.int32(plan.zp_in), np.int32(plan.zp_out), np.int32(plan.qmin),
-            np.int32(plan.qmax))
+def _requant_args(plan: AvgPlan, zp_in: int | None = None) -> tuple:
+    """zp_in (default: the plan's), zp_out, qmin, qmax as the kernels take them."""
+    return (np.int32(plan.zp_in if zp_in is None else zp_in), np.int32(plan.zp_out),
+            np.int32(plan.qmin), np.int32(plan.qmax))
 
 
 @register("qavg_window", "cupy")
@@ -145,42 +153,46 @@ def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
     rows, table = _device_tables(plan, device_id)
     pl = planner.plan(spec, CB.device_info(device_id))
     la = pl.launches[0]
-    it = CB._itype_scalar(pl.index_type)
-    geo = CB._geo_args(spec, it, True) + (np.int32(la.rows),)
+    it = CB.itype_scalar(pl.index_type)
+    geo = CB.geo_args(spec, it, True) + (np.int32(la.rows),)
     name = qavg_pool_name(spec.geom.dtype, plan.acc_dtype, pl.index_type,
                           planner.static_window(spec), spec.geom.layout == "NHWC")
     _kernel(name)(la.grid, la.block,
-                  (CB._contiguous(x), out) + geo + (rows, table) + _requant_args(plan))
+                  (CB.contiguous(x), out) + geo + (rows, table) + _requant_args(plan))
+
+
+def _global_average(x, spec: AdaptiveSpec, out, plan: AvgPlan, device_id: int) -> None:
+    """The float global kernels' launches over codes (planner, :func:`CB.global_passes`); a
+    split plane's partial sums go through a scratch array of the accumulator dtype."""
+    _, table = _device_tables(plan, device_id)
+    pl = planner.plan(spec, CB.device_info(device_id))
+    arrays = {"x": x, "out": out}
+    if len(pl.launches) > 1:
+        arrays["partial"] = cupy.empty(spec.geom.planes * pl.launches[0].get("nchunks"),
+                                       dtype=plan.acc_dtype)
+    for p in CB.global_passes(spec, pl, CB.itype_scalar(pl.index_type), plan.acc_dtype):
+        name = qavg_global_name(p.launch.kernel, p.tin, plan.acc_dtype, p.tout, pl.index_type,
+                                p.lanes)
+        zp_in = 0 if p.second else plan.zp_in  # the partial sums have zp_in taken off
+        _kernel(name)(p.launch.grid, p.launch.block, tuple(arrays[k] for k in p.io) + p.sizes
+                      + (table,) + _requant_args(plan, zp_in))
 
 
 @register("qavg_adaptive", "cupy")
 def qavg_adaptive(x, spec: AdaptiveSpec, out, plan: AvgPlan) -> None:
     g = spec.geom
-    nhwc = g.layout == "NHWC"
     device_id = cupy.cuda.runtime.getDevice()
-    rows, table = _device_tables(plan, device_id)
-    x = CB._contiguous(x)
+    x = CB.contiguous(x)
     if spec.is_global:
-        seglen = math.prod(g.spatial)
-        span = math.prod(g.shape) + GLOBAL_THREADS
-        itype = "int" if span <= planner.INT32_LIMIT else "long long"
-        it = CB._itype_scalar(itype)
-        fn = _kernel(qavg_global_name(g.dtype, plan.acc_dtype, itype, nhwc))
-        if nhwc:  # threads along channels (up to 64) and positions, one block a batch row
-            tx, ty = planner.block_shape(g.channels, 64, seglen)
-            y, z = planner._plane_grid(g.batch)
-            fn((planner._cdiv(g.channels, tx), y, z), (tx, ty, 1),
-               (x, out, it(g.batch), it(seglen), it(g.channels), table) + _requant_args(plan))
-        else:
-            fn((g.planes, 1, 1), (GLOBAL_THREADS, 1, 1),
-               (x, out, it(seglen), table) + _requant_args(plan))
+        _global_average(x, spec, out, plan, device_id)
         return
     if g.nd > 3:
         _host_fallback("qavg_adaptive", x, spec, out, plan)
         return
+    rows, table = _device_tables(plan, device_id)
     pl = planner.plan(spec, CB.device_info(device_id))
     la = pl.launches[0]
-    it = CB._itype_scalar(pl.index_type)
-    geo = CB._geo_args(spec, it, False) + (np.int32(la.rows),)
-    name = qavg_adaptive_name(g.dtype, plan.acc_dtype, pl.index_type, nhwc)
+    it = CB.itype_scalar(pl.index_type)
+    geo = CB.geo_args(spec, it, False) + (np.int32(la.rows),)
+    name = qavg_adaptive_name(g.dtype, plan.acc_dtype, pl.index_type, g.layout == "NHWC")
     _kernel(name)(la.grid, la.block, (x, out) + geo + (rows, table) + _requant_args(plan))

@@ -39,11 +39,11 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import DataNode, List, Task, TaskRef
 
-from .. import ops
-from .. import quantized as Q
+from .. import quantized_spec as QS
 from .. import spec as S
+from .. import windows
 from ..arrays import dtype_name, is_cupy_array
-from ..cpu.numpy_backend import _accumulator, _lowest  # the same fill and working dtype
+from ..cpu.quantized import requantize
 
 
 def _xp(a):
@@ -77,7 +77,8 @@ def _bind(op, func: str, first, args, kwargs) -> dict:
 
 
 def call(op, x, *args, **kwargs):
-    """Run the public op ``op`` (working on NumPy/CuPy arrays) lazily on the Dask array ``x``."""
+    """Run the public op ``op`` (working on NumPy/CuPy arrays) lazily on the Dask array ``x``:
+    each block of the result is ``op`` on a slice of ``x``."""
     func = op.__name__
     params = _bind(op, func, x, args, kwargs)
     _check_input(func, x)
@@ -85,31 +86,31 @@ def call(op, x, *args, **kwargs):
         a = params.get(name)
         if isinstance(a, da.Array) and not a.dtype.isnative:
             params[name] = a.astype(a.dtype.newbyteorder("="))
-    return _HANDLERS[func](func, params)
+    return _HANDLERS[func](op, params)
 
 
-def call_quantized(op, q: Q.QArray, *args, **kwargs) -> Q.QArray:
+def call_quantized(op, q: QS.QArray, *args, **kwargs) -> QS.QArray:
     """Run the quantized op ``op`` lazily on a :class:`~gpupool.quantized.QArray` whose codes
     are a Dask array; the result's codes are a Dask array, bit-identical to the in-memory op."""
     func = op.__name__
     params = _bind(op, func, q, args, kwargs)
     _check_input(f"quantized.{func}", q.data)
-    return _QUANTIZED_HANDLERS[func](func, params)
+    return _QUANTIZED_HANDLERS[func](op, params)
 
 
-def quantize(x, scale, zero_point, dtype) -> Q.QArray:
-    """:func:`gpupool.quantized.quantize` of a Dask array, block by block (NaN raises
+def quantize(op, x, scale, zero_point, dtype) -> QS.QArray:
+    """:func:`gpupool.quantized.quantize` (``op``) of a Dask array, block by block (NaN raises
     ``ValueError`` when computed)."""
     _check_input("quantized.quantize", x)
-    probe = Q.quantize(np.empty((0,), x.dtype), scale, zero_point, dtype)  # eager validation
+    probe = op(np.empty((0,), x.dtype), scale, zero_point, dtype)  # eager validation
     name = dtype_name(probe.dtype)
-    codes = x.map_blocks(_quantize_block, probe.scale, probe.zero_point, name, dtype=name,
+    codes = x.map_blocks(_quantize_block, op, probe.scale, probe.zero_point, name, dtype=name,
                          meta=meta_from_array(x._meta, x.ndim, name))
-    return Q.QArray(codes, probe.scale, probe.zero_point)
+    return QS.QArray(codes, probe.scale, probe.zero_point)
 
 
-def _quantize_block(block, scale, zero_point, dtype):
-    return Q.quantize(block, scale, zero_point, dtype).data
+def _quantize_block(block, op, scale, zero_point, dtype):
+    return op(block, scale, zero_point, dtype).data
 
 
 # ----------------------------------------------------------------------------- block graphs
@@ -253,14 +254,9 @@ def _spatial_spans(x, geom, spatial_spans) -> list[list[_Span]]:
 _WINDOW_FAMILY = {"max_pool": "max", "avg_pool": "avg", "lp_pool": "lp"}
 
 
-def _window_options(func: str, params: dict) -> dict:
-    """The op's own options (beyond the geometry) as keyword arguments."""
-    if func == "max_pool":
-        return {"return_indices": params["return_indices"]}
-    if func == "avg_pool":
-        return {"count_include_pad": params["count_include_pad"],
-                "divisor_override": params["divisor_override"]}
-    return {"p": params["p"]}
+#: each window op's own options (beyond the geometry)
+_WINDOW_OPTIONS = {"max_pool": ("return_indices",), "lp_pool": ("p",),
+                   "avg_pool": ("count_include_pad", "divisor_override")}
 
 
 def _global_indices(local, shape, offsets, full_shape):
@@ -274,14 +270,14 @@ def _global_indices(local, shape, offsets, full_shape):
     return xp.where(local < 0, -1, flat)
 
 
-def _pool_slice(x, pads, func, options, quant):
+def _pool_slice(x, pads, op, options, quant):
     if quant is None:
-        return getattr(ops, func)(x, padding=pads, **options)
+        return op(x, padding=pads, **options)
     scale, zero_point = quant
-    return getattr(Q, func)(Q.QArray(x, scale, zero_point), padding=pads, **options).data
+    return op(QS.QArray(x, scale, zero_point), padding=pads, **options).data
 
 
-def _window_block(x, params, func, first, nd, options, quant, fills, full_spatial):
+def _window_block(x, params, op, first, nd, options, quant, fills, full_spatial):
     """One output block of a window pooling from its input slice ``x``."""
     spatial = params[first:first + nd]
     shape = list(x.shape)
@@ -291,7 +287,7 @@ def _window_block(x, params, func, first, nd, options, quant, fills, full_spatia
         values = xp.full(shape, fills[0], x.dtype)
         return values if len(fills) == 1 else (values, xp.full(shape, -1, np.int64))
     pads = tuple((begin, end) for _, begin, end, _ in spatial)
-    result = _pool_slice(x, pads, func, options, quant)
+    result = _pool_slice(x, pads, op, options, quant)
     if len(fills) == 1:
         return result
     values, local = result
@@ -299,7 +295,7 @@ def _window_block(x, params, func, first, nd, options, quant, fills, full_spatia
     return values, _global_indices(local, x.shape[first:first + nd], offsets, full_spatial)
 
 
-def _window_graph(func: str, x, spec: S.WindowSpec, options: dict, quant, fill):
+def _window_graph(op, x, spec: S.WindowSpec, options: dict, quant, fill):
     geom = spec.geom
     spans = _spatial_spans(x, geom, lambda a: _window_spans(
         x.chunks[len(geom.lead) + a], geom.spatial[a], spec.out_spatial[a], spec.kernel[a],
@@ -313,19 +309,19 @@ def _window_graph(func: str, x, spec: S.WindowSpec, options: dict, quant, fill):
     if spec.return_indices:
         metas.append(meta_from_array(x._meta, x.ndim, np.int64))
         fills = (fill, -1)
-    name = f"{'quantized-' if quant else ''}{func}-" + tokenize(x, spec, options, quant)
-    return _block_graph(name, _window_block, [x], spans, metas, func, len(geom.lead), geom.nd,
+    name = f"{'quantized-' if quant else ''}{op.__name__}-" + tokenize(x, spec, options, quant)
+    return _block_graph(name, _window_block, [x], spans, metas, op, len(geom.lead), geom.nd,
                         options, quant, fills, geom.spatial)
 
 
-def _window(func: str, params: dict):
-    x = params["x"]
-    options = _window_options(func, params)
+def _window(op, params: dict):
+    func, x = op.__name__, params["x"]
+    options = {name: params[name] for name in _WINDOW_OPTIONS[func]}
     spec = S.window_spec(func, _WINDOW_FAMILY[func], x.shape, dtype_name(x.dtype),
                          params["kernel_size"], params["stride"], params["padding"],
                          params["dilation"], params["ceil_mode"], params["layout"], **options)
-    fill = _lowest(x.dtype) if spec.op == "max" else 0
-    return _window_graph(func, x, spec, options, None, fill)
+    fill = windows.lowest(x.dtype) if spec.op == "max" else 0
+    return _window_graph(op, x, spec, options, None, fill)
 
 
 # ----------------------------------------------------------------------------- global and adaptive
@@ -352,89 +348,43 @@ def _global_reduce(x, spec: S.AdaptiveSpec):
     return (total / math.prod(spec.geom.spatial)).astype(x.dtype)
 
 
-def _global(func: str, params: dict):
-    x = params["x"]
+def _global(op, params: dict):
+    func, x = op.__name__, params["x"]
     spec = S.global_spec(func, "max" if func == "global_max_pool" else "avg", x.shape,
                          dtype_name(x.dtype), params["spatial_dims"], params["layout"])
     return _global_reduce(x, spec)
 
 
-def _shaped(mask, ndim: int, axis: int):
-    shape = [1] * ndim
-    shape[axis] = -1
-    return mask.reshape(shape)
-
-
-def _adaptive_reduce(x, first, windows, op: str, acc):
-    """Max or sum over arbitrary windows ``[start, end)`` of each spatial dim, separably, taps
-    in order (the NumPy backend's order, bit for bit: a tap past a window's end adds -0.0,
-    which changes no sum); the sum runs in ``acc``."""
-    xp = _xp(x)
-    cur = x.astype(acc, copy=False)
-    fill = xp.asarray(_lowest(acc) if op == "max" else -0.0, dtype=acc)
-    for a, (starts, ends) in enumerate(windows):
-        axis = first + a
-        res = None
-        for t in range(int((ends - starts).max())):
-            v = xp.take(cur, xp.asarray(np.minimum(starts + t, ends - 1)), axis=axis)
-            valid = starts + t < ends
-            if not valid.all():
-                v = xp.where(_shaped(xp.asarray(valid), v.ndim, axis), v, fill)
-            res = v if res is None else (xp.maximum(res, v) if op == "max" else res + v)
-        cur = res
-    return cur
-
-
-def _adaptive_argmax(x, first, windows, offsets, full_spatial):
-    """Max with indices over arbitrary windows, the NumPy backend's rule: the first tap
-    equal to the max, or the last NaN tap; indices are flat in a plane of ``full_spatial``
-    with the slice starting at ``offsets``."""
-    xp = _xp(x)
-    nd = len(windows)
-    out_shape = x.shape[:first] + tuple(len(s) for s, _ in windows) + x.shape[first + nd:]
-    values = xp.full(out_shape, _lowest(x.dtype), x.dtype)
-    indices = xp.full(out_shape, -1, np.int64)
-    strides = [math.prod(full_spatial[a + 1:]) for a in range(nd)]
-    trailing = (None,) * (x.ndim - first - nd)
-    taps = [[(np.minimum(s + t, e - 1), s + t < e) for t in range(int((e - s).max()))]
-            for s, e in windows]
-    for combo in itertools.product(*(range(len(t)) for t in taps)):
-        valid, pos = np.ones((), bool), np.zeros((), np.int64)
-        grids = []
-        for a, t in enumerate(combo):
-            p, ok = taps[a][t]
-            grids.append(xp.asarray(p))
-            valid = np.logical_and.outer(valid, ok)
-            pos = np.add.outer(pos, (p + offsets[a]) * strides[a])
-        v = x[(slice(None),) * first + xp.ix_(*grids)]
-        valid = xp.asarray(valid[(Ellipsis,) + trailing])
-        take = ((v > values) | (indices < 0)) & valid
-        if x.dtype.kind == "f":
-            take |= xp.isnan(v) & valid
-        values = xp.where(take, v, values)
-        indices = xp.where(take, xp.asarray(pos[(Ellipsis,) + trailing]), indices)
-    return values, indices
-
-
-def _windows_of(params, first, nd):
-    return [(np.array(starts, np.int64), np.array(ends, np.int64))
+def _block_taps(params, first: int, nd: int) -> list:
+    """Per spatial dim the taps of an adaptive block's windows (relative to its slice)."""
+    return [windows.adaptive_taps(np.array(starts, np.int64), np.array(ends, np.int64))
             for _, _, starts, ends in params[first:first + nd]]
 
 
-def _adaptive_block(x, params, op, first, nd, return_indices, full_spatial):
-    """One output block of an adaptive pooling from the exact span of its windows."""
-    windows = _windows_of(params, first, nd)
+def _block_positions(params, first: int, nd: int) -> tuple[slice, ...]:
+    """The output positions of an adaptive block, as slices of the whole output."""
+    return tuple(slice(o0, o0 + len(starts)) for _, o0, starts, _ in params[first:first + nd])
+
+
+def _adaptive_block(x, params, op, first, nd, return_indices, full_spatial, counts):
+    """One output block of an adaptive pooling from the exact span of its windows, through
+    the NumPy backend's tap loops (:mod:`gpupool.windows`); ``counts``: the divisors of the
+    whole output (avg)."""
+    xp = _xp(x)
+    taps = _block_taps(params, first, nd)
+    trailing = (None,) * (x.ndim - first - nd)
     if return_indices:
+        shape = x.shape[:first] + tuple(len(t[0][0]) for t in taps) + x.shape[first + nd:]
+        values, indices = xp.empty(shape, x.dtype), xp.empty(shape, np.int64)
         offsets = [p[0] for p in params[first:first + nd]]
-        return _adaptive_argmax(x, first, windows, offsets, full_spatial)
-    acc = _accumulator(x.dtype)
-    cur = _adaptive_reduce(x, first, windows, op, acc)
+        windows.adaptive_argmax(x, first, taps, offsets, full_spatial, values, indices, xp)
+        return values, indices
+    acc = windows.accumulator(x.dtype)
+    fill = xp.asarray(windows.lowest(acc) if op == "max" else -0.0, dtype=acc)
+    cur = windows.adaptive_reduce(x.astype(acc, copy=False), first, taps, op, fill, xp)
     if op == "avg":
-        counts = np.ones(())
-        for starts, ends in windows:
-            counts = np.multiply.outer(counts, (ends - starts).astype(np.float64))
-        counts = counts.astype(acc)
-        cur = cur / _xp(x).asarray(counts[(Ellipsis,) + (None,) * (x.ndim - first - nd)])
+        divisors = counts[_block_positions(params, first, nd)].astype(acc)
+        cur = cur / xp.asarray(divisors[(Ellipsis,) + trailing])
     return cur.astype(x.dtype, copy=False)
 
 
@@ -444,10 +394,10 @@ def _adaptive_spatial_spans(x, spec: S.AdaptiveSpec) -> list[list[_Span]]:
         x.chunks[first + a], spec.geom.spatial[a], spec.out_spatial[a]))
 
 
-def _adaptive(func: str, params: dict):
-    x = params["x"]
-    op = "max" if func == "adaptive_max_pool" else "avg"
-    spec = S.adaptive_spec(func, op, x.shape, dtype_name(x.dtype), params["output_size"],
+def _adaptive(op, params: dict):
+    func, x = op.__name__, params["x"]
+    reduction = "max" if func == "adaptive_max_pool" else "avg"
+    spec = S.adaptive_spec(func, reduction, x.shape, dtype_name(x.dtype), params["output_size"],
                            params["layout"], return_indices=params.get("return_indices", False))
     if spec.is_global and not spec.return_indices:
         return _global_reduce(x, spec)
@@ -455,8 +405,9 @@ def _adaptive(func: str, params: dict):
     if spec.return_indices:
         metas.append(meta_from_array(x._meta, x.ndim, np.int64))
     return _block_graph(f"{func}-" + tokenize(x, spec), _adaptive_block, [x],
-                        _adaptive_spatial_spans(x, spec), metas, op, len(spec.geom.lead),
-                        spec.geom.nd, spec.return_indices, spec.geom.spatial)
+                        _adaptive_spatial_spans(x, spec), metas, reduction, len(spec.geom.lead),
+                        spec.geom.nd, spec.return_indices, spec.geom.spatial,
+                        windows.adaptive_counts(spec) if reduction == "avg" else None)
 
 
 # ----------------------------------------------------------------------------- max_unpool
@@ -491,8 +442,8 @@ def _checked_indices(indices, first, spec, stride, begin, span, block_info=None)
     location = block_info[0]["array-location"]
     for a, full in enumerate(full_spatial):
         coord = flat // math.prod(full_spatial[a + 1:]) % full
-        start = _shaped(xp.arange(*location[first + a]) * stride[a] - begin[a], flat.ndim,
-                        first + a)
+        start = windows.along(xp.arange(*location[first + a]) * stride[a] - begin[a],
+                              flat.ndim, first + a)
         inside &= (coord >= start) & (coord < start + span[a])
     if not bool((inside | (flat < 0)).all()):  # -1, checked above, is in no window: skipped
         raise ValueError("gpupool.max_unpool: an index lies outside the pooling window of its "
@@ -523,8 +474,8 @@ def _unpool_block(values, indices, params, first, nd, full_spatial):
     return out
 
 
-def _unpool(func: str, params: dict):
-    x, indices = params["x"], params["indices"]
+def _unpool(op, params: dict):
+    func, x, indices = op.__name__, params["x"], params["indices"]
     if not isinstance(indices, da.Array):
         raise TypeError(f"gpupool.{func}: indices is a {type(indices).__module__}."
                         f"{type(indices).__name__} but x is a Dask array; pass both as Dask "
@@ -535,12 +486,7 @@ def _unpool(func: str, params: dict):
                          params["padding"], params["output_size"], params["layout"],
                          dilation=params["dilation"])
     geom, nd = spec.geom, spec.geom.nd
-    kernel = S._window_ints(func, "kernel_size", params["kernel_size"], nd, 1)
-    stride = kernel if params["stride"] is None else S._window_ints(
-        func, "stride", params["stride"], nd, 1)
-    dilation = S._window_ints(func, "dilation", params["dilation"], nd, 1)
-    pads = S.resolve_padding(func, params["padding"], nd, spec.out_spatial, kernel, stride,
-                             dilation)  # as max_pool resolved them on the unpooled size
+    kernel, stride, dilation, pads = spec.kernel, spec.stride, spec.dilation, spec.pads
     first = len(geom.lead)
     begin = tuple(b for b, _ in pads)
     spans_of = tuple(d * (k - 1) + 1 for k, d in zip(kernel, dilation))
@@ -564,47 +510,46 @@ _HANDLERS = {"max_pool": _window, "avg_pool": _window, "lp_pool": _window,
 
 # ----------------------------------------------------------------------------- quantized
 
-def _qwindow(func: str, params: dict) -> Q.QArray:
-    q = params["q"]
+def _qwindow(op, params: dict) -> QS.QArray:
+    func, q = op.__name__, params["q"]
     data = q.data
     dtype = dtype_name(data.dtype)
     if func == "max_pool":
-        spec = Q._int_window_spec(func, "max", data.shape, dtype, params["kernel_size"],
-                                  params["stride"], params["padding"], params["dilation"],
-                                  params["ceil_mode"], params["layout"], False)
+        spec = QS.window_spec(func, "max", data.shape, dtype, params["kernel_size"],
+                              params["stride"], params["padding"], params["dilation"],
+                              params["ceil_mode"], params["layout"])
         options, out_scale, zp_out = {}, q.scale, q.zero_point
         fill = np.iinfo(data.dtype).min
     else:
-        spec = Q._int_window_spec(func, "avg", data.shape, dtype, params["kernel_size"],
-                                  params["stride"], params["padding"], 1, params["ceil_mode"],
-                                  params["layout"], params["count_include_pad"])
-        _, out_scale, zp_out, rounding = Q._out_params(func, q, params["out_scale"],
+        spec = QS.window_spec(func, "avg", data.shape, dtype, params["kernel_size"],
+                              params["stride"], params["padding"], 1, params["ceil_mode"],
+                              params["layout"], params["count_include_pad"])
+        _, out_scale, zp_out, rounding = QS.out_params(func, q, params["out_scale"],
                                                        params["out_zero_point"],
                                                        params["rounding"])
         options = {"count_include_pad": spec.count_include_pad, "out_scale": out_scale,
                    "out_zero_point": zp_out, "rounding": rounding}
         fill = zp_out  # an empty window gives the output zero point
-    codes = _window_graph(func, data, spec, options, (q.scale, q.zero_point), fill)
-    return Q.QArray(codes, out_scale, zp_out)
+    codes = _window_graph(op, data, spec, options, (q.scale, q.zero_point), fill)
+    return QS.QArray(codes, out_scale, zp_out)
 
 
 def _requantize_sums(sums, plan, zp_counts, rows, dtype):
     """Codes of ``dtype`` for the integer sums of codes ``sums``, through the in-memory op's
     exact requantization (on the host: the pooled accumulators are small)."""
-    from ..cpu.quantized import requantize
     acc = _host(sums).astype(np.int64) - zp_counts
     out = np.empty(acc.shape, dtype)
     requantize(acc, rows, plan, out)
     return _xp(sums).asarray(out)
 
 
-def _qaverage(func: str, params: dict, spec: S.AdaptiveSpec) -> Q.QArray:
+def _qaverage(func: str, params: dict, spec: S.AdaptiveSpec) -> QS.QArray:
     q = params["q"]
     data = q.data
-    dtype, out_scale, zp_out, rounding = Q._out_params(func, q, params["out_scale"],
+    dtype, out_scale, zp_out, rounding = QS.out_params(func, q, params["out_scale"],
                                                        params["out_zero_point"],
                                                        params["rounding"])
-    plan = Q._avg_plan(spec, dtype, q.scale, q.zero_point, out_scale, zp_out, rounding)
+    plan = QS.avg_plan(spec, dtype, q.scale, q.zero_point, out_scale, zp_out, rounding)
     geom = spec.geom
     trailing = (None,) * (geom.layout == "NHWC")
     meta = meta_from_array(data._meta, data.ndim, data.dtype)
@@ -619,33 +564,32 @@ def _qaverage(func: str, params: dict, spec: S.AdaptiveSpec) -> Q.QArray:
         codes = _block_graph(f"quantized-{func}-" + tokenize(data, plan.key), _qadaptive_block,
                              [data], _adaptive_spatial_spans(data, spec), [meta], len(geom.lead),
                              geom.nd, plan, q.zero_point)
-    return Q.QArray(codes, out_scale, zp_out)
+    return QS.QArray(codes, out_scale, zp_out)
 
 
 def _qadaptive_block(x, params, first, nd, plan, zp_in):
     """One output block of a quantized adaptive average: exact int64 window sums, then the
     in-memory op's requantization for the block's positions."""
-    windows = _windows_of(params, first, nd)
-    sums = _adaptive_reduce(x, first, windows, "sum", np.dtype(np.int64))
-    block = tuple(slice(o0, o0 + len(starts)) for _, o0, starts, _ in params[first:first + nd])
+    xp = _xp(x)
+    sums = windows.adaptive_reduce(x.astype(np.int64), first, _block_taps(params, first, nd),
+                                   "sum", xp.asarray(0, np.int64), xp)
+    block = _block_positions(params, first, nd)
     trailing = (None,) * (x.ndim - first - nd)
     counts = plan.counts[block].astype(np.int64)[(Ellipsis,) + trailing]
     return _requantize_sums(sums, plan, counts * zp_in, plan.rows[block][(Ellipsis,) + trailing],
                             x.dtype)
 
 
-def _qglobal(func: str, params: dict) -> Q.QArray:
-    data = params["q"].data
-    return _qaverage(func, params, Q._int_adaptive_spec(S.global_spec(
-        f"quantized.{func}", "max", data.shape, dtype_name(data.dtype), params["spatial_dims"],
-        params["layout"])))
+def _qglobal(op, params: dict) -> QS.QArray:
+    func, data = op.__name__, params["q"].data
+    return _qaverage(func, params, QS.global_spec(func, data.shape, dtype_name(data.dtype),
+                                                  params["spatial_dims"], params["layout"]))
 
 
-def _qadaptive(func: str, params: dict) -> Q.QArray:
-    data = params["q"].data
-    return _qaverage(func, params, Q._int_adaptive_spec(S.adaptive_spec(
-        f"quantized.{func}", "max", data.shape, dtype_name(data.dtype), params["output_size"],
-        params["layout"])))
+def _qadaptive(op, params: dict) -> QS.QArray:
+    func, data = op.__name__, params["q"].data
+    return _qaverage(func, params, QS.adaptive_spec(func, data.shape, dtype_name(data.dtype),
+                                                    params["output_size"], params["layout"]))
 
 
 _QUANTIZED_HANDLERS = {"max_pool": _qwindow, "avg_pool": _qwindow, "global_avg_pool": _qglobal,

@@ -70,7 +70,7 @@ def install():
     for source_file, name in cuda_backend.instantiations() + quantized_cuda.instantiations():
         by_file.setdefault(source_file, []).append(name)
     for source_file, names in by_file.items():
-        cupy.batches[cuda_backend.read_source((source_file,))] = tuple(names)
+        cupy.batches[cuda_backend.source(source_file)] = tuple(names)
     return cupy
 
 

@@ -170,7 +170,8 @@ def matching_scale(case, min_planes: int = 1) -> tuple[int, int, list[PlannedLau
 
 def source_lines(source_file: str) -> list[str]:
     """``file:line`` of each line of the text gpupool compiles for ``source_file``
-    (``cuda_backend.read_source``: includes inlined); "" for a blank line."""
+    (``cuda_backend.source``: its defines, then the file with its includes inlined); "" for
+    a blank line or a define."""
     from gpupool.cuda import backend as cuda_backend
     root = cuda_backend.KERNEL_DIR
     seen = set()
@@ -182,12 +183,13 @@ def source_lines(source_file: str) -> list[str]:
         # blank lines and includes stay as they are, so that the include pattern (whose
         # trailing \s* takes line ends) expands the marked text as it does the plain one
         marked = "\n".join(
-            line if not line.strip() or cuda_backend._INCLUDE.fullmatch(line) else
+            line if not line.strip() or cuda_backend.QUOTED_INCLUDE.fullmatch(line) else
             f"{line}\0{name}:{number}"
             for number, line in enumerate((root / name).read_text().split("\n"), 1))
-        return cuda_backend._INCLUDE.sub(lambda m: expand(m.group(1)), marked)
+        return cuda_backend.QUOTED_INCLUDE.sub(lambda m: expand(m.group(1)), marked)
 
-    return [line.partition("\0")[2] for line in expand(source_file).split("\n")]
+    defines = [""] * len(cuda_backend.DEFINES.get(source_file, ()))
+    return defines + [line.partition("\0")[2] for line in expand(source_file).split("\n")]
 
 
 def make_input(case, shape, rng):
@@ -248,7 +250,7 @@ class CaseModel:
 def _site_labels(launch, counts, source_file) -> dict[int, str]:
     """Site -> "file:line: text" of the kernel source line it came from."""
     from gpupool.cuda import backend as cuda_backend
-    text = cuda_backend.read_source((source_file,)).split("\n")
+    text = cuda_backend.source(source_file).split("\n")
     origins = source_lines(source_file)
     labels = {}
     for site, line in launch.site_lines([s.site for s in counts.sites]).items():
@@ -270,7 +272,7 @@ def _tracing(names_by_file: dict[str, list[str]]):
     cupy.batches.clear()
     jobs = []
     for source_file, names in names_by_file.items():
-        code = cuda_backend.read_source((source_file,))
+        code = cuda_backend.source(source_file)
         cupy.batches[code] = tuple(sorted(set(names)))
         jobs += cupy.chunks(code, cupy.batches[code])
     _clear_backend_caches()
@@ -308,7 +310,7 @@ def model_suite(cases, nvrtc=None, sites: bool = False,
         with installed_cupy():
             for source_file, names in names_by_file.items():
                 registers.update(traffic.registers(
-                    nvrtc, cuda_backend.read_source((source_file,)), names))
+                    nvrtc, cuda_backend.source(source_file), names))
     rng = np.random.default_rng(0)
     models = []
     with _tracing(names_by_file) as recorder:

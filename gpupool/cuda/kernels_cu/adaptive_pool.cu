@@ -1,7 +1,11 @@
 // Adaptive max (values only, and with int64 indices) and adaptive average pooling, over the
 // windows of gp::AdaptiveTaps (never empty). The launch reuses gp::Geo (kernel, stride, pad
-// and dilation fields unused, passed as 0) and the thread maps of common.cuh.
-#include "common.cuh"
+// and dilation fields unused, passed as 0) and the thread maps of thread_map.cuh.
+#include "accumulate.cuh"
+#include "geometry.cuh"
+#include "thread_map.cuh"
+#include "traits.cuh"
+#include "walk.cuh"
 
 // Adaptive max, values only, over gp::AdaptiveTaps (same NaN / tie rules as max pooling).
 // Geometry: see gp::for_outputs_nchw / gp::for_outputs_nhwc (grid x = spatial chunks, y/z =

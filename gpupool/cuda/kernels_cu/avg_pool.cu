@@ -3,7 +3,11 @@
 // Template parameters: T element type; I index type (int or long long, chosen on the host);
 // K the window size along H and W when both equal K and the host specialised it (0: run time);
 // NHWC the layout.
-#include "common.cuh"
+#include "accumulate.cuh"
+#include "geometry.cuh"
+#include "thread_map.cuh"
+#include "traits.cuh"
+#include "walk.cuh"
 
 namespace gp {
 

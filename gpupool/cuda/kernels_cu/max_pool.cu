@@ -3,7 +3,9 @@
 // Template parameters: T element type; I index type (int when every offset fits in 32 bits,
 // long long otherwise: chosen on the host); K the window size along H and W when both equal K
 // and the host specialised it (0: read kh/kw at run time); NHWC the layout.
-#include "common.cuh"
+#include "accumulate.cuh"
+#include "geometry.cuh"
+#include "walk.cuh"
 
 // Values-only max pooling over the window (gp::WindowTaps, gp::MaxOfTaps: padding never wins,
 // NaN propagates, a window with no valid tap gives the lowest value). Geometry: see

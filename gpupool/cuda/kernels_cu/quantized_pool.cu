@@ -6,14 +6,22 @@
 // specialised it (0: run time); NHWC the layout.
 //
 // Averages: acc = sum over the valid taps of (q - zp_in), then gpq::requantize maps it through
-// one row of the host table of gpupool.quantized.requant_table (row = row_of[output position]):
+// one row of the host table of gpupool.quantized_spec.requant_table (row = row_of[output
+// position]):
 //   row[0] = M, row[1] = sh, row[2] = xcap, row[3 + v] = T[v], v = 0..LEVELS+1.
-// The NumPy backend (gpupool/quantized_numpy.py: requantize) runs the same integer steps, so
+// The NumPy backend (gpupool/cpu/quantized.py: requantize) runs the same integer steps, so
 // both agree to the bit; why the steps are exact is in gpupool/quantized.py.
-#include "common.cuh"
+//
+// GPQ_LEVELS and GPQ_HEAD are quantized_spec.LEVELS and HEAD, defined by the host before this
+// text (gpupool.cuda.backend.DEFINES).
+#include "geometry.cuh"
+#include "segmented.cuh"
+#include "thread_map.cuh"
+#include "walk.cuh"
 
-#define GPQ_LEVELS 256
-#define GPQ_HEAD 3
+#if !defined(GPQ_LEVELS) || !defined(GPQ_HEAD)
+#error "GPQ_LEVELS and GPQ_HEAD are defined by the host (gpupool.cuda.backend.DEFINES)"
+#endif
 #define GPQ_ROW (GPQ_HEAD + GPQ_LEVELS + 2)
 
 namespace gpq {
@@ -43,6 +51,39 @@ struct CodeSum {
   __device__ __forceinline__ CodeSum(const T* __restrict__ xp_, I cs_, int zp_)
       : xp(xp_), cs(cs_), zp(zp_), s(0) {}
   __device__ __forceinline__ void operator()(I pos) { s += (A)((int)xp[pos * cs] - zp); }
+};
+
+// The value a global average writes: the code requantized from the sum (Tout = T), or the
+// sum itself (Tout = A, a partial sum of a split plane).
+template <typename Tout, typename A>
+struct SumOut {
+  static __device__ __forceinline__ Tout store(A s, const long long* __restrict__ row,
+                                               int zp_out, int qmin, int qmax) {
+    return (Tout)requantize<A>(s, row, zp_out, qmin, qmax);
+  }
+};
+template <typename A>
+struct SumOut<A, A> {
+  static __device__ __forceinline__ A store(A s, const long long* __restrict__, int, int, int) {
+    return s;
+  }
+};
+
+// The reduction of the global averages (gp::reduce_* in segmented.cuh): the sum of
+// (v - zp_in) in A over codes or partial sums (zp_in 0), written through SumOut with `row`.
+template <typename Tin, typename A, typename Tout>
+struct GlobalSum {
+  typedef Tin In;
+  typedef Tout Out;
+  typedef A Acc;
+  const long long* __restrict__ row;
+  int zp_in, zp_out, qmin, qmax;
+  __device__ __forceinline__ A identity() const { return 0; }
+  __device__ __forceinline__ A load(Tin v) const { return (A)v - (A)zp_in; }
+  __device__ __forceinline__ A combine(A a, A b) const { return a + b; }
+  __device__ __forceinline__ Tout store(A s) const {
+    return SumOut<Tout, A>::store(s, row, zp_out, qmin, qmax);
+  }
 };
 
 // Byte-wise max of words of 4 codes (signed or unsigned); the dtype minimum in every byte
@@ -121,53 +162,33 @@ __global__ void qavg_adaptive(const T* __restrict__ x, T* __restrict__ out, GP_G
                                       zp_out, qmin, qmax);
 }
 
-// Global average of contiguous planes (NCHW). grid: x = planes (up to 2**31 - 1); block: 256
-// threads (a multiple of 32, at most 1024). thread: a strided share of its block's plane, then
-// warp shuffles and one shared-memory step; thread 0 requantizes with table row 0.
-template <typename T, typename A, typename I>
-__global__ void qavg_global(const T* __restrict__ x, T* __restrict__ out, I seglen,
-                            const long long* __restrict__ table, int zp_in, int zp_out,
-                            int qmin, int qmax) {
-  __shared__ A partial[32];
-  const I plane = (I)blockIdx.x;
-  const T* __restrict__ xp = x + plane * seglen;
-  A s = 0;
-  for (I i = (I)threadIdx.x; i < seglen; i += (I)blockDim.x) s += (A)((int)xp[i] - zp_in);
-  s = gp::group_reduce<false, 32>(s);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) partial[warp] = s;
-  __syncthreads();
-  if (warp == 0) {
-    const int nwarps = blockDim.x / 32;
-    s = gp::group_reduce<false, 32>(lane < nwarps ? partial[lane] : (A)0);
-    if (lane == 0) out[plane] = (T)gpq::requantize<A>(s, table, zp_out, qmin, qmax);
-  }
+// Global averages: the segmented reductions of the float global kernels (gp::reduce_lanes,
+// gp::reduce_block, gp::reduce_channels in segmented.cuh; grids and blocks planned as theirs)
+// over gpq::GlobalSum: read Tin, sum in A, write Tout. Tin, Tout: T and T in one pass; T and
+// A (partial sums) in the first of two, A and T in the second (zp_in 0). Table row 0
+// requantizes.
+template <typename Tin, typename A, typename Tout, typename I, int L>
+__global__ void qavg_global_lanes(const Tin* __restrict__ x, Tout* __restrict__ out, I nseg,
+                                  I seglen, const long long* __restrict__ table, int zp_in,
+                                  int zp_out, int qmin, int qmax) {
+  gp::reduce_lanes<L>(gpq::GlobalSum<Tin, A, Tout>{table, zp_in, zp_out, qmin, qmax}, x, out,
+                      nseg, seglen);
 }
 
-// Global average, channels last: x is (batch, positions, C). grid: x = channel chunks of
-// blockDim.x, y/z = batch rows (gp::block_plane). block: (TX along channels, TY along
-// positions), TX * TY <= 256. thread: channel c, positions threadIdx.y + k*TY (consecutive
-// lanes read consecutive channels); the TY partial sums of a channel are added in shared
-// memory by threadIdx.y == 0, which requantizes with table row 0.
-template <typename T, typename A, typename I>
-__global__ void qavg_global_nhwc(const T* __restrict__ x, T* __restrict__ out, I batch,
-                                 I positions, I chans, const long long* __restrict__ table,
-                                 int zp_in, int zp_out, int qmin, int qmax) {
-  __shared__ A partial[256];
-  const long long b = gp::block_plane();
-  if (b >= (long long)batch) return;  // uniform over the block
-  const I c = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x;
-  A s = 0;
-  if (c < chans) {
-    const T* __restrict__ xp = x + (I)b * positions * chans + c;
-    for (I p = (I)threadIdx.y; p < positions; p += (I)blockDim.y) {
-      s += (A)((int)xp[p * chans] - zp_in);
-    }
-  }
-  partial[threadIdx.y * blockDim.x + threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < chans) {
-    for (unsigned j = 1; j < blockDim.y; ++j) s += partial[j * blockDim.x + threadIdx.x];
-    out[(I)b * chans + c] = (T)gpq::requantize<A>(s, table, zp_out, qmin, qmax);
-  }
+template <typename Tin, typename A, typename Tout, typename I>
+__global__ void qavg_global_block(const Tin* __restrict__ x, Tout* __restrict__ out, I nseg,
+                                  I seglen, I nchunks, I chunklen,
+                                  const long long* __restrict__ table, int zp_in, int zp_out,
+                                  int qmin, int qmax) {
+  gp::reduce_block(gpq::GlobalSum<Tin, A, Tout>{table, zp_in, zp_out, qmin, qmax}, x, out,
+                   nseg, seglen, nchunks, chunklen);
+}
+
+template <typename Tin, typename A, typename Tout, typename I>
+__global__ void qavg_global_channels(const Tin* __restrict__ x, Tout* __restrict__ out,
+                                     I nbatch, I seglen, I chans, I nchunks, I chunklen,
+                                     const long long* __restrict__ table, int zp_in,
+                                     int zp_out, int qmin, int qmax) {
+  gp::reduce_channels(gpq::GlobalSum<Tin, A, Tout>{table, zp_in, zp_out, qmin, qmax}, x, out,
+                      nbatch, seglen, chans, nchunks, chunklen);
 }

@@ -1,0 +1,35 @@
+// Launch geometry: the plane (or batch row) index of a block and of a thread, and the
+// sliding-window geometry Geo<I> that the window and adaptive kernels take as parameters.
+#pragma once
+
+namespace gp {
+
+// Index of this block over grid y, then z (each at most 65535).
+__device__ __forceinline__ long long block_plane() {
+  return (long long)blockIdx.y + (long long)gridDim.y * (long long)blockIdx.z;
+}
+
+// Plane of this thread in the window and adaptive launches: each block holds blockDim.z
+// planes (several when a plane has too few outputs to fill a block), threadIdx.z picks one.
+__device__ __forceinline__ long long thread_plane() {
+  return block_plane() * (long long)blockDim.z + (long long)threadIdx.z;
+}
+
+// Sliding-window geometry of one launch, canonical 3-D (D, H, W): a 1-D op has D = H = 1, a
+// 2-D op D = 1. `chans` is the channel count of an NHWC launch (1 for NCHW); `rows` how many
+// outputs one thread computes.
+template <typename I>
+struct Geo {
+  I planes, chans, id, ih, iw, od, oh, ow;
+  int kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw, rows;
+};
+
+}  // namespace gp
+
+// Kernel parameters spelling out a Geo<I>, and the statement that builds it.
+#define GP_GEO_PARAMS(I)                                                                       \
+  I planes, I chans, I id, I ih, I iw, I od, I oh, I ow, int kd, int kh, int kw, int sd,       \
+      int sh, int sw, int pd, int ph, int pw, int dd, int dh, int dw, int rows
+#define GP_GEO(I)                                                                              \
+  const gp::Geo<I> g = {planes, chans, id, ih, iw, od, oh, ow, kd, kh, kw, sd,                 \
+                        sh, sw, pd, ph, pw, dd, dh, dw, rows}

@@ -1,0 +1,115 @@
+// Segmented reductions, the bodies of the global pooling kernels (float in global_pool.cu,
+// quantized in quantized_pool.cu): many short segments with a group of L lanes each, long
+// segments with one block per (segment, chunk), channels-last segments with threads along the
+// channels. What is reduced comes from a reduction R:
+//   R::In, R::Out, R::Acc      element types read and written, accumulator type
+//   Acc r.identity()           the start value
+//   Acc r.load(In v)           the term of one element
+//   Acc r.combine(Acc, Acc)    the operator
+//   Out r.store(Acc)           the value written for a reduced segment (or chunk)
+// A segment split in chunks writes one partial per (segment, chunk); a second launch reduces
+// the partials with another R.
+#pragma once
+#include "geometry.cuh"
+#include "reduce.cuh"
+
+namespace gp {
+
+// Many small contiguous segments (NCHW planes up to about 32 * L elements, e.g. 7x7).
+// grid: x = ceil(nseg / (blockDim.x / L)). block: 256 threads (a multiple of 32). thread: lane
+// `threadIdx.x % L` of an aligned group of L lanes that reduces segment
+// (blockIdx.x * blockDim.x + threadIdx.x) / L, reading elements lane, lane + L, ... (so one
+// warp-wide load covers 32 / L segments' runs, contiguous), then a shuffle tree of width L.
+// Groups past the last segment still take part in the shuffles (full-warp masks) and write
+// nothing.
+template <int L, typename R, typename I>
+__device__ __forceinline__ void reduce_lanes(const R& r, const typename R::In* __restrict__ x,
+                                             typename R::Out* __restrict__ out, I nseg,
+                                             I seglen) {
+  typedef typename R::Acc A;
+  const I seg = ((I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x) / (I)L;
+  const int lane = (int)(threadIdx.x % L);
+  A acc = r.identity();
+  if (seg < nseg) {
+    const typename R::In* __restrict__ xs = x + seg * seglen;
+#pragma unroll 4
+    for (I i = lane; i < seglen; i += L) acc = r.combine(acc, r.load(xs[i]));
+  }
+  acc = group_reduce<L>(acc, r);
+  if (seg < nseg && lane == 0) out[seg] = r.store(acc);
+}
+
+// Large contiguous segments, optionally split in chunks (then out holds one partial per
+// (segment, chunk)).
+// grid: x = nseg * nchunks (virtual segment v = seg * nchunks + chunk). block: 256 threads.
+// thread: elements chunk*chunklen + threadIdx.x + k*blockDim.x of its segment (below seglen),
+// then a warp shuffle tree and one warp over the per-warp results in shared memory.
+template <typename R, typename I>
+__device__ __forceinline__ void reduce_block(const R& r, const typename R::In* __restrict__ x,
+                                             typename R::Out* __restrict__ out, I nseg,
+                                             I seglen, I nchunks, I chunklen) {
+  typedef typename R::Acc A;
+  __shared__ A warp_acc[32];
+  const I v = (I)blockIdx.x;
+  if (v >= nseg * nchunks) return;  // uniform over the block
+  const I seg = v / nchunks;
+  const I chunk = v - seg * nchunks;
+  const I begin = chunk * chunklen;
+  const I end = begin + chunklen < seglen ? begin + chunklen : seglen;
+  const typename R::In* __restrict__ xs = x + seg * seglen;
+  A acc = r.identity();
+#pragma unroll 4
+  for (I i = begin + (I)threadIdx.x; i < end; i += (I)blockDim.x) {
+    acc = r.combine(acc, r.load(xs[i]));
+  }
+  acc = group_reduce<32>(acc, r);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_acc[warp] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    acc = lane < (int)(blockDim.x / 32) ? warp_acc[lane] : r.identity();
+    acc = group_reduce<32>(acc, r);
+    if (lane == 0) out[v] = r.store(acc);
+  }
+}
+
+// Channels-last segments: x viewed as (batch, seglen, chans), one result per (batch, chans),
+// optionally split along seglen in chunks (then partials (batch, nchunks, chans)).
+// grid: x = channel chunks of blockDim.x, y/z = batch * nchunks (virtual v = b * nchunks +
+// chunk). block: (TX along channels, TY along positions), TX * TY <= 256. thread: channel c,
+// positions chunk*chunklen + threadIdx.y + k*TY; the TY partials of a channel are combined in
+// shared memory by threadIdx.y == 0.
+template <typename R, typename I>
+__device__ __forceinline__ void reduce_channels(const R& r,
+                                                const typename R::In* __restrict__ x,
+                                                typename R::Out* __restrict__ out, I nbatch,
+                                                I seglen, I chans, I nchunks, I chunklen) {
+  typedef typename R::Acc A;
+  __shared__ A part[256];
+  const long long vv = block_plane();
+  if (vv >= (long long)nbatch * (long long)nchunks) return;  // uniform over the block
+  const I v = (I)vv;
+  const I b = v / nchunks;
+  const I chunk = v - b * nchunks;
+  const I c = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x;
+  const I begin = chunk * chunklen;
+  const I end = begin + chunklen < seglen ? begin + chunklen : seglen;
+  A acc = r.identity();
+  if (c < chans) {
+    const typename R::In* __restrict__ xs = x + b * seglen * chans + c;
+#pragma unroll 4
+    for (I s = begin + (I)threadIdx.y; s < end; s += (I)blockDim.y) {
+      acc = r.combine(acc, r.load(xs[s * chans]));
+    }
+  }
+  part[threadIdx.y * blockDim.x + threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < chans) {
+    for (unsigned j = 1; j < blockDim.y; ++j) {
+      acc = r.combine(acc, part[j * blockDim.x + threadIdx.x]);
+    }
+    out[v * chans + c] = r.store(acc);
+  }
+}
+
+}  // namespace gp

@@ -1,0 +1,54 @@
+// Element traits of the kernels' types: the accumulator type of each element type, its lowest
+// value, the NaN test, the conversions in and out, and PyTorch's max rule.
+#pragma once
+#include <cuda_fp16.h>
+
+namespace gp {
+
+// Element traits. `acc` is the type a window is reduced in: float for half (exact for max,
+// float accumulation for sums), the element type itself otherwise (integers only ever take the
+// max path, which never does arithmetic).
+template <typename T> struct Num;
+
+#define GP_FLOAT_TRAITS(T, LOWEST)                                                             \
+  template <> struct Num<T> {                                                                  \
+    typedef T acc;                                                                             \
+    static __device__ __forceinline__ acc lowest() { return LOWEST; }                          \
+    static __device__ __forceinline__ acc load(T v) { return v; }                              \
+    static __device__ __forceinline__ T store(acc v) { return v; }                             \
+    static __device__ __forceinline__ bool is_nan(acc v) { return isnan(v); }                  \
+  };
+GP_FLOAT_TRAITS(float, __int_as_float(0xff800000))
+GP_FLOAT_TRAITS(double, __longlong_as_double(0xfff0000000000000ULL))
+#undef GP_FLOAT_TRAITS
+
+template <> struct Num<__half> {
+  typedef float acc;
+  static __device__ __forceinline__ acc lowest() { return __int_as_float(0xff800000); }
+  static __device__ __forceinline__ acc load(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half store(acc v) { return __float2half_rn(v); }
+  static __device__ __forceinline__ bool is_nan(acc v) { return isnan(v); }
+};
+
+#define GP_INT_TRAITS(T, LOWEST)                                                               \
+  template <> struct Num<T> {                                                                  \
+    typedef T acc;                                                                             \
+    static __device__ __forceinline__ acc lowest() { return LOWEST; }                          \
+    static __device__ __forceinline__ acc load(T v) { return v; }                              \
+    static __device__ __forceinline__ T store(acc v) { return v; }                             \
+    static __device__ __forceinline__ bool is_nan(acc) { return false; }                       \
+  };
+GP_INT_TRAITS(signed char, (signed char)(-128))
+GP_INT_TRAITS(unsigned char, (unsigned char)0)
+GP_INT_TRAITS(short, (short)(-32768))
+GP_INT_TRAITS(int, (int)(-2147483647 - 1))
+GP_INT_TRAITS(long long, (long long)(-9223372036854775807LL - 1))
+#undef GP_INT_TRAITS
+
+// PyTorch's max rule: NaN wins and stays (a later NaN replaces it), ties keep the first.
+template <typename A>
+__device__ __forceinline__ bool max_takes(A v, A m) {
+  return v > m || Num<A>::is_nan(v);
+}
+
+}  // namespace gp

@@ -1,0 +1,130 @@
+"""Window arithmetic shared by every backend and adapter: the working dtype, the value of a
+window with no valid tap, the divisor counts of averages, the spans of adaptive windows (small
+host arrays computed from a spec, :mod:`gpupool.spec`), and the adaptive tap loops with their
+order and NaN rule, run by the NumPy backend and by Dask blocks of NumPy or CuPy chunks."""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+
+import numpy as np
+
+from .spec import ACC_DTYPES, AdaptiveSpec, WindowSpec, adaptive_window
+
+
+@functools.cache
+def accumulator(dtype) -> np.dtype:
+    """The dtype sums run in: float32 for float16 (:data:`gpupool.spec.ACC_DTYPES`), else
+    ``dtype`` itself."""
+    dtype = np.dtype(dtype)
+    return np.dtype(ACC_DTYPES.get(dtype.name, dtype.name))
+
+
+@functools.cache
+def lowest(dtype):
+    """What a max starts from and never loses to: -inf, or an integer dtype's minimum; also
+    the value of a max window with no valid tap."""
+    dtype = np.dtype(dtype)
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+def window_counts(spec: WindowSpec, include_pad: bool) -> np.ndarray:
+    """Taps per output position (float64, shape ``out_spatial``): the valid ones, or with
+    ``include_pad`` those inside input + explicit padding (never the ceil-mode overhang), the
+    product of the per-dim counts. The divisor of an average (``count_include_pad``)."""
+    counts = np.ones((), dtype=np.float64)
+    for size, out, k, s, (pb, pe), d in zip(spec.geom.spatial, spec.out_spatial, spec.kernel,
+                                             spec.stride, spec.pads, spec.dilation):
+        pos = np.arange(out)[:, None] * s - pb + np.arange(k)[None, :] * d
+        low, high = (-pb, size + pe) if include_pad else (0, size)
+        per_dim = ((pos >= low) & (pos < high)).sum(axis=1).astype(np.float64)
+        counts = np.multiply.outer(counts, per_dim)
+    return counts
+
+
+def adaptive_bounds(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, ends)`` (int64) of the adaptive windows along a dim of ``size`` pooled to
+    ``out`` (:func:`gpupool.spec.adaptive_window`)."""
+    bounds = np.array([adaptive_window(i, size, out) for i in range(out)], np.int64)
+    return bounds[:, 0], bounds[:, 1]
+
+
+def adaptive_counts(spec: AdaptiveSpec) -> np.ndarray:
+    """Taps per output position of an adaptive (or global) pooling (int64, shape
+    ``out_spatial``): the divisor of its average."""
+    counts = np.ones((), dtype=np.int64)
+    for size, out in zip(spec.geom.spatial, spec.out_spatial):
+        starts, ends = adaptive_bounds(size, out)
+        counts = np.multiply.outer(counts, ends - starts)
+    return counts
+
+
+def adaptive_taps(starts, ends) -> list:
+    """The taps of windows ``[starts, ends)`` along a dim, in order: per tap ``t`` the input
+    positions ``min(starts + t, ends - 1)`` and the mask of the windows that have tap ``t``
+    (None where all do)."""
+    taps = []
+    for t in range(int((ends - starts).max())):
+        pos = starts + t
+        valid = pos < ends
+        taps.append((np.minimum(pos, ends - 1), None if valid.all() else valid))
+    return taps
+
+
+def along(mask, ndim: int, axis: int):
+    """A 1-D ``mask`` shaped to broadcast along ``axis`` of an ``ndim``-dim array."""
+    shape = [1] * ndim
+    shape[axis] = mask.size
+    return mask.reshape(shape)
+
+
+def adaptive_reduce(x, first: int, taps_per_dim, op: str, fill, xp=np):
+    """Max or sum (``op`` "max" or "avg") over adaptive windows of the spatial axes ``first``,
+    ``first + 1``, ...: one dim at a time, each window's taps in order, a tap beyond a window
+    reading ``fill`` (a 0-d array of the working dtype: the lowest value for a max, -0.0 for
+    a sum, neither of which changes the result), so every backend sums in the same order.
+    ``x`` is NumPy or CuPy (``xp``); returns a new array of ``fill``'s dtype."""
+    cur = x
+    for a, taps in enumerate(taps_per_dim):
+        axis = first + a
+        res = None
+        for pos, valid in taps:
+            v = xp.take(cur, xp.asarray(pos), axis=axis)
+            if valid is not None:
+                v = xp.where(along(xp.asarray(valid), v.ndim, axis), v, fill)
+            if res is None:
+                res = v.astype(fill.dtype, copy=True)
+            elif op == "max":
+                xp.maximum(res, v, out=res)
+            else:
+                res += v
+        cur = res
+    return cur
+
+
+def adaptive_argmax(x, first: int, taps_per_dim, offsets, plane, values, indices, xp=np):
+    """Adaptive max with indices into ``values``/``indices`` (shape of the output): the first
+    tap equal to the max, or the last NaN tap; a window with no tap gives the lowest value
+    and -1. Indices are flat positions in a plane of spatial shape ``plane``, the spatial axes
+    of ``x`` starting at ``offsets`` in it."""
+    nd = len(taps_per_dim)
+    strides = [math.prod(plane[a + 1:]) for a in range(nd)]
+    trailing = (None,) * (x.ndim - first - nd)
+    values[...] = lowest(values.dtype)
+    indices[...] = -1
+    for combo in itertools.product(*(range(len(taps)) for taps in taps_per_dim)):
+        valid, pos, grids = np.ones((), bool), np.zeros((), np.int64), []
+        for a, t in enumerate(combo):
+            p, ok = taps_per_dim[a][t]
+            grids.append(xp.asarray(p))
+            valid = np.logical_and.outer(valid, np.ones(p.size, bool) if ok is None else ok)
+            pos = np.add.outer(pos, (p + offsets[a]) * strides[a])
+        v = x[(slice(None),) * first + xp.ix_(*grids)]
+        valid = xp.asarray(valid[(Ellipsis,) + trailing])
+        take = ((v > values) | (indices < 0)) & valid
+        if values.dtype.kind == "f":
+            take |= xp.isnan(v) & valid
+        xp.copyto(values, v, where=take)
+        xp.copyto(indices, xp.broadcast_to(xp.asarray(pos[(Ellipsis,) + trailing]),
+                                           indices.shape), where=take)
