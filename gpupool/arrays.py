@@ -18,13 +18,28 @@ Array = Union[np.ndarray, "cupy.ndarray"]
 ArrayLike = Union[np.ndarray, "cupy.ndarray", list, tuple]
 
 
+_KINDS: dict[tuple[str, type], bool] = {}  # (library, type) -> whether an array of it
+
+
+def _of_kind(library: str, attribute: str, x) -> bool:
+    """Whether ``x``'s type comes from ``library`` and has ``attribute`` (decided once per
+    type: on a CuPy array, building ``__cuda_array_interface__`` costs microseconds)."""
+    key = (library, type(x))
+    known = _KINDS.get(key)
+    if known is None:
+        known = _KINDS[key] = (type(x).__module__.split(".")[0] == library
+                               and hasattr(type(x), attribute))
+    return known
+
+
 def is_cupy_array(x) -> bool:
-    return type(x).__module__.split(".")[0] == "cupy" and hasattr(x, "__cuda_array_interface__")
+    """A CuPy array (its type comes from CuPy and exports ``__cuda_array_interface__``)."""
+    return _of_kind("cupy", "__cuda_array_interface__", x)
 
 
 def is_dask_array(x) -> bool:
-    """A Dask array (recognised by its type's module)."""
-    return type(x).__module__.split(".")[0] == "dask" and hasattr(x, "chunks")
+    """A Dask array (its type comes from Dask and has ``chunks``)."""
+    return _of_kind("dask", "chunks", x)
 
 
 def backend_of(a) -> str | None:
@@ -43,7 +58,9 @@ def as_array(func: str, x, name: str = "x"):
 
     Errors name ``gpupool.<func>`` and the parameter: a scalar or another type is a
     ``TypeError``, a ragged nested sequence a ``ValueError``."""
-    if is_cupy_array(x):  # first: an array type may be both
+    if type(x) is np.ndarray and x.dtype.isnative:  # the common case, first
+        return x, "numpy", np
+    if is_cupy_array(x):  # before NumPy: an array type may be both
         import cupy
         return x, "cupy", cupy
     if isinstance(x, np.ndarray):

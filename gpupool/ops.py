@@ -2,15 +2,13 @@
 that matches the input's array type (NumPy in -> NumPy out, CuPy in -> CuPy out)."""
 from __future__ import annotations
 
-import collections
 import functools
-import threading
 from typing import Callable, Sequence, Union
 
 import numpy as np
 
+from . import plans
 from . import spec as S
-from .cpu import threads
 from .arrays import Array, ArrayLike, as_array, backend_of, dtype_name
 from .backends import device_scope, foreign_handler, implementation
 
@@ -23,6 +21,8 @@ def _accepts_foreign(op: Callable) -> Callable:
     (:func:`gpupool.backends.foreign_handler`), which runs ``op`` on NumPy/CuPy data."""
     @functools.wraps(op)
     def dispatch(x, *args, **kwargs):
+        if type(x) is np.ndarray:  # the common case, first
+            return op(x, *args, **kwargs)
         handler = foreign_handler(x)
         if handler is None:
             return op(x, *args, **kwargs)
@@ -30,54 +30,16 @@ def _accepts_foreign(op: Callable) -> Callable:
     return dispatch
 
 
-PLAN_CACHE_SIZE = 1024  # keys (op, input shape, strides, dtype, arguments, threads) kept
-_plans: collections.OrderedDict = collections.OrderedDict()
-_plans_lock = threading.Lock()
-_PLAIN = frozenset((int, float, bool, str, type(None)))
-
-
-def _arguments_key(values) -> tuple | None:
-    """``values`` with the type of each at any depth (``2``, ``2.0`` and ``True`` are other
-    keys), or None when one is not a plain int, float, bool, str, None or a tuple or list of
-    them: such a call takes the uncached path."""
-    key = []
-    for v in values:
-        t = type(v)
-        if t in _PLAIN:
-            key += (t, v)
-        elif t is tuple or t is list:
-            inner = _arguments_key(v)
-            if inner is None:
-                return None
-            key += (t, inner)
-        else:
-            return None
-    return tuple(key)
-
-
 def _plan(func: str, family: str, x, backend: str, arguments: tuple, build: Callable):
-    """``(spec, run)`` for this call: ``build()`` makes the spec (validating the arguments) on
-    the first call of a key, and ``run(x, spec, out, indices)`` is the backend's
-    implementation prepared for that spec; later calls with the same key (op, input shape,
-    strides, dtype, arguments with their types, thread count) find both in a bounded LRU
-    cache."""
-    arguments = _arguments_key(arguments)
-    if arguments is None:
-        spec = build()
-        return spec, _prepared(family, backend, spec)
-    key = (func, backend, x.shape, x.strides, x.dtype, threads.get_num_threads(), arguments)
-    with _plans_lock:
-        plan = _plans.get(key)
-        if plan is not None:
-            _plans.move_to_end(key)
-            return plan
-    spec = build()
-    plan = spec, _prepared(family, backend, spec)
-    with _plans_lock:
-        _plans[key] = plan
-        if len(_plans) > PLAN_CACHE_SIZE:
-            _plans.popitem(last=False)
-    return plan
+    """``(spec, run)`` for this call, through the plan cache (:mod:`gpupool.plans`):
+    ``build()`` makes the spec (validating the arguments) and ``run(x, spec, out, indices)``
+    is the backend's implementation prepared for that spec."""
+    return plans.cached(func, backend, x, arguments,
+                        lambda: _with_prepared(build(), family, backend))
+
+
+def _with_prepared(spec, family: str, backend: str) -> tuple:
+    return spec, _prepared(family, backend, spec)
 
 
 def _prepared(family: str, backend: str, spec):
@@ -110,6 +72,12 @@ def _result(func: str, out, shape, dtype, x, backend: str, xp):
 
 def _run(func: str, x, backend, xp, plan, out, indices_needed: bool = False):
     spec, run = plan
+    if backend == "numpy" and out is None:  # the common case without the context manager
+        result = np.empty(spec.out_shape, dtype=x.dtype)
+        indices = np.empty(spec.out_shape, dtype=np.int64) if indices_needed else None
+        if result.size:
+            run(x, spec, result, indices)
+        return (result, indices) if indices_needed else result
     with device_scope(x, backend):
         result = _result(func, out, spec.out_shape, x.dtype, x, backend, xp)
         indices = xp.empty(spec.out_shape, dtype=xp.int64) if indices_needed else None

@@ -51,6 +51,7 @@ import functools
 import importlib
 from typing import Sequence, Union
 
+from . import plans
 from . import quantized_spec as QS
 from .arrays import Array, ArrayLike, as_array, backend_of, dtype_name, is_dask_array
 from .backends import device_scope, implementation
@@ -109,14 +110,28 @@ def dequantize(q: QArray) -> Array:
         return ((data.astype("float64") - q.zero_point) * q.scale).astype("float32")
 
 
-def _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, family):
-    dtype = dtype_name(q.data.dtype)
+def _average_plan(func: str, q: QArray, spec, backend: str, family: str, out_scale,
+                  out_zero_point, rounding) -> tuple:
+    """``(spec, implementation, requantization plan, output scale)`` of a quantized average."""
+    dtype, out_scale, zp_out, rounding = out_params(func, q, out_scale, out_zero_point,
+                                                    rounding)
     plan = avg_plan(spec, dtype, q.scale, q.zero_point, out_scale, zp_out, rounding)
-    with device_scope(q.data, backend):
-        out = xp.empty(spec.out_shape, dtype=q.data.dtype)
+    return spec, implementation(family, backend), plan, out_scale
+
+
+def _run(data, backend: str, xp, spec, impl, *extra):
+    """The codes of the op: ``impl(data, spec, out, *extra)`` into a fresh array, on the
+    input's device."""
+    if backend == "numpy":  # no device to enter
+        out = xp.empty(spec.out_shape, dtype=data.dtype)
         if out.size:
-            implementation(family, backend)(q.data, spec, out, plan)
-    return QArray(out, out_scale, zp_out)
+            impl(data, spec, out, *extra)
+        return out
+    with device_scope(data, backend):
+        out = xp.empty(spec.out_shape, dtype=data.dtype)
+        if out.size:
+            impl(data, spec, out, *extra)
+    return out
 
 
 def _dask_adapter():
@@ -147,13 +162,13 @@ def max_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: 
     """
     q = _qarray("max_pool", q)
     data, backend, xp = as_array("quantized.max_pool", q.data)
-    spec = QS.window_spec("max_pool", "max", data.shape, dtype_name(data.dtype), kernel_size,
-                          stride, padding, dilation, ceil_mode, layout)
-    with device_scope(data, backend):
-        out = xp.empty(spec.out_shape, dtype=data.dtype)
-        if out.size:
-            implementation("qmax_window", backend)(data, spec, out)
-    return QArray(out, q.scale, q.zero_point)
+    spec, impl = plans.cached(
+        "quantized.max_pool", backend, data,
+        (kernel_size, stride, padding, dilation, ceil_mode, layout),
+        lambda: (QS.window_spec("max_pool", "max", data.shape, dtype_name(data.dtype),
+                                kernel_size, stride, padding, dilation, ceil_mode, layout),
+                 implementation("qmax_window", backend)))
+    return QS.trusted_qarray(_run(data, backend, xp, spec, impl), q.scale, q.zero_point)
 
 
 @_accepts_dask
@@ -176,11 +191,16 @@ def avg_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: 
     func = "avg_pool"
     q = _qarray(func, q)
     data, backend, xp = as_array(f"quantized.{func}", q.data)
-    spec = QS.window_spec(func, "avg", data.shape, dtype_name(data.dtype), kernel_size, stride,
-                          padding, 1, ceil_mode, layout, count_include_pad)
-    _, out_scale, zp_out, rounding = out_params(func, q, out_scale, out_zero_point,
-                                                 rounding)
-    return _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, "qavg_window")
+    spec, impl, plan, out_scale = plans.cached(
+        "quantized.avg_pool", backend, data,
+        (kernel_size, stride, padding, ceil_mode, count_include_pad, out_scale, out_zero_point,
+         rounding, layout, q.scale, q.zero_point),
+        lambda: _average_plan(func, q, QS.window_spec(func, "avg", data.shape,
+                                                      dtype_name(data.dtype), kernel_size,
+                                                      stride, padding, 1, ceil_mode, layout,
+                                                      count_include_pad),
+                              backend, "qavg_window", out_scale, out_zero_point, rounding))
+    return QS.trusted_qarray(_run(data, backend, xp, spec, impl, plan), out_scale, plan.zp_out)
 
 
 @_accepts_dask
@@ -196,10 +216,13 @@ def global_avg_pool(q: QArray, *, spatial_dims: int = 2, out_scale: float | None
     func = "global_avg_pool"
     q = _qarray(func, q)
     data, backend, xp = as_array(f"quantized.{func}", q.data)
-    spec = QS.global_spec(func, data.shape, dtype_name(data.dtype), spatial_dims, layout)
-    _, out_scale, zp_out, rounding = out_params(func, q, out_scale, out_zero_point,
-                                                 rounding)
-    return _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, "qavg_adaptive")
+    spec, impl, plan, out_scale = plans.cached(
+        "quantized.global_avg_pool", backend, data,
+        (spatial_dims, out_scale, out_zero_point, rounding, layout, q.scale, q.zero_point),
+        lambda: _average_plan(func, q, QS.global_spec(func, data.shape, dtype_name(data.dtype),
+                                                      spatial_dims, layout),
+                              backend, "qavg_adaptive", out_scale, out_zero_point, rounding))
+    return QS.trusted_qarray(_run(data, backend, xp, spec, impl, plan), out_scale, plan.zp_out)
 
 
 @_accepts_dask
@@ -215,10 +238,14 @@ def adaptive_avg_pool(q: QArray, output_size: Size, *, out_scale: float | None =
     func = "adaptive_avg_pool"
     q = _qarray(func, q)
     data, backend, xp = as_array(f"quantized.{func}", q.data)
-    spec = QS.adaptive_spec(func, data.shape, dtype_name(data.dtype), output_size, layout)
-    _, out_scale, zp_out, rounding = out_params(func, q, out_scale, out_zero_point,
-                                                 rounding)
-    return _average(func, q, spec, backend, xp, out_scale, zp_out, rounding, "qavg_adaptive")
+    spec, impl, plan, out_scale = plans.cached(
+        "quantized.adaptive_avg_pool", backend, data,
+        (output_size, out_scale, out_zero_point, rounding, layout, q.scale, q.zero_point),
+        lambda: _average_plan(func, q, QS.adaptive_spec(func, data.shape,
+                                                        dtype_name(data.dtype), output_size,
+                                                        layout),
+                              backend, "qavg_adaptive", out_scale, out_zero_point, rounding))
+    return QS.trusted_qarray(_run(data, backend, xp, spec, impl, plan), out_scale, plan.zp_out)
 
 
 __all__ = ["QArray", "quantize", "dequantize", "max_pool", "avg_pool", "global_avg_pool",

@@ -86,6 +86,14 @@ class QArray:
                 f"{self.shape}, scale={self.scale!r}, zero_point={self.zero_point})")
 
 
+def trusted_qarray(data, scale: float, zero_point: int) -> QArray:
+    """A :class:`QArray` of codes and parameters already checked (an op's result), built
+    without checking them again."""
+    q = object.__new__(QArray)
+    q.data, q.scale, q.zero_point = data, scale, zero_point
+    return q
+
+
 # ----------------------------------------------------------------------------- requantization
 
 @functools.lru_cache(maxsize=4096)

@@ -20,7 +20,7 @@ import math
 import numbers
 import operator
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 LAYOUTS = ("NCHW", "NHWC")
 FLOAT_DTYPES = ("float16", "float32", "float64")
@@ -200,9 +200,27 @@ def memoized(build):
     return wrapper
 
 
+def _hash_once(self) -> int:
+    """The hash of a frozen spec, computed on first use and kept: specs key every cache on the
+    hot path, and hashing their nested tuples costs about a microsecond."""
+    value = self.__dict__.get("_hash")
+    if value is None:
+        value = hash(tuple(getattr(self, f.name) for f in fields(self)))
+        object.__setattr__(self, "_hash", value)
+    return value
+
+
+def _state_without_hash(self) -> dict:
+    """What pickles: the fields, not the kept hash (string hashes differ between processes)."""
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+
 @dataclass(frozen=True)
 class Geometry:
     """Where the plane, spatial and channel dims of an input sit."""
+
+    __hash__ = _hash_once
+    __getstate__ = _state_without_hash
 
     func: str
     shape: tuple[int, ...]
@@ -297,6 +315,9 @@ def output_length(size: int, kernel: int, stride: int, pad: tuple[int, int], dil
 class WindowSpec:
     """A sliding-window pooling (max, avg, lp) fully resolved."""
 
+    __hash__ = _hash_once
+    __getstate__ = _state_without_hash
+
     geom: Geometry
     op: str  # "max" | "avg" | "lp"
     kernel: tuple[int, ...]
@@ -353,6 +374,9 @@ def window_spec(func: str, op: str, shape, dtype: str, kernel_size, stride, padd
 @dataclass(frozen=True)
 class AdaptiveSpec:
     """Adaptive (and global) pooling: window i spans [floor(i*I/O), ceil((i+1)*I/O))."""
+
+    __hash__ = _hash_once
+    __getstate__ = _state_without_hash
 
     geom: Geometry
     op: str  # "max" | "avg"
@@ -416,6 +440,9 @@ class UnpoolSpec:
     """Scatter of pooled values into zeros at per-plane flat indices: the pooling it undoes
     (kernel, stride, dilation, and its pads resolved on the unpooled size) and the indices'
     dtype."""
+
+    __hash__ = _hash_once
+    __getstate__ = _state_without_hash
 
     geom: Geometry  # geometry of the pooled input
     out_spatial: tuple[int, ...]

@@ -63,7 +63,7 @@ def seen(monkeypatch):
         return run
     monkeypatch.setattr(gpupool.ops, "implementation", spy)
     # a fresh plan cache: a plan cached before would bypass the spy
-    monkeypatch.setattr(gpupool.ops, "_plans", type(gpupool.ops._plans)())
+    monkeypatch.setattr(gpupool.plans, "_plans", type(gpupool.plans._plans)())
     return calls
 
 

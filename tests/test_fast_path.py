@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gpupool
-from gpupool import ops
+from gpupool import plans
 from gpupool.cpu import numpy_backend, reduce
 
 
@@ -112,7 +112,7 @@ def test_small_blocks_take_the_direct_path_and_large_ones_do_not(monkeypatch):
 def test_cached_call_matches_a_fresh_one_and_keeps_its_errors():
     x = np.random.default_rng(0).standard_normal((2, 3, 9, 9)).astype(np.float32)
     first = gpupool.avg_pool(x, 3, 2, 1)
-    ops._plans.clear()
+    plans._plans.clear()
     assert _bits(gpupool.avg_pool(x, 3, 2, 1)) == _bits(first)
     assert _bits(gpupool.avg_pool(x, 3, 2, 1)) == _bits(first)  # warm: from the cache
     with pytest.raises(TypeError, match=r"gpupool.avg_pool: kernel_size=3.0 must be an int"):
@@ -123,31 +123,31 @@ def test_cached_call_matches_a_fresh_one_and_keeps_its_errors():
         gpupool.avg_pool(x, 3, 2, -1)
     with pytest.raises(ValueError, match=r"gpupool.avg_pool: padding=-1 must be >= 0"):
         gpupool.avg_pool(x, 3, 2, -1)  # a failed call stores nothing
-    assert len(ops._plans) == 1
+    assert len(plans._plans) == 1
 
 
 def test_cache_keys_hold_argument_types_and_odd_arguments_bypass_it():
-    ops._plans.clear()
+    plans._plans.clear()
     x = np.ones((1, 1, 4, 4), np.float32)
     gpupool.max_pool(x, 2)
     gpupool.max_pool(x, (2, 2))
     gpupool.max_pool(x, [2, 2])
-    assert len(ops._plans) == 3
+    assert len(plans._plans) == 3
     gpupool.max_pool(x, np.int64(2))  # a NumPy int: validated on every call, not cached
     gpupool.max_pool(x, 2, padding=np.array(0))
-    assert len(ops._plans) == 3
+    assert len(plans._plans) == 3
     with pytest.raises(TypeError, match="must be an int"):
         gpupool.max_pool(x, (2, True))
 
 
 def test_cache_is_bounded_and_keyed_by_input_strides_and_threads(monkeypatch):
-    ops._plans.clear()
-    monkeypatch.setattr(ops, "PLAN_CACHE_SIZE", 3)
+    plans._plans.clear()
+    monkeypatch.setattr(plans, "CACHE_SIZE", 3)
     for n in range(1, 6):
         gpupool.max_pool(np.ones((n, 1, 4, 4), np.float32), 2)
-    assert len(ops._plans) == 3
-    assert sorted(key[2][0] for key in ops._plans) == [3, 4, 5]  # the latest kept
-    ops._plans.clear()
+    assert len(plans._plans) == 3
+    assert sorted(key[2][0] for key in plans._plans) == [3, 4, 5]  # the latest kept
+    plans._plans.clear()
     x = np.ones((2, 4, 4, 4), np.float32)
     gpupool.max_pool(x, 2)
     gpupool.max_pool(x[:, ::2], 2)
@@ -157,14 +157,14 @@ def test_cache_is_bounded_and_keyed_by_input_strides_and_threads(monkeypatch):
         gpupool.max_pool(x, 2)
     finally:
         gpupool.set_num_threads(threads)
-    assert len(ops._plans) == 3
+    assert len(plans._plans) == 3
 
 
 def test_cached_calls_from_many_threads_agree():
     rng = np.random.default_rng(1)
     inputs = [rng.standard_normal((1, 4, 5 + i % 3, 8)).astype(np.float32) for i in range(12)]
     want = [_bits(gpupool.lp_pool(x, 2, 3, 2, 1, ceil_mode=True)) for x in inputs]
-    ops._plans.clear()
+    plans._plans.clear()
     got = [None] * len(inputs)
 
     def work(i):

@@ -237,6 +237,7 @@ def prepare_window(spec: WindowSpec):
     plane_bytes = dtype.itemsize * math.prod(geom.spatial) * geom.channels
     in_shape = (geom.batch,) + geom.shape[len(geom.lead):]
     out_shape = (geom.batch,) + spec.out_shape[len(geom.lead):]
+    arithmetic = spec.op != "max"
     if (spec.return_indices and dtype in KEYED_INDEX_DTYPES and LITTLE_ENDIAN
             and math.prod(geom.spatial) < 2**31):
         def blocks(xc, oc, ic):
@@ -283,7 +284,7 @@ def prepare_window(spec: WindowSpec):
     def run(x, _spec, out, indices) -> None:
         block = blocks(x.reshape(in_shape), out.reshape(out_shape),
                        None if indices is None else indices.reshape(out_shape))
-        in_blocks(block, geom.batch, plane_bytes)
+        in_blocks(block, geom.batch, plane_bytes, arithmetic)
     return run
 
 
@@ -408,7 +409,7 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
                          nhwc, means, owned=xb.dtype != acc)
             if not direct:
                 np.copyto(target, means)
-        in_blocks(block, geom.batch, plane_bytes)
+        in_blocks(block, geom.batch, plane_bytes, spec.op != "max")
         return
     per_dim, counts = _adaptive_plans(spec)
     if indices is not None:
@@ -417,7 +418,7 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
         def block(b0, b1):
             adaptive_argmax(xc[b0:b1], 1, per_dim, (0,) * geom.nd, geom.spatial, oc[b0:b1],
                             ic[b0:b1])
-        in_blocks(block, geom.batch, plane_bytes)
+        in_blocks(block, geom.batch, plane_bytes, spec.op != "max")
         return
     acc = accumulator(x.dtype)
     # a tap beyond a window adds -0.0 (no change: the sum of its taps in order, as the
@@ -436,7 +437,7 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
         if spec.op == "avg":
             np.divide(cur, counts, out=cur)
         oc[b0:b1] = cur
-    in_blocks(block, geom.batch, plane_bytes)
+    in_blocks(block, geom.batch, plane_bytes, spec.op != "max")
 
 
 @functools.lru_cache(maxsize=256)

@@ -34,15 +34,17 @@ def canonical(a, geom):
     return a.reshape((geom.batch,) + a.shape[len(geom.lead):])
 
 
-def in_blocks(func, n_items: int, item_bytes: int) -> None:
+def in_blocks(func, n_items: int, item_bytes: int, arithmetic: bool = True) -> None:
     """Call ``func(start, stop)`` over ``[0, n_items)`` in cache-sized blocks, on the thread
-    pool of :mod:`gpupool.cpu.threads`. Floating-point warnings are silenced: inf - inf gives NaN,
-    as on the GPU."""
-    inner = func
+    pool of :mod:`gpupool.cpu.threads`. With ``arithmetic`` (sums, divisions, powers),
+    floating-point warnings are silenced: inf - inf gives NaN, as on the GPU; maxima and
+    integer work raise none and skip the (microseconds of) ``np.errstate``."""
+    if arithmetic:
+        inner = func
 
-    def func(start, stop):
-        with np.errstate(all="ignore"):
-            inner(start, stop)
+        def func(start, stop):
+            with np.errstate(all="ignore"):
+                inner(start, stop)
 
     per_block = max(1, BLOCK_BYTES // max(item_bytes, 1))
     if n_items <= per_block:
