@@ -73,7 +73,7 @@ def test_a_new_process_loads_compiled_kernels_from_disk(cupy, monkeypatch):
     gpupool.max_pool(x, (2, 3), 2)
     for memo in (CB.kernel, CB.load_module):
         memo.cache_clear()
-    CB.prepared.cache_clear()
+    CB.clear_launches()
     before = len(cupy.calls)
     assert_array_equal(gpupool.max_pool(x, (2, 3), 2).get(), np.ones((1, 2, 4, 4)))
     assert len(cupy.calls) == before

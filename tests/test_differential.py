@@ -539,8 +539,9 @@ def apply_hooks(mp, hooks: str) -> None:
 def clear_plans() -> None:
     from gpupool.cuda import backend as CB
     PLAN.cache_clear()
-    CB.prepared.cache_clear()
+    CB.clear_launches()
     QS.avg_plan.cache_clear()
+    gpupool.plans.clear()
 
 
 # ----------------------------------------------------------------------------- running a case
@@ -567,7 +568,7 @@ def record(mp, kernel=None) -> Record:
         return kernel if kernel is not None else real_kernel(source_file, name)
     mp.setattr(planner, "plan", plan_spy)
     mp.setattr(CB, "kernel", kernel_spy)
-    CB.prepared.cache_clear()  # launch steps ask for their kernels again
+    CB.clear_launches()  # launch steps ask for their kernels again
     return rec
 
 

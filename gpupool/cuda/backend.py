@@ -28,6 +28,7 @@ import functools
 import hashlib
 import io
 import math
+import operator
 import os
 import re
 import struct
@@ -336,22 +337,40 @@ def global_passes(spec, pl: planner.Plan, it, partial: str) -> list[GlobalPass]:
             GlobalPass(second, True, ("partial", "out"), partial, g.dtype, sizes2, lanes[1])]
 
 
-class _Step:
+class Step:
     """One prepared launch: kernel, grid, block, and the argument tuple with the arrays
     named by ``io`` ("x", "out", "indices", "partial") put in front of ``scalars``."""
 
-    __slots__ = ("fn", "grid", "block", "io", "scalars")
+    __slots__ = ("fn", "grid", "block", "io", "scalars", "_pick")
 
     def __init__(self, fn, grid, block, io, scalars):
         self.fn, self.grid, self.block, self.io, self.scalars = fn, grid, block, io, scalars
+        self._pick = operator.itemgetter(*io)  # two or more names: a tuple
 
     def __call__(self, arrays: dict) -> None:
-        self.fn(self.grid, self.block, tuple(arrays[k] for k in self.io) + self.scalars)
+        self.fn(self.grid, self.block, self._pick(arrays) + self.scalars)
 
 
-@functools.lru_cache(maxsize=1024)
+_LAUNCH_CACHES: list = []
+
+
+def launch_cache(build):
+    """Memoize a builder of launch lists (``functools.lru_cache``); :func:`clear_launches`
+    forgets every such list at once (the float ops' here, the quantized ops')."""
+    cached = functools.lru_cache(maxsize=1024)(build)
+    _LAUNCH_CACHES.append(cached)
+    return cached
+
+
+def clear_launches() -> None:
+    """Forget every prepared launch list: later calls plan and ask for their kernels again."""
+    for cached in _LAUNCH_CACHES:
+        cached.cache_clear()
+
+
+@launch_cache
 def prepared(spec, device_id: int, indices_dtype: str = "int64"
-             ) -> tuple[tuple[_Step, ...], tuple | None]:
+             ) -> tuple[tuple[Step, ...], tuple | None]:
     """Launch steps of ``spec`` on ``device_id`` and the (size, dtype) of scratch partials
     (None when a single pass). Compiles the kernels it needs (once per device).
     ``indices_dtype``: dtype of an unpool's indices (not part of UnpoolSpec)."""
@@ -379,7 +398,7 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64"
             extra = ()
         io = ("x", "out", "indices") if la.kernel.endswith("_indices") else ("x", "out")
         fn = kernel(FAMILY_FILES[la.kernel], name)
-        steps.append(_Step(fn, la.grid, la.block, io, geo + extra))
+        steps.append(Step(fn, la.grid, la.block, io, geo + extra))
     elif pl.family == "global":
         part = _partial_dtype(spec.op, g.dtype)
         # an average sums value * (1 / count): finite where the mean is
@@ -387,7 +406,7 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64"
                   np.dtype(_acc(part)).type(1.0))
         for p in global_passes(spec, pl, it, part):
             name = global_name(p.launch.kernel, spec.op == "max", p.tin, p.tout, itype, p.lanes)
-            steps.append(_Step(kernel(FAMILY_FILES[p.launch.kernel], name), p.launch.grid,
+            steps.append(Step(kernel(FAMILY_FILES[p.launch.kernel], name), p.launch.grid,
                                p.launch.block, p.io, p.sizes + (scales[p.second],)))
         if len(pl.launches) > 1:
             scratch = (g.planes * pl.launches[0].get("nchunks"), part)
@@ -396,7 +415,7 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64"
         n = math.prod(g.shape)
         sin = math.prod(g.spatial)
         name = unpool_name(np.dtype(g.dtype).itemsize, indices_dtype, itype)
-        steps.append(_Step(kernel(FAMILY_FILES["max_unpool"], name), la.grid, la.block,
+        steps.append(Step(kernel(FAMILY_FILES["max_unpool"], name), la.grid, la.block,
                            ("x", "indices", "out"),
                            (it(n), it(sin), it(spec.plane_size), it(g.channels))))
     return tuple(steps), scratch
@@ -407,14 +426,18 @@ def contiguous(a):
     return a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
 
 
-def _run(x, spec, out, indices, indices_dtype: str = "int64") -> None:
-    device_id = cupy.cuda.runtime.getDevice()
-    steps, scratch = prepared(spec, device_id, indices_dtype)
-    arrays = {"x": contiguous(x), "out": out, "indices": indices}
+def launch(steps, scratch, arrays: dict) -> None:
+    """Run prepared ``steps`` on ``arrays`` (named as their ``io``), with a fresh array of
+    partials where ``scratch`` gives its (size, dtype)."""
     if scratch is not None:
         arrays["partial"] = cupy.empty(scratch[0], dtype=scratch[1])
     for step in steps:
         step(arrays)
+
+
+def _run(x, spec, out, indices, indices_dtype: str = "int64") -> None:
+    steps, scratch = prepared(spec, cupy.cuda.runtime.getDevice(), indices_dtype)
+    launch(steps, scratch, {"x": contiguous(x), "out": out, "indices": indices})
 
 
 def _host_fallback(family: str, x, spec, out, indices) -> None:

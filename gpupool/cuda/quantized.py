@@ -118,6 +118,17 @@ def _can_use_vmax4(x, spec: WindowSpec) -> tuple[bool, str]:
     return True, "NHWC with C % 4 == 0: 4 channels per 32-bit word"
 
 
+@CB.launch_cache
+def word_max_steps(spec: WindowSpec, device_id: int) -> tuple:
+    """The launch of ``qmax_pool_nhwc4`` for ``spec`` on ``device_id`` (built once)."""
+    wspec = _word_spec(spec)
+    pl = planner.plan(wspec, CB.device_info(device_id))
+    la = pl.launches[0]
+    geo = CB.geo_args(wspec, CB.itype_scalar(pl.index_type), True) + (np.int32(la.rows),)
+    fn = _kernel(qmax_nhwc4_name(spec.geom.dtype, pl.index_type, planner.static_window(spec)))
+    return (CB.Step(fn, la.grid, la.block, ("x", "out"), geo),), None
+
+
 @register("qmax_window", "cupy")
 def qmax_window(x, spec: WindowSpec, out) -> None:
     if spec.geom.nd > 3:
@@ -128,14 +139,8 @@ def qmax_window(x, spec: WindowSpec, out) -> None:
     if not ok:
         CB.window(x, spec, out, None)
         return
-    wspec = _word_spec(spec)
-    device_id = cupy.cuda.runtime.getDevice()
-    pl = planner.plan(wspec, CB.device_info(device_id))
-    la = pl.launches[0]
-    it = CB.itype_scalar(pl.index_type)
-    geo = CB.geo_args(wspec, it, True) + (np.int32(la.rows),)
-    fn = _kernel(qmax_nhwc4_name(spec.geom.dtype, pl.index_type, planner.static_window(spec)))
-    fn(la.grid, la.block, (x.view(cupy.uint32), out.view(cupy.uint32)) + geo)
+    steps, scratch = word_max_steps(spec, cupy.cuda.runtime.getDevice())
+    CB.launch(steps, scratch, {"x": x.view(cupy.uint32), "out": out.view(cupy.uint32)})
 
 
 def _requant_args(plan: AvgPlan, zp_in: int | None = None) -> tuple:
@@ -144,55 +149,51 @@ def _requant_args(plan: AvgPlan, zp_in: int | None = None) -> tuple:
             np.int32(plan.qmin), np.int32(plan.qmax))
 
 
+@CB.launch_cache
+def average_steps(spec, plan: AvgPlan, device_id: int) -> tuple:
+    """The launches of a quantized average (window, adaptive or global) on ``device_id`` and
+    the (size, dtype) of its partial sums, or None: built once per (spec, plan, device). A
+    global average runs the float global kernels' launches over codes
+    (:func:`CB.global_passes`); a split plane's partial sums, in the accumulator dtype, have
+    zp_in taken off already."""
+    rows, table = _device_tables(plan, device_id)
+    pl = planner.plan(spec, CB.device_info(device_id))
+    g = spec.geom
+    it = CB.itype_scalar(pl.index_type)
+    if isinstance(spec, AdaptiveSpec) and spec.is_global:
+        steps = []
+        for p in CB.global_passes(spec, pl, it, plan.acc_dtype):
+            name = qavg_global_name(p.launch.kernel, p.tin, plan.acc_dtype, p.tout,
+                                    pl.index_type, p.lanes)
+            steps.append(CB.Step(_kernel(name), p.launch.grid, p.launch.block, p.io, p.sizes
+                                 + (table,) + _requant_args(plan, 0 if p.second else None)))
+        scratch = ((g.planes * pl.launches[0].get("nchunks"), plan.acc_dtype)
+                   if len(pl.launches) > 1 else None)
+        return tuple(steps), scratch
+    la = pl.launches[0]
+    window = isinstance(spec, WindowSpec)
+    nhwc = g.layout == "NHWC"
+    name = (qavg_pool_name(g.dtype, plan.acc_dtype, pl.index_type, planner.static_window(spec),
+                           nhwc) if window
+            else qavg_adaptive_name(g.dtype, plan.acc_dtype, pl.index_type, nhwc))
+    geo = CB.geo_args(spec, it, window) + (np.int32(la.rows),)
+    return (CB.Step(_kernel(name), la.grid, la.block, ("x", "out"),
+                    geo + (rows, table) + _requant_args(plan)),), None
+
+
 @register("qavg_window", "cupy")
 def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
     if spec.geom.nd > 3:
         _host_fallback("qavg_window", x, spec, out, plan)
         return
-    device_id = cupy.cuda.runtime.getDevice()
-    rows, table = _device_tables(plan, device_id)
-    pl = planner.plan(spec, CB.device_info(device_id))
-    la = pl.launches[0]
-    it = CB.itype_scalar(pl.index_type)
-    geo = CB.geo_args(spec, it, True) + (np.int32(la.rows),)
-    name = qavg_pool_name(spec.geom.dtype, plan.acc_dtype, pl.index_type,
-                          planner.static_window(spec), spec.geom.layout == "NHWC")
-    _kernel(name)(la.grid, la.block,
-                  (CB.contiguous(x), out) + geo + (rows, table) + _requant_args(plan))
-
-
-def _global_average(x, spec: AdaptiveSpec, out, plan: AvgPlan, device_id: int) -> None:
-    """The float global kernels' launches over codes (planner, :func:`CB.global_passes`); a
-    split plane's partial sums go through a scratch array of the accumulator dtype."""
-    _, table = _device_tables(plan, device_id)
-    pl = planner.plan(spec, CB.device_info(device_id))
-    arrays = {"x": x, "out": out}
-    if len(pl.launches) > 1:
-        arrays["partial"] = cupy.empty(spec.geom.planes * pl.launches[0].get("nchunks"),
-                                       dtype=plan.acc_dtype)
-    for p in CB.global_passes(spec, pl, CB.itype_scalar(pl.index_type), plan.acc_dtype):
-        name = qavg_global_name(p.launch.kernel, p.tin, plan.acc_dtype, p.tout, pl.index_type,
-                                p.lanes)
-        zp_in = 0 if p.second else plan.zp_in  # the partial sums have zp_in taken off
-        _kernel(name)(p.launch.grid, p.launch.block, tuple(arrays[k] for k in p.io) + p.sizes
-                      + (table,) + _requant_args(plan, zp_in))
+    steps, scratch = average_steps(spec, plan, cupy.cuda.runtime.getDevice())
+    CB.launch(steps, scratch, {"x": CB.contiguous(x), "out": out})
 
 
 @register("qavg_adaptive", "cupy")
 def qavg_adaptive(x, spec: AdaptiveSpec, out, plan: AvgPlan) -> None:
-    g = spec.geom
-    device_id = cupy.cuda.runtime.getDevice()
-    x = CB.contiguous(x)
-    if spec.is_global:
-        _global_average(x, spec, out, plan, device_id)
-        return
-    if g.nd > 3:
+    if spec.geom.nd > 3 and not spec.is_global:
         _host_fallback("qavg_adaptive", x, spec, out, plan)
         return
-    rows, table = _device_tables(plan, device_id)
-    pl = planner.plan(spec, CB.device_info(device_id))
-    la = pl.launches[0]
-    it = CB.itype_scalar(pl.index_type)
-    geo = CB.geo_args(spec, it, False) + (np.int32(la.rows),)
-    name = qavg_adaptive_name(g.dtype, plan.acc_dtype, pl.index_type, g.layout == "NHWC")
-    _kernel(name)(la.grid, la.block, (x, out) + geo + (rows, table) + _requant_args(plan))
+    steps, scratch = average_steps(spec, plan, cupy.cuda.runtime.getDevice())
+    CB.launch(steps, scratch, {"x": CB.contiguous(x), "out": out})

@@ -73,9 +73,9 @@ def scaled_shape(case, planes: int) -> tuple:
 def _clear_backend_caches() -> None:
     """Forget gpupool's device properties, prepared launches and loaded kernels."""
     from gpupool.cuda import backend as cuda_backend
-    for cached in (cuda_backend.device_info, cuda_backend.prepared, cuda_backend.load_module,
-                   cuda_backend.kernel):
+    for cached in (cuda_backend.device_info, cuda_backend.load_module, cuda_backend.kernel):
         cached.cache_clear()
+    cuda_backend.clear_launches()
 
 
 @contextlib.contextmanager
@@ -85,7 +85,7 @@ def sm_count(sms: int):
     os.environ["CUDACPU_SM_COUNT"] = str(sms)
     from gpupool.cuda import backend as cuda_backend
     cuda_backend.device_info.cache_clear()
-    cuda_backend.prepared.cache_clear()
+    cuda_backend.clear_launches()
     try:
         yield
     finally:
@@ -94,7 +94,7 @@ def sm_count(sms: int):
         else:
             os.environ["CUDACPU_SM_COUNT"] = saved
         cuda_backend.device_info.cache_clear()
-        cuda_backend.prepared.cache_clear()
+        cuda_backend.clear_launches()
 
 
 def run_case(case, x):
@@ -126,7 +126,7 @@ def planned(case, shape, sms: int = traffic.SM_COUNT) -> list[PlannedLaunch]:
             run_case(case, cupy.empty(shape, case.dtype))
     finally:
         cuda_backend.kernel = real
-        cuda_backend.prepared.cache_clear()
+        cuda_backend.clear_launches()
     return launches
 
 
