@@ -10,17 +10,17 @@ namespace gp {
 // max path, which never does arithmetic).
 template <typename T> struct Num;
 
-#define GP_FLOAT_TRAITS(T, LOWEST)                                                             \
+// A type reduced in itself: its lowest value and its NaN test (``v`` the value tested).
+#define GP_TRAITS(T, LOWEST, IS_NAN)                                                           \
   template <> struct Num<T> {                                                                  \
     typedef T acc;                                                                             \
     static __device__ __forceinline__ acc lowest() { return LOWEST; }                          \
     static __device__ __forceinline__ acc load(T v) { return v; }                              \
     static __device__ __forceinline__ T store(acc v) { return v; }                             \
-    static __device__ __forceinline__ bool is_nan(acc v) { return isnan(v); }                  \
+    static __device__ __forceinline__ bool is_nan(acc v) { return IS_NAN; }                    \
   };
-GP_FLOAT_TRAITS(float, __int_as_float(0xff800000))
-GP_FLOAT_TRAITS(double, __longlong_as_double(0xfff0000000000000ULL))
-#undef GP_FLOAT_TRAITS
+GP_TRAITS(float, __int_as_float(0xff800000), isnan(v))
+GP_TRAITS(double, __longlong_as_double(0xfff0000000000000ULL), isnan(v))
 
 template <> struct Num<__half> {
   typedef float acc;
@@ -30,20 +30,12 @@ template <> struct Num<__half> {
   static __device__ __forceinline__ bool is_nan(acc v) { return isnan(v); }
 };
 
-#define GP_INT_TRAITS(T, LOWEST)                                                               \
-  template <> struct Num<T> {                                                                  \
-    typedef T acc;                                                                             \
-    static __device__ __forceinline__ acc lowest() { return LOWEST; }                          \
-    static __device__ __forceinline__ acc load(T v) { return v; }                              \
-    static __device__ __forceinline__ T store(acc v) { return v; }                             \
-    static __device__ __forceinline__ bool is_nan(acc) { return false; }                       \
-  };
-GP_INT_TRAITS(signed char, (signed char)(-128))
-GP_INT_TRAITS(unsigned char, (unsigned char)0)
-GP_INT_TRAITS(short, (short)(-32768))
-GP_INT_TRAITS(int, (int)(-2147483647 - 1))
-GP_INT_TRAITS(long long, (long long)(-9223372036854775807LL - 1))
-#undef GP_INT_TRAITS
+GP_TRAITS(signed char, (signed char)(-128), ((void)v, false))
+GP_TRAITS(unsigned char, (unsigned char)0, ((void)v, false))
+GP_TRAITS(short, (short)(-32768), ((void)v, false))
+GP_TRAITS(int, (int)(-2147483647 - 1), ((void)v, false))
+GP_TRAITS(long long, (long long)(-9223372036854775807LL - 1), ((void)v, false))
+#undef GP_TRAITS
 
 // PyTorch's max rule: NaN wins and stays (a later NaN replaces it), ties keep the first.
 template <typename A>
