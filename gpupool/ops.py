@@ -159,6 +159,14 @@ def lp_pool(x: ArrayLike, p: float, kernel_size: Size, stride: Size | None = Non
     return _run("lp_pool", x, backend, xp, plan, out)
 
 
+def _global(func: str, op: str, x, spatial_dims, layout, out):
+    x, backend, xp = as_array(func, x)
+    plan = _plan(func, "adaptive", x, backend, (spatial_dims, layout),
+                 lambda: S.global_spec(func, op, x.shape, dtype_name(x.dtype), spatial_dims,
+                                       layout))
+    return _run(func, x, backend, xp, plan, out)
+
+
 @_accepts_foreign
 def global_avg_pool(x: ArrayLike, *, spatial_dims: int = 2, layout: str = "NCHW",
                     out: Array | None = None) -> Array:
@@ -167,11 +175,7 @@ def global_avg_pool(x: ArrayLike, *, spatial_dims: int = 2, layout: str = "NCHW"
     >>> global_avg_pool(np.ones((2, 3, 7, 7), np.float32)).shape
     (2, 3, 1, 1)
     """
-    x, backend, xp = as_array("global_avg_pool", x)
-    plan = _plan("global_avg_pool", "adaptive", x, backend, (spatial_dims, layout),
-                 lambda: S.global_spec("global_avg_pool", "avg", x.shape, dtype_name(x.dtype),
-                                       spatial_dims, layout))
-    return _run("global_avg_pool", x, backend, xp, plan, out)
+    return _global("global_avg_pool", "avg", x, spatial_dims, layout, out)
 
 
 @_accepts_foreign
@@ -182,11 +186,7 @@ def global_max_pool(x: ArrayLike, *, spatial_dims: int = 2, layout: str = "NCHW"
     >>> global_max_pool(np.arange(8.).reshape(1, 2, 2, 2))
     array([[[[3.]], [[7.]]]])
     """
-    x, backend, xp = as_array("global_max_pool", x)
-    plan = _plan("global_max_pool", "adaptive", x, backend, (spatial_dims, layout),
-                 lambda: S.global_spec("global_max_pool", "max", x.shape, dtype_name(x.dtype),
-                                       spatial_dims, layout))
-    return _run("global_max_pool", x, backend, xp, plan, out)
+    return _global("global_max_pool", "max", x, spatial_dims, layout, out)
 
 
 @_accepts_foreign

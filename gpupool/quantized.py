@@ -110,13 +110,23 @@ def dequantize(q: QArray) -> Array:
         return ((data.astype("float64") - q.zero_point) * q.scale).astype("float32")
 
 
-def _average_plan(func: str, q: QArray, spec, backend: str, family: str, out_scale,
-                  out_zero_point, rounding) -> tuple:
-    """``(spec, implementation, requantization plan, output scale)`` of a quantized average."""
-    dtype, out_scale, zp_out, rounding = out_params(func, q, out_scale, out_zero_point,
-                                                    rounding)
-    plan = avg_plan(spec, dtype, q.scale, q.zero_point, out_scale, zp_out, rounding)
-    return spec, implementation(family, backend), plan, out_scale
+def _average(func: str, q, family: str, arguments: tuple, spec_of, out_scale, out_zero_point,
+             rounding) -> QArray:
+    """A quantized average: its spec (``spec_of(codes)``, which validates the geometry),
+    implementation, requantization plan and output scale from the plan cache, then the codes
+    of the result."""
+    q = _qarray(func, q)
+    data, backend, xp = as_array(f"quantized.{func}", q.data)
+
+    def build():
+        dtype, scale, zp_out, mode = out_params(func, q, out_scale, out_zero_point, rounding)
+        spec = spec_of(data)
+        plan = avg_plan(spec, dtype, q.scale, q.zero_point, scale, zp_out, mode)
+        return spec, implementation(family, backend), plan, scale
+    spec, impl, plan, scale = plans.cached(
+        f"quantized.{func}", backend, data,
+        arguments + (out_scale, out_zero_point, rounding, q.scale, q.zero_point), build)
+    return QS.trusted_qarray(_run(data, backend, xp, spec, impl, plan), scale, plan.zp_out)
 
 
 def _run(data, backend: str, xp, spec, impl, *extra):
@@ -188,19 +198,12 @@ def avg_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: 
     >>> avg_pool(QArray(np.array([[[1, 2, 4, 4]]], np.int8), 1.0), (2,)).data
     array([[[2, 4]]], dtype=int8)
     """
-    func = "avg_pool"
-    q = _qarray(func, q)
-    data, backend, xp = as_array(f"quantized.{func}", q.data)
-    spec, impl, plan, out_scale = plans.cached(
-        "quantized.avg_pool", backend, data,
-        (kernel_size, stride, padding, ceil_mode, count_include_pad, out_scale, out_zero_point,
-         rounding, layout, q.scale, q.zero_point),
-        lambda: _average_plan(func, q, QS.window_spec(func, "avg", data.shape,
-                                                      dtype_name(data.dtype), kernel_size,
-                                                      stride, padding, 1, ceil_mode, layout,
-                                                      count_include_pad),
-                              backend, "qavg_window", out_scale, out_zero_point, rounding))
-    return QS.trusted_qarray(_run(data, backend, xp, spec, impl, plan), out_scale, plan.zp_out)
+    return _average("avg_pool", q, "qavg_window",
+                    (kernel_size, stride, padding, ceil_mode, count_include_pad, layout),
+                    lambda data: QS.window_spec("avg_pool", "avg", data.shape,
+                                                dtype_name(data.dtype), kernel_size, stride,
+                                                padding, 1, ceil_mode, layout, count_include_pad),
+                    out_scale, out_zero_point, rounding)
 
 
 @_accepts_dask
@@ -213,16 +216,10 @@ def global_avg_pool(q: QArray, *, spatial_dims: int = 2, out_scale: float | None
     >>> global_avg_pool(QArray(np.array([[[[1, 2], [2, 2]]]], np.uint8), 1.0)).data
     array([[[[2]]]], dtype=uint8)
     """
-    func = "global_avg_pool"
-    q = _qarray(func, q)
-    data, backend, xp = as_array(f"quantized.{func}", q.data)
-    spec, impl, plan, out_scale = plans.cached(
-        "quantized.global_avg_pool", backend, data,
-        (spatial_dims, out_scale, out_zero_point, rounding, layout, q.scale, q.zero_point),
-        lambda: _average_plan(func, q, QS.global_spec(func, data.shape, dtype_name(data.dtype),
-                                                      spatial_dims, layout),
-                              backend, "qavg_adaptive", out_scale, out_zero_point, rounding))
-    return QS.trusted_qarray(_run(data, backend, xp, spec, impl, plan), out_scale, plan.zp_out)
+    return _average("global_avg_pool", q, "qavg_adaptive", (spatial_dims, layout),
+                    lambda data: QS.global_spec("global_avg_pool", data.shape,
+                                                dtype_name(data.dtype), spatial_dims, layout),
+                    out_scale, out_zero_point, rounding)
 
 
 @_accepts_dask
@@ -235,17 +232,10 @@ def adaptive_avg_pool(q: QArray, output_size: Size, *, out_scale: float | None =
     >>> adaptive_avg_pool(QArray(np.arange(6, dtype=np.int8).reshape(1, 1, 6), 1.0), (2,)).data
     array([[[1, 4]]], dtype=int8)
     """
-    func = "adaptive_avg_pool"
-    q = _qarray(func, q)
-    data, backend, xp = as_array(f"quantized.{func}", q.data)
-    spec, impl, plan, out_scale = plans.cached(
-        "quantized.adaptive_avg_pool", backend, data,
-        (output_size, out_scale, out_zero_point, rounding, layout, q.scale, q.zero_point),
-        lambda: _average_plan(func, q, QS.adaptive_spec(func, data.shape,
-                                                        dtype_name(data.dtype), output_size,
-                                                        layout),
-                              backend, "qavg_adaptive", out_scale, out_zero_point, rounding))
-    return QS.trusted_qarray(_run(data, backend, xp, spec, impl, plan), out_scale, plan.zp_out)
+    return _average("adaptive_avg_pool", q, "qavg_adaptive", (output_size, layout),
+                    lambda data: QS.adaptive_spec("adaptive_avg_pool", data.shape,
+                                                  dtype_name(data.dtype), output_size, layout),
+                    out_scale, out_zero_point, rounding)
 
 
 __all__ = ["QArray", "quantize", "dequantize", "max_pool", "avg_pool", "global_avg_pool",
