@@ -64,6 +64,9 @@ def as_array(func: str, x, name: str = "x"):
         import cupy
         return x, "cupy", cupy
     if isinstance(x, np.ndarray):
+        if isinstance(x, np.ma.MaskedArray):
+            raise TypeError(f"gpupool.{func}: {name} is a numpy.ma.MaskedArray; its mask would "
+                            f"be ignored: pass x.filled(value) (or x.data) instead")
         if type(x) is not np.ndarray:  # a subclass (np.matrix reshapes its own way, ...)
             x = np.asarray(x)
         if not x.dtype.isnative:  # byte-swapped: once here, so no backend ever sees it

@@ -55,6 +55,9 @@ def _result(func: str, out, shape, dtype, x, backend: str, xp):
     ``np.memmap`` viewed as a plain ``numpy.ndarray`` over the same memory)."""
     if out is None:
         return xp.empty(shape, dtype=dtype)
+    if isinstance(out, np.ma.MaskedArray):
+        raise TypeError(f"gpupool.{func}: out is a numpy.ma.MaskedArray; its mask would be left "
+                        f"as it is: pass a plain array")
     if backend_of(out) != backend:
         raise TypeError(f"gpupool.{func}: out is a {type(out).__module__}.{type(out).__name__}; "
                         f"expected a {backend} array like the input "

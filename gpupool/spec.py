@@ -427,7 +427,9 @@ def adaptive_spec(func: str, op: str, shape, dtype: str, output_size, layout, *,
 def global_spec(func: str, op: str, shape, dtype: str, spatial_dims, layout, *,
                 integers=None) -> AdaptiveSpec:
     """Validate a global pooling (``integers`` as in :func:`window_spec`)."""
-    if not _is_int(spatial_dims) or int(spatial_dims) < 1:
+    if not _is_int(spatial_dims):
+        _fail(func, f"spatial_dims={spatial_dims!r} must be an int", TypeError)
+    if int(spatial_dims) < 1:
         _fail(func, f"spatial_dims={spatial_dims!r} must be a positive int")
     nd = int(spatial_dims)
     g = geometry(func, shape, dtype, layout, nd,

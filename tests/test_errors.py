@@ -163,8 +163,9 @@ def test_adaptive_output_size_must_be_positive(x, func, size):
 
 
 @pytest.mark.parametrize("func", ["global_avg_pool", "global_max_pool"])
-@pytest.mark.parametrize("dims,exc", [(0, ValueError), (-1, ValueError)])
-def test_global_spatial_dims_must_be_positive(x, func, dims, exc):
+@pytest.mark.parametrize("dims,exc", [(0, ValueError), (-1, ValueError), (True, TypeError),
+                                      (2.0, TypeError), ("2", TypeError)])
+def test_global_spatial_dims_must_be_a_positive_int(x, func, dims, exc):
     with raises(exc, func, "spatial_dims", repr(dims)):
         getattr(gpupool, func)(x, spatial_dims=dims)
 
@@ -447,6 +448,20 @@ def test_byte_swapped_out_is_rejected(backend, func, dtype):
         pytest.skip(f"{backend.name} has no byte-swapped arrays")
     with raises(ValueError, func, "out", "byte order"):
         call(swapped)
+
+
+def test_masked_arrays_are_refused_not_unmasked():
+    """Regression: a numpy.ma.MaskedArray was pooled as its data, masked values included
+    (max of a window whose max is masked gave that value); as input or out= it is a TypeError."""
+    data = np.arange(16.0).reshape(1, 1, 4, 4)
+    masked = np.ma.masked_array(data, mask=np.eye(4, dtype=bool)[None, None])
+    for call in (lambda: gpupool.max_pool(masked, 2), lambda: gpupool.global_avg_pool(masked),
+                 lambda: gpupool.quantized.QArray(np.ma.masked_array(np.zeros(4, np.int8)), 1.0)):
+        with pytest.raises(TypeError, match="MaskedArray; its mask would be ignored"):
+            call()
+    out = np.ma.masked_array(np.zeros((1, 1, 2, 2)), mask=True)
+    with raises(TypeError, "max_pool", "out", "MaskedArray"):
+        gpupool.max_pool(data, 2, out=out)
 
 
 @pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
