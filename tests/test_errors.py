@@ -459,6 +459,9 @@ def test_masked_arrays_are_refused_not_unmasked():
                  lambda: gpupool.quantized.QArray(np.ma.masked_array(np.zeros(4, np.int8)), 1.0)):
         with pytest.raises(TypeError, match="MaskedArray; its mask would be ignored"):
             call()
+    dask = pytest.importorskip("dask.array")
+    with raises(TypeError, "max_pool", "MaskedArray"):
+        gpupool.max_pool(dask.ma.masked_array(dask.from_array(data), mask=data > 7), 2)
     out = np.ma.masked_array(np.zeros((1, 1, 2, 2)), mask=True)
     with raises(TypeError, "max_pool", "out", "MaskedArray"):
         gpupool.max_pool(data, 2, out=out)

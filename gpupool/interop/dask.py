@@ -61,6 +61,9 @@ def _check_input(func: str, x) -> None:
     if not isinstance(x, da.Array):
         raise TypeError(f"gpupool.{func}: x is a {type(x).__module__}.{type(x).__name__}; of the "
                         f"Dask collections only dask.array.Array is supported")
+    if isinstance(x._meta, np.ma.MaskedArray):
+        raise TypeError(f"gpupool.{func}: x has numpy.ma.MaskedArray chunks; their masks would "
+                        f"be ignored: pass da.ma.filled(x, value) instead")
     if any(math.isnan(c) for dim in x.chunks for c in dim):
         raise ValueError(f"gpupool.{func}: x has unknown chunk sizes; call "
                          f"x.compute_chunk_sizes() first")
