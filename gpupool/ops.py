@@ -83,7 +83,7 @@ def _run(func: str, x, backend, xp, plan, out, indices_needed: bool = False):
         return (result, indices) if indices_needed else result
     with device_scope(x, backend):
         result = _result(func, out, spec.out_shape, x.dtype, x, backend, xp)
-        indices = xp.empty(spec.out_shape, dtype=xp.int64) if indices_needed else None
+        indices = xp.empty(spec.out_shape, dtype=np.int64) if indices_needed else None
         if result.size:
             run(x, spec, result, indices)
     result = result if out is None else out
