@@ -744,3 +744,36 @@ def test_cuda_host_plans_name_instantiated_kernels():
                 base = "global_channels" if nhwc else "global_block"
                 assert (QC.SOURCE, QC.qavg_global_name(base, dtype, acc, dtype, "int")) in listed
                 assert (QC.SOURCE, QC.qavg_pool_name(dtype, acc, "long long", 3, nhwc)) in listed
+
+
+def test_cuda_word_kernels_host_side():
+    """NCHW word kernels without a GPU: when they apply (and with which load width), their
+    plan, and the threshold corrections their requantization keeps."""
+    pytest.importorskip("cupy")
+    from types import SimpleNamespace
+
+    from gpupool.cuda import planner
+    from gpupool.cuda import quantized as QC
+
+    def buf(ptr):
+        return SimpleNamespace(data=SimpleNamespace(ptr=ptr))
+    spec = QS.window_spec("max_pool", "max", (2, 3, 8, 16), "int8", 2, 2, 0, 1, False, "NCHW")
+    assert QC._row_unit(buf(256), spec, buf(512))[0] == 8
+    assert QC._row_unit(buf(260), spec, buf(512))[0] == 4
+    assert QC._row_unit(buf(257), spec, buf(512))[0] == 0
+    odd = QS.window_spec("max_pool", "max", (2, 3, 8, 14), "int8", 2, 2, 0, 1, False, "NCHW")
+    assert QC._row_unit(buf(256), odd, buf(512)) == (
+        0, "OW = 7 is not a multiple of 4: output rows do not start on a word")
+    wide = QS.window_spec("max_pool", "max", (2, 3, 8, 32), "int8", 5, 4, 2, 1, False, "NCHW")
+    assert QC._row_unit(buf(256), wide, buf(512))[0] == 0
+    words = QC._row_word_spec(spec)
+    assert words.out_spatial == (4, 2) and words.kernel == (2, 8) and words.stride == (2, 8)
+    pl = planner.plan(words)
+    listed = set(QC.instantiations())
+    assert (QC.SOURCE, QC.qmax_words_name("int8", pl.index_type, 2)) in listed
+    assert (QC.SOURCE, QC.qavg_words_name("uint8", "int64", pl.index_type, 0)) in listed
+    avg = QS.window_spec("avg_pool", "avg", (2, 3, 8, 16), "int8", 2, 2, 0, 1, False, "NCHW")
+    # divisor 4 at scale ratio 1: M is exact, only ties to even round down
+    assert QC._corrections(QS.avg_plan(avg, "int8", 0.05, 0, 0.05, 0,
+                                       "half_away_from_zero")) == 0
+    assert QC._corrections(QS.avg_plan(avg, "int8", 0.05, 0, 0.05, 0, "half_to_even")) == 2

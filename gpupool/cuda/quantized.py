@@ -6,9 +6,13 @@ the index-type rule. The requantization table and the per-position table rows ar
 the host (:func:`gpupool.quantized_spec.avg_plan`) and copied to each device once per plan.
 
 * max, NHWC with ``C % 4 == 0`` (and a 4-byte aligned buffer): ``qmax_pool_nhwc4``, 4 channels
-  per 32-bit word with ``__vmaxs4`` / ``__vmaxu4``; otherwise the float backend's integer
-  ``max_pool`` kernel (one code per thread: packing bytes would cost more than it saves).
-* average: ``qavg_pool`` (window) and ``qavg_adaptive``, int32 accumulation (int64 where a
+  per 32-bit word with ``__vmaxs4`` / ``__vmaxu4``.
+* max and window average, NCHW with ``OW % 4 == 0``, rows of whole words and windows of 4
+  outputs spanning at most 16 input bytes (:func:`_row_unit`): ``qmax_pool_words`` /
+  ``qavg_pool_words``, one thread per output word (4 outputs along W) from aligned 8- or
+  4-byte loads of the input rows.
+* otherwise max runs the float backend's integer ``max_pool`` kernel (one code per thread),
+  and averages ``qavg_pool`` (window) and ``qavg_adaptive``; int32 accumulation (int64 where a
   window could overflow it); global: ``qavg_global_lanes`` / ``_block`` / ``_channels``, the
   float global kernels' segmented reductions with the launches the planner makes for them
   (a split plane's partial sums in the accumulator dtype, reduced and requantized by a
@@ -27,7 +31,7 @@ from . import backend as CB
 from . import planner
 from ..cpu import quantized as cpu_quantized
 from ..registry import register
-from ..quantized_spec import AvgPlan
+from ..quantized_spec import HEAD, LEVELS, AvgPlan
 from ..spec import AdaptiveSpec, Geometry, WindowSpec
 
 SOURCE = "quantized_pool.cu"
@@ -56,6 +60,14 @@ def qmax_nhwc4_name(dtype, itype, k):
     return f"qmax_pool_nhwc4<{CB.cbool(dtype == 'int8')}, {itype}, {k}>"
 
 
+def qmax_words_name(dtype, itype, k):
+    return f"qmax_pool_words<{CB.ctype(dtype)}, {itype}, {k}>"
+
+
+def qavg_words_name(dtype, acc, itype, k):
+    return f"qavg_pool_words<{CB.ctype(dtype)}, {CB.ctype(acc)}, {itype}, {k}>"
+
+
 def instantiations() -> list[tuple[str, str]]:
     """Every (source file, name expression) this backend can request."""
     out = []
@@ -63,7 +75,9 @@ def instantiations() -> list[tuple[str, str]]:
     for itype in CB.INDEX_TYPES:
         for dtype in CODE_DTYPES:
             out += [(SOURCE, qmax_nhwc4_name(dtype, itype, k)) for k in ks]
+            out += [(SOURCE, qmax_words_name(dtype, itype, k)) for k in ks]
             for acc in ACC_DTYPES:
+                out += [(SOURCE, qavg_words_name(dtype, acc, itype, k)) for k in ks]
                 for nhwc in (False, True):
                     out += [(SOURCE, qavg_pool_name(dtype, acc, itype, k, nhwc)) for k in ks]
                     out.append((SOURCE, qavg_adaptive_name(dtype, acc, itype, nhwc)))
@@ -129,6 +143,51 @@ def word_max_steps(spec: WindowSpec, device_id: int) -> tuple:
     return (CB.Step(fn, la.grid, la.block, ("x", "out"), geo),), None
 
 
+def _row_unit(x, spec: WindowSpec, out) -> tuple[int, str]:
+    """The load width in bytes (8 or 4) of the NCHW word kernels on ``x`` and ``out``, or 0
+    where they do not apply; and why."""
+    g = spec.geom
+    if g.layout != "NCHW":
+        return 0, "NHWC: threads run along the channels"
+    iw, ow = g.spatial[-1], spec.out_spatial[-1]
+    kw, sw, dw, pw = spec.kernel[-1], spec.stride[-1], spec.dilation[-1], spec.pads[-1][0]
+    if ow % 4:
+        return 0, f"OW = {ow} is not a multiple of 4: output rows do not start on a word"
+    if iw % 4 or x.data.ptr % 4 or out.data.ptr % 4:
+        return 0, f"input rows (IW = {iw}) or buffers not 4-byte aligned"
+    unit = 8 if iw % 8 == 0 and x.data.ptr % 8 == 0 else 4
+    span = max((-pw) % unit, (4 * sw - pw) % unit) + 3 * sw + (kw - 1) * dw + 1
+    if span > 16 or pw > 16:
+        return 0, f"4 outputs span {span} bytes from a {unit}-byte boundary (at most 16)"
+    return unit, f"4 outputs per thread from {unit}-byte loads"
+
+
+def _row_word_spec(spec: WindowSpec) -> WindowSpec:
+    """The window as the planner sees the word kernels (NCHW, OW % 4 == 0): one output per
+    word of 4 along W, spanning the 4 windows' input columns."""
+    kw, sw, dw = spec.kernel[-1], spec.stride[-1], spec.dilation[-1]
+    return dataclasses.replace(
+        spec, out_spatial=spec.out_spatial[:-1] + (spec.out_spatial[-1] // 4,),
+        kernel=spec.kernel[:-1] + (3 * sw + (kw - 1) * dw + 1,),
+        stride=spec.stride[:-1] + (4 * sw,), dilation=spec.dilation[:-1] + (1,))
+
+
+def _row_words_launch(spec: WindowSpec, device_id: int, unit: int) -> tuple:
+    """(plan, launch, geometry scalars with rows and unit) of a word kernel."""
+    pl = planner.plan(_row_word_spec(spec), CB.device_info(device_id))
+    la = pl.launches[0]
+    geo = CB.geo_args(spec, CB.itype_scalar(pl.index_type), True)
+    return pl, la, geo + (np.int32(la.rows), np.int32(unit))
+
+
+@CB.launch_cache
+def row_max_steps(spec: WindowSpec, device_id: int, unit: int) -> tuple:
+    """The launch of ``qmax_pool_words`` for ``spec`` on ``device_id`` (built once)."""
+    pl, la, geo = _row_words_launch(spec, device_id, unit)
+    fn = _kernel(qmax_words_name(spec.geom.dtype, pl.index_type, planner.static_window(spec)))
+    return (CB.Step(fn, la.grid, la.block, ("x", "out"), geo),), None
+
+
 @register("qmax_window", "cupy")
 def qmax_window(x, spec: WindowSpec, out) -> None:
     if spec.geom.nd > 3:
@@ -136,10 +195,14 @@ def qmax_window(x, spec: WindowSpec, out) -> None:
         return
     x = CB.contiguous(x)
     ok, _ = _can_use_vmax4(x, spec)
-    if not ok:
+    unit, _ = _row_unit(x, spec, out)
+    if ok:
+        steps, scratch = word_max_steps(spec, cupy.cuda.runtime.getDevice())
+    elif unit:
+        steps, scratch = row_max_steps(spec, cupy.cuda.runtime.getDevice(), unit)
+    else:
         CB.window(x, spec, out, None)
         return
-    steps, scratch = word_max_steps(spec, cupy.cuda.runtime.getDevice())
     CB.launch(steps, scratch, {"x": x.view(cupy.uint32), "out": out.view(cupy.uint32)})
 
 
@@ -181,13 +244,57 @@ def average_steps(spec, plan: AvgPlan, device_id: int) -> tuple:
                     geo + (rows, table) + _requant_args(plan)),), None
 
 
+#: Most accumulator values :func:`_corrections` runs through; past it, both corrections stay.
+CORRECTION_CHECK_LIMIT = 1 << 20
+
+
+@functools.lru_cache(maxsize=256)
+def _corrections(plan: AvgPlan) -> int:
+    """The threshold corrections of ``gpq::requantize_with`` that change some result of
+    ``plan``'s table: bit 0 up, bit 1 down. Found by running the kernel's integer steps over
+    every ``x = min(|acc|, xcap)`` of every row; both when that is more than
+    CORRECTION_CHECK_LIMIT values."""
+    table = plan.table
+    if int(table[:, 2].sum()) + len(table) > CORRECTION_CHECK_LIMIT:
+        return 3
+    checks = 0
+    for row in table:
+        x = np.arange(int(row[2]) + 1, dtype=np.int64)
+        sh = int(row[1])
+        v = (x * row[0] + np.int64((1 << sh) >> 1)) >> np.int64(sh)
+        np.clip(v, 0, LEVELS, out=v)
+        checks |= int((row[HEAD + 1 + v] <= x).any()) | 2 * int((row[HEAD + v] > x).any())
+    return checks
+
+
+@CB.launch_cache
+def row_average_steps(spec: WindowSpec, plan: AvgPlan, device_id: int, unit: int) -> tuple:
+    """The launch of ``qavg_pool_words`` for ``spec`` and ``plan`` on ``device_id``: with one
+    table row for every output, its head goes as scalars (built once)."""
+    rows, table = _device_tables(plan, device_id)
+    pl, la, geo = _row_words_launch(spec, device_id, unit)
+    name = qavg_words_name(spec.geom.dtype, plan.acc_dtype, pl.index_type,
+                           planner.static_window(spec))
+    m, sh, xcap = (int(v) for v in plan.table[0, :3])
+    head = (np.int64(m), np.int32(sh), np.int64(xcap), np.int32(len(plan.table) == 1),
+            np.int32(_corrections(plan)))
+    return (CB.Step(_kernel(name), la.grid, la.block, ("x", "out"),
+                    geo + (rows, table) + head + _requant_args(plan)),), None
+
+
 @register("qavg_window", "cupy")
 def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
     if spec.geom.nd > 3:
         _host_fallback("qavg_window", x, spec, out, plan)
         return
+    x = CB.contiguous(x)
+    unit, _ = _row_unit(x, spec, out)
+    if unit:
+        steps, scratch = row_average_steps(spec, plan, cupy.cuda.runtime.getDevice(), unit)
+        CB.launch(steps, scratch, {"x": x.view(cupy.uint32), "out": out.view(cupy.uint32)})
+        return
     steps, scratch = average_steps(spec, plan, cupy.cuda.runtime.getDevice())
-    CB.launch(steps, scratch, {"x": CB.contiguous(x), "out": out})
+    CB.launch(steps, scratch, {"x": x, "out": out})
 
 
 @register("qavg_adaptive", "cupy")

@@ -26,19 +26,29 @@
 
 namespace gpq {
 
-// saturate(zp_out + sign(acc) * f(|acc|)) with f read off the table row.
+// saturate(zp_out + sign(acc) * f(|acc|)) with f given by one table row: M = m, sh, xcap and
+// the thresholds t = row + GPQ_HEAD. `checks`: the threshold corrections to make, bit 0 up
+// (x >= t[v + 1]), bit 1 down (x < t[v]); the host leaves out one only where it found that it
+// changes no result of the table (gpupool.cuda.quantized._corrections).
+template <typename A>
+__device__ __forceinline__ int requantize_with(A acc, long long m, int sh, long long xcap,
+                                               const long long* __restrict__ t, int checks,
+                                               int zp_out, int qmin, int qmax) {
+  long long x = acc < 0 ? -(long long)acc : (long long)acc;
+  x = min(x, xcap);
+  long long v = (x * m + ((1LL << sh) >> 1)) >> sh;  // x * M < 2**62 (host invariant)
+  v = min(max(v, 0LL), (long long)GPQ_LEVELS);
+  v += ((checks & 1) && x >= t[v + 1] ? 1 : 0) - ((checks & 2) && x < t[v] ? 1 : 0);
+  const int q = zp_out + (acc < 0 ? -(int)v : (int)v);
+  return min(max(q, qmin), qmax);
+}
+
+// requantize_with, reading the row's head off the table.
 template <typename A>
 __device__ __forceinline__ int requantize(A acc, const long long* __restrict__ row, int zp_out,
                                           int qmin, int qmax) {
-  long long x = acc < 0 ? -(long long)acc : (long long)acc;
-  x = min(x, row[2]);
-  const int sh = (int)row[1];
-  long long v = (x * row[0] + ((1LL << sh) >> 1)) >> sh;  // x * M < 2**62 (host invariant)
-  v = min(max(v, 0LL), (long long)GPQ_LEVELS);
-  const long long* __restrict__ t = row + GPQ_HEAD;
-  v += (x >= t[v + 1] ? 1 : 0) - (x < t[v] ? 1 : 0);
-  const int q = zp_out + (acc < 0 ? -(int)v : (int)v);
-  return min(max(q, qmin), qmax);
+  return requantize_with<A>(acc, row[0], (int)row[1], row[2], row + GPQ_HEAD, 3, zp_out, qmin,
+                            qmax);
 }
 
 // Sum of (q - zp) over the taps it is given (gp::WindowTaps, gp::AdaptiveTaps).
@@ -117,6 +127,121 @@ __device__ __forceinline__ void average_outputs(const T* __restrict__ x, T* __re
   });
 }
 
+// Word kernels (NCHW, OW % 4 == 0): one thread computes the 4 outputs of one 32-bit output
+// word, o_w = 4q .. 4q + 3 of one output row, from the input bytes its windows span along W
+// (at most 16: checked by the host), read as aligned loads of `unit` bytes (8, or 4 where the
+// rows are not 8-byte aligned).
+
+// Bytes [c0, c0 + 16) of one input row (c0 a multiple of unit; iw too, so a unit lies wholly
+// inside or outside [0, iw)); a unit outside reads as `fill` in every byte. Only the units
+// below `nbytes` are loaded.
+template <typename I>
+struct RowBytes {
+  unsigned long long lo, hi;  // bytes 0-7, 8-15
+  __device__ __forceinline__ RowBytes(const unsigned* __restrict__ row, I c0, I iw, int unit,
+                                      int nbytes, unsigned fill) {
+    const unsigned long long fill2 = ((unsigned long long)fill << 32) | fill;
+    unsigned long long u[2];
+    if (unit == 8) {
+      const unsigned long long* __restrict__ row8 =
+          reinterpret_cast<const unsigned long long*>(row);
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const I b = c0 + (I)(8 * k);
+        u[k] = (8 * k < nbytes && b >= 0 && b < iw) ? row8[b >> 3] : fill2;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        unsigned w[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const I b = c0 + (I)(8 * k + 4 * j);
+          w[j] = (8 * k + 4 * j < nbytes && b >= 0 && b < iw) ? row[b >> 2] : fill;
+        }
+        u[k] = ((unsigned long long)w[1] << 32) | w[0];
+      }
+    }
+    lo = u[0];
+    hi = u[1];
+  }
+  // byte r, 0 <= r < 16
+  __device__ __forceinline__ unsigned byte(int r) const {
+    return (unsigned)(((r & 8) ? hi : lo) >> ((r & 7) * 8)) & 0xffu;
+  }
+};
+
+// The Geo of the thread map: output and input rows counted in words (the plane offsets of
+// gp::for_outputs_nchw, and oi, in words).
+template <typename I>
+__device__ __forceinline__ gp::Geo<I> word_geo(gp::Geo<I> g) {
+  g.iw >>= 2;
+  g.ow >>= 2;
+  return g;
+}
+
+// acc(o, code byte) for every valid tap of the 4 windows of word q: the valid input rows of
+// the windows by gp::walk_row_major (D and H taps), the W taps from the row's bytes, padding
+// taps reading `fill`. xp: the plane, in words.
+template <int K, typename I, typename Acc>
+__device__ __forceinline__ void word_taps(const gp::Geo<I>& g, const unsigned* __restrict__ xp,
+                                          I o_d, I o_h, I q, int unit, unsigned fill,
+                                          Acc& acc) {
+  const I col0 = (I)4 * q * (I)g.sw - (I)g.pw;  // >= -16 (host check)
+  const I c0 = ((col0 + (I)16) & ~(I)(unit - 1)) - (I)16;
+  const int off = (int)(col0 - c0);
+  const int nw = K ? K : g.kw;
+  const int nbytes = off + 3 * g.sw + (nw - 1) * g.dw + 1;
+  gp::TapLine<I> d, h, w;
+  gp::WindowTaps<K, I>{g}.lines(o_d, o_h, (I)0, d, h, w);
+  const gp::TapLine<I> row_start = {0, 1, 1, g.iw};
+  auto row = [&](I pos) {  // pos: the row's first element, a multiple of 4
+    const RowBytes<I> rb(xp + (pos >> 2), c0, g.iw, unit, nbytes, fill);
+#pragma unroll
+    for (int o = 0; o < 4; ++o) {
+#pragma unroll
+      for (int c = 0; c < nw; ++c) acc(o, rb.byte(off + o * g.sw + c * g.dw));
+    }
+  };
+  gp::walk_row_major<K, 1>(d, h, row_start, row);
+}
+
+// The code of a byte (signed char or unsigned char).
+template <typename T>
+__device__ __forceinline__ int code_of(unsigned b) {
+  return (int)(T)(unsigned char)b;
+}
+
+// Max of 4 outputs, packed into a word; the dtype minimum (the padding fill) when no tap is
+// valid.
+template <typename T>
+struct ByteMax {
+  int m[4];
+  __device__ __forceinline__ ByteMax() {
+#pragma unroll
+    for (int o = 0; o < 4; ++o) m[o] = code_of<T>((T)-1 < (T)0 ? 0x80u : 0u);
+  }
+  __device__ __forceinline__ void operator()(int o, unsigned b) { m[o] = max(m[o], code_of<T>(b)); }
+  __device__ __forceinline__ unsigned word() const {
+    unsigned w = 0;
+#pragma unroll
+    for (int o = 0; o < 4; ++o) w |= (unsigned)(m[o] & 0xff) << (8 * o);
+    return w;
+  }
+};
+
+// Sums of (q - zp) of 4 outputs (a padding tap reads zp: adds 0).
+template <typename T, typename A>
+struct ByteSum {
+  A s[4];
+  int zp;
+  __device__ __forceinline__ explicit ByteSum(int zp_) : zp(zp_) {
+#pragma unroll
+    for (int o = 0; o < 4; ++o) s[o] = 0;
+  }
+  __device__ __forceinline__ void operator()(int o, unsigned b) { s[o] += (A)(code_of<T>(b) - zp); }
+};
+
 }  // namespace gpq
 
 // Average pooling of codes, requantized. Geometry: see gp::for_outputs_nchw /
@@ -191,4 +316,53 @@ __global__ void qavg_global_channels(const Tin* __restrict__ x, Tout* __restrict
                                      int zp_out, int qmin, int qmax) {
   gp::reduce_channels(gpq::GlobalSum<Tin, A, Tout>{table, zp_in, zp_out, qmin, qmax}, x, out,
                       nbatch, seglen, chans, nchunks, chunklen);
+}
+
+// Max over codes, NCHW with OW % 4 == 0 (word kernels above): x and out as 32-bit words, one
+// thread = one output word (4 outputs along W). Geometry: gp::for_outputs_nchw over the word
+// columns (grid x = word column chunks x row chunks, y/z = plane groups; block (TX along
+// words, TY, TZ)); `unit`: the load width, 8 or 4 bytes.
+template <typename T, typename I, int K>
+__global__ void qmax_pool_words(const unsigned* __restrict__ x, unsigned* __restrict__ out,
+                                GP_GEO_PARAMS(I), int unit) {
+  GP_GEO(I);
+  const unsigned fill = (T)-1 < (T)0 ? 0x80808080u : 0u;
+  gp::for_outputs_nchw<I>(gpq::word_geo(g), x, [&](const unsigned* __restrict__ xp, I, I o_d,
+                                                   I o_h, I q, I oi) {
+    gpq::ByteMax<T> acc;
+    gpq::word_taps<K>(g, xp, o_d, o_h, q, unit, fill, acc);
+    out[oi] = acc.word();
+  });
+}
+
+// Average of codes, requantized, NCHW with OW % 4 == 0; geometry as qmax_pool_words. With
+// `uniform` every output has table row 0, whose head is given as rm, rsh, rxcap (M, sh, xcap);
+// otherwise row row_of[output position] per output. `checks`: see gpq::requantize_with.
+template <typename T, typename A, typename I, int K>
+__global__ void qavg_pool_words(const unsigned* __restrict__ x, unsigned* __restrict__ out,
+                                GP_GEO_PARAMS(I), int unit, const int* __restrict__ row_of,
+                                const long long* __restrict__ table, long long rm, int rsh,
+                                long long rxcap, int uniform, int checks, int zp_in,
+                                int zp_out, int qmin, int qmax) {
+  GP_GEO(I);
+  const unsigned fill = (unsigned)(unsigned char)zp_in * 0x01010101u;
+  gp::for_outputs_nchw<I>(gpq::word_geo(g), x, [&](const unsigned* __restrict__ xp, I, I o_d,
+                                                   I o_h, I q, I oi) {
+    gpq::ByteSum<T, A> acc(zp_in);
+    gpq::word_taps<K>(g, xp, o_d, o_h, q, unit, fill, acc);
+    const I pos = (o_d * g.oh + o_h) * g.ow + (I)4 * q;
+    unsigned word = 0;
+#pragma unroll
+    for (int o = 0; o < 4; ++o) {
+      const long long* __restrict__ row =
+          uniform ? nullptr : table + (long long)row_of[pos + o] * GPQ_ROW;
+      const int c = uniform
+          ? gpq::requantize_with<A>(acc.s[o], rm, rsh, rxcap, table + GPQ_HEAD, checks, zp_out,
+                                    qmin, qmax)
+          : gpq::requantize_with<A>(acc.s[o], row[0], (int)row[1], row[2], row + GPQ_HEAD,
+                                    checks, zp_out, qmin, qmax);
+      word |= (unsigned)(c & 0xff) << (8 * o);
+    }
+    out[oi] = word;
+  });
 }
