@@ -276,6 +276,7 @@ GLOBALS = [  # id, shape, spatial_dims, layout, input values ("specials": NaN/in
     ("lanes8-1pass", (2, 3, 5, 5), 2, "NCHW", False, ("global_lanes",)),
     ("lanes16-7x7-1pass", (2, 3, 7, 7), 2, "NCHW", False, ("global_lanes",)),
     ("lanes32-1pass", (2, 3, 20, 20), 2, "NCHW", False, ("global_lanes",)),
+    ("lanes16-9x11-odd-planes", (2, 3, 9, 11), 2, "NCHW", False, ("global_lanes",)),
     ("lanes16-1d", (4, 50), 1, "NCHW", False, ("global_lanes",)),
     ("block-1pass", (2, 3, 40, 41), 2, "NCHW", False, ("global_block",)),
     ("block-1pass-3d", (2, 10, 12, 14), 3, "NCHW", False, ("global_block",)),
@@ -310,6 +311,7 @@ def global_cases():
 QWINDOWS = ("1d-k3-s2-p1-ceil", "2d-k2", "2d-k3-s2-p1", "2d-k23-s12-pairs", "2d-empty-windows-ceil",
             "2d-k5-s2-d2-perdim-ceil", "3d-k2", "3d-k133-s122-p011", "4d-host-fallback")
 QLAYOUTS = {"NCHW": 5, "NHWC-C5": 5, "NHWC-C8": 8}  # layout -> channels (C % 4 == 0: vmax4)
+QWORD_TAKEN = {"3d-k133-s122-p011"}  # NCHW: IW = 8, OW = 4, so the word kernels
 
 
 def _qavg(cip, requant):
@@ -345,15 +347,20 @@ def quantized_cases():
         L = layout[:4]
         shape = shaped(w.lead[:-1] + (chans,), w.spatial, L)
         nd = len(w.spatial)
-        kernels = ("qmax_pool_nhwc4" if chans % 4 == 0 and L == "NHWC" else "max_pool"
-                   ) if op == "qmax" else "qavg_pool"
+        if L == "NCHW" and wid in QWORD_TAKEN:
+            kernels = "qmax_pool_words" if op == "qmax" else "qavg_pool_words"
+        else:
+            kernels = ("qmax_pool_nhwc4" if chans % 4 == 0 and L == "NHWC" else "max_pool"
+                       ) if op == "qmax" else "qavg_pool"
         tags = {"acc64"} if op != "qmax" and nd <= 3 else set()
         if wid in ("2d-k2", "2d-k3-s2-p1", "2d-k23-s12-pairs"):
             tags |= {"idx64"}
         yield Case(f"{op}-{dtype}-{layout}-{wid}", qinputs(shape, dtype),
                    quantized(dtype, lambda q, w=w, L=L, f=call: f(q, w, L)), True,
                    requests=None if nd > 3 else (kernels,),
-                   static_k=None if nd > 3 else w.static_k, tags=frozenset(tags))
+                   # the word kernels' plan spans 4 windows along W: no static window
+                   static_k=None if nd > 3 or kernels.endswith("_words") else w.static_k,
+                   tags=frozenset(tags))
     adaptive = [("1d-10to3", (2, 5), (10,), (3,)), ("2d-7x9to3x4", (2, 5), (7, 9), (3, 4)),
                 ("2d-8x8to4x2-divides", (2, 5), (8, 8), (4, 2)),
                 ("3d-5x6x7to2x3x4", (1, 5), (5, 6, 7), (2, 3, 4)),
@@ -374,6 +381,40 @@ def quantized_cases():
                    True, launches=launches, requests=tuple("q" + k.replace("global", "avg_global")
                                                            for k in launches),
                    tags=frozenset({"acc64", "idx64"}))
+
+
+#: NCHW windows with OW % 4 == 0 (the word kernels qmax_pool_words / qavg_pool_words): id,
+#: lead, spatial, kernel, stride, padding, dilation, ceil mode; IW % 8 == 0 loads 8 bytes.
+QWORD_WINDOWS = [
+    ("2d-k2", (2, 3), (8, 16), 2, None, 0, 1, False),
+    ("2d-k3-s2-p1", (2, 3), (9, 16), 3, 2, 1, 1, False),
+    ("2d-k3-s2-ceil", (2, 3), (7, 16), 3, 2, 0, 1, True),
+    ("2d-k3-s3-odd-stride", (2, 3), (6, 24), 3, 3, 0, 1, False),
+    ("2d-k3-s1-p1", (1, 3), (6, 16), 3, 1, 1, 1, False),
+    ("2d-k23-s1-p01-iw12", (2, 3), (5, 12), (2, 3), 1, (0, 1), 1, False),
+    ("2d-k2-s2-p1-d2", (2, 3), (6, 16), 2, 2, 1, 2, False),
+    ("1d-k3-s2-p1", (2, 5), (32,), (3,), (2,), 1, 1, False),
+    ("3d-k2", (1, 3), (4, 6, 8), (2, 2, 2), None, 0, 1, False),
+]
+
+
+#: the quantized window ops, and ties to even at the input's scale: averages of 2 or 4 taps
+#: tie, so the word kernel's downward threshold correction is on
+QWORD_OPS = dict(QWINDOW_OPS, **{"qavg-half-to-even": lambda q, w, L: Q.avg_pool(
+    q, w.kernel, w.stride, w.padding, w.ceil, rounding="half_to_even", layout=L)})
+
+
+def quantized_word_cases():
+    for (wid, lead, spatial, k, s, p, d, ceil), (op, call), dtype in itertools.product(
+            QWORD_WINDOWS, QWORD_OPS.items(), QDTYPES):
+        if op != "qmax" and d != 1:
+            continue
+        w = Window(wid, lead, spatial, k, s, p, d, ceil)
+        kernel = "qmax_pool_words" if op == "qmax" else "qavg_pool_words"
+        tags = {"idx64"} | ({"acc64"} if op != "qmax" else set())
+        yield Case(f"{op}-{dtype}-NCHW-words-{wid}", qinputs(lead + spatial, dtype),
+                   quantized(dtype, lambda q, w=w, f=call: f(q, w, "NCHW")), True,
+                   requests=(kernel,), tags=frozenset(tags))
 
 
 def natural_int64_accumulator_cases():
@@ -434,11 +475,12 @@ def many_plane_cases():
 
 # ----------------------------------------------------------------------------- non-contiguous
 
-def misaligned(a):
-    """A C-contiguous copy of ``a`` one element past the start of a fresh buffer (1-byte codes:
-    not 4-byte aligned), with array methods only, so it works on NumPy and CuPy alike."""
+def misaligned(a, offset=1):
+    """A C-contiguous copy of ``a`` ``offset`` elements past the start of a fresh buffer (1-byte
+    codes, offset 1: not 4-byte aligned), with array methods only, so it works on NumPy and
+    CuPy alike."""
     flat = a.reshape(-1)
-    view = flat.repeat(2)[1:flat.size + 1]
+    view = flat.repeat(2)[offset:flat.size + offset]
     view[...] = flat
     return view.reshape(a.shape)
 
@@ -461,6 +503,11 @@ def strided_cases():
          gpupool.global_avg_pool, False, lambda a: a[:, ::2]),
         ("gmax-uint8-NHWC-30x30-batch-step2", (4, 30, 30, 3), "uint8", "max",
          lambda x: gpupool.global_max_pool(x, layout="NHWC"), True, lambda a: a[::2]),
+        # 2-byte elements in pairs: every plane starts and ends off a 4-byte word
+        ("gavg-float16-NCHW-4x6-misaligned", (2, 3, 4, 6), "float16", "plain",
+         gpupool.global_avg_pool, False, misaligned),
+        ("gmax-int16-NCHW-7x7-misaligned", (2, 3, 7, 7), "int16", "max",
+         gpupool.global_max_pool, True, misaligned),
     ]
     for cid, shape, dtype, values, call, exact, view in views:
         yield Case(cid, random_input(shape, dtype, values), call, exact, view=view)
@@ -474,6 +521,16 @@ def strided_cases():
     yield Case("qmax-int8-NHWC-C8-misaligned", qinputs((2, 9, 8, 8), "int8"),
                quantized("int8", lambda q: Q.max_pool(q, 3, 2, 1, layout="NHWC")), True,
                view=misaligned, requests=("max_pool",))
+    # NCHW word kernels: 4 bytes off an 8-byte boundary loads words; 1 byte off, one code each
+    for offset, (qmax, qavg) in ((4, ("qmax_pool_words", "qavg_pool_words")),
+                                 (1, ("max_pool", "qavg_pool"))):
+        view = lambda a, o=offset: misaligned(a, o)  # noqa: E731
+        yield Case(f"qmax-int8-NCHW-words-k3s2p1-offset{offset}", qinputs((2, 3, 9, 16), "int8"),
+                   quantized("int8", lambda q: Q.max_pool(q, 3, 2, 1)), True, view=view,
+                   requests=(qmax,))
+        yield Case(f"qavg-uint8-NCHW-words-k2-offset{offset}", qinputs((2, 3, 8, 16), "uint8"),
+                   quantized("uint8", lambda q: Q.avg_pool(q, 2)), True, view=view,
+                   requests=(qavg,))
 
 
 # ----------------------------------------------------------------------------- small device
@@ -486,6 +543,12 @@ def small_device_cases():
         ("max-idx", "int32", "NCHW", (4, 16, 100),
          lambda x: gpupool.max_pool(x, (2, 3), 1, 1, 2, return_indices=True), True),
         ("avg", "float16", "NCHW", (8, 8, 100), lambda x: gpupool.avg_pool(x, 2, 1), True),
+        # averages go two outputs at a time: odd row counts, W over several block widths,
+        # padding and ceil mode
+        ("avg-ceil-cip", "float32", "NCHW", (8, 9, 300),
+         lambda x: gpupool.avg_pool(x, 3, 2, 1, True, True), True),
+        ("avg-p1", "float64", "NHWC", (8, 5, 7, 64),
+         lambda x: gpupool.avg_pool(x, 3, 1, 1, layout="NHWC"), True),
         ("lp2", "float64", "NHWC", (8, 4, 4, 64),
          lambda x: gpupool.lp_pool(x, 2, 2, 1, layout="NHWC"), True),
         ("max-3d", "float32", "NHWC", (8, 2, 2, 4, 64),
@@ -499,7 +562,8 @@ def small_device_cases():
         yield Case(f"{op}-{dtype}-{layout}-{'x'.join(map(str, shape))}",
                    random_input(shape, dtype, "max" if "max" in op else "sum"), call, exact,
                    paths=frozenset({"rows"}))
-    for dtype, shape, layout in (("int8", (8, 8, 100), "NCHW"), ("uint8", (8, 4, 4, 64), "NHWC")):
+    # OW = 102: not whole words, so the per-code kernel with several rows per thread
+    for dtype, shape, layout in (("int8", (8, 8, 102), "NCHW"), ("uint8", (8, 4, 4, 64), "NHWC")):
         yield Case(f"qavg-{dtype}-{layout}-{'x'.join(map(str, shape))}", qinputs(shape, dtype),
                    quantized(dtype, lambda q, L=layout: Q.avg_pool(q, 3, 1, 1, layout=L)), True,
                    paths=frozenset({"rows"}))
@@ -511,7 +575,8 @@ def small_device_cases():
 # ----------------------------------------------------------------------------- the tables
 
 CASES = (list(window_cases()) + list(unpool_cases()) + list(adaptive_cases())
-         + list(global_cases()) + list(quantized_cases()) + list(many_plane_cases())
+         + list(global_cases()) + list(quantized_cases()) + list(quantized_word_cases())
+         + list(many_plane_cases())
          + list(strided_cases()) + list(natural_int64_accumulator_cases()))
 HOOKED = ([("idx64", c) for c in CASES if "idx64" in c.tags]
           + [("acc64", c) for c in CASES if "acc64" in c.tags]

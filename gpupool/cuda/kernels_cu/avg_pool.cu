@@ -29,26 +29,42 @@ __device__ __forceinline__ int count_taps(I o, int s, int pb, int k, int d, I lo
 // divisor_override when > 0, else by the product over dims of the taps inside
 // [-pad_begin, size + pad_end) (include_pad) or the number of valid taps; a window with no
 // valid tap gives +0. ped/peh/pew are the end pads.
-// Geometry: see gp::for_outputs_nchw / gp::for_outputs_nhwc (grid x = spatial chunks,
-// y/z = plane groups; block (TX, TY, TZ planes); one thread = `rows` outputs).
+// Geometry: see gp::outputs_nchw / gp::outputs_nhwc (grid x = spatial chunks, y/z = plane
+// groups; block (TX, TY, TZ planes); one thread = `rows` outputs, two at a time: the loads of
+// both issued before either sum waits).
 template <typename T, typename I, int K, bool NHWC>
 __global__ void avg_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I),
                          int ped, int peh, int pew, int include_pad, int divisor_override) {
   GP_GEO(I);
   typedef typename gp::Num<T>::acc A;
   const gp::WindowTaps<K, I> taps{g};
-  gp::for_outputs<NHWC>(g, x, [&](const T* __restrict__ xp, I cs, I o_d, I o_h, I o_w, I oi) {
+  // One instance per slot J of a pair (gp::Slot<J>), so that each output's loads are
+  // instructions of their own even where a compiler does not inline it.
+  const auto mean = [&](auto, const T* __restrict__ xp, I cs, const gp::Output<I>& o) {
     long long count;
-    const A s = taps.sum(o_d, o_h, o_w, gp::TapTerm<T, I, false>{xp, cs, (A)1}, (A)-0.0, count);
+    const A s =
+        taps.sum(o.o_d, o.o_h, o.o_w, gp::TapTerm<T, I, false>{xp, cs, (A)1}, (A)-0.0, count);
     long long divisor = count;
     if (divisor_override > 0) {
       divisor = divisor_override;
     } else if (include_pad) {
-      divisor = (long long)gp::count_taps<I>(o_d, g.sd, g.pd, g.kd, g.dd, -(I)g.pd, g.id + (I)ped) *
-                gp::count_taps<I>(o_h, g.sh, g.ph, g.kh, g.dh, -(I)g.ph, g.ih + (I)peh) *
-                gp::count_taps<I>(o_w, g.sw, g.pw, g.kw, g.dw, -(I)g.pw, g.iw + (I)pew);
+      divisor =
+          (long long)gp::count_taps<I>(o.o_d, g.sd, g.pd, g.kd, g.dd, -(I)g.pd, g.id + (I)ped) *
+          gp::count_taps<I>(o.o_h, g.sh, g.ph, g.kh, g.dh, -(I)g.ph, g.ih + (I)peh) *
+          gp::count_taps<I>(o.o_w, g.sw, g.pw, g.kw, g.dw, -(I)g.pw, g.iw + (I)pew);
     }
-    out[oi] = gp::Num<T>::store(count > 0 ? s / (A)divisor : (A)0);
+    return gp::Num<T>::store(count > 0 ? s / (A)divisor : (A)0);
+  };
+  gp::output_groups<2, NHWC>(g, x, [&](const T* __restrict__ xp, I cs, const gp::Output<I>* o,
+                                       int n) {
+    if (n > 1) {
+      const T first = mean(gp::Slot<0>(), xp, cs, o[0]);
+      const T second = mean(gp::Slot<1>(), xp, cs, o[1]);
+      out[o[0].oi] = first;
+      out[o[1].oi] = second;
+    } else {
+      out[o[0].oi] = mean(gp::Slot<0>(), xp, cs, o[0]);
+    }
   });
 }
 

@@ -15,11 +15,20 @@
 
 namespace gp {
 
+// Two 2-byte elements read as one 4-byte word.
+template <typename T>
+struct alignas(2 * sizeof(T)) Pair {
+  T lo, hi;
+};
+
 // Many small contiguous segments (NCHW planes up to about 32 * L elements, e.g. 7x7).
 // grid: x = ceil(nseg / (blockDim.x / L)). block: 256 threads (a multiple of 32). thread: lane
 // `threadIdx.x % L` of an aligned group of L lanes that reduces segment
 // (blockIdx.x * blockDim.x + threadIdx.x) / L, reading elements lane, lane + L, ... (so one
 // warp-wide load covers 32 / L segments' runs, contiguous), then a shuffle tree of width L.
+// 2-byte elements go in pairs (Pair) from the segment's first 4-byte aligned element: lane
+// takes pairs lane, lane + L, ... (low, then high element), lane 0 also an unaligned first
+// element and lane L - 1 an unpaired last one.
 // Groups past the last segment still take part in the shuffles (full-warp masks) and write
 // nothing.
 template <int L, typename R, typename I>
@@ -27,13 +36,29 @@ __device__ __forceinline__ void reduce_lanes(const R& r, const typename R::In* _
                                              typename R::Out* __restrict__ out, I nseg,
                                              I seglen) {
   typedef typename R::Acc A;
+  typedef typename R::In In;
   const I seg = ((I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x) / (I)L;
   const int lane = (int)(threadIdx.x % L);
   A acc = r.identity();
   if (seg < nseg) {
-    const typename R::In* __restrict__ xs = x + seg * seglen;
+    const In* __restrict__ xs = x + seg * seglen;
+    if constexpr (sizeof(In) == 2) {
+      const I head = ((unsigned long long)xs & 2) ? 1 : 0;
+      const I npairs = (seglen - head) / 2;
+      const Pair<In>* __restrict__ xp = reinterpret_cast<const Pair<In>*>(xs + head);
 #pragma unroll 4
-    for (I i = lane; i < seglen; i += L) acc = r.combine(acc, r.load(xs[i]));
+      for (I i = lane; i < npairs; i += L) {
+        const Pair<In> v = xp[i];
+        acc = r.combine(r.combine(acc, r.load(v.lo)), r.load(v.hi));
+      }
+      if (head && lane == 0) acc = r.combine(acc, r.load(xs[0]));
+      if (head + 2 * npairs < seglen && lane == L - 1) {
+        acc = r.combine(acc, r.load(xs[seglen - 1]));
+      }
+    } else {
+#pragma unroll 4
+      for (I i = lane; i < seglen; i += L) acc = r.combine(acc, r.load(xs[i]));
+    }
   }
   acc = group_reduce<L>(acc, r);
   if (seg < nseg && lane == 0) out[seg] = r.store(acc);

@@ -5,12 +5,42 @@
 
 namespace gp {
 
-// for_outputs_nchw / for_outputs_nhwc call
-//   f(xp, cs, o_d, o_h, o_w, oi)
-// for each output of this thread, where xp points at this thread's input plane (NHWC: already
-// offset to its channel), cs is the element step between spatial neighbours (1 for NCHW, the
-// channel count for NHWC), (o_d, o_h, o_w) the output coordinates and oi the flat index of the
-// output element (into out and indices). Planes: see thread_plane (block z packs planes).
+// One output of a thread: coordinates (o_d, o_h, o_w) and flat index oi (into out and
+// indices).
+template <typename I>
+struct Output {
+  I o_d, o_h, o_w, oi;
+};
+
+// A tag naming slot J of a group of outputs.
+template <int J>
+struct Slot {};
+
+// The outputs at(k) of k = first + r * step, r in [0, count), k < limit, in groups of G:
+// h(o, n) with o and n as below.
+template <int G, typename I, typename At, typename H>
+__device__ __forceinline__ void in_groups(I first, I step, int count, I limit, At at, H h) {
+  Output<I> o[G];
+  for (int r = 0; r < count && first + (I)r * step < limit; r += G) {
+    int n = 0;
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const I k = first + (I)(r + j) * step;
+      const bool live = r + j < count && k < limit;
+      n += live ? 1 : 0;
+      o[j] = at(live ? k : first + (I)r * step);
+    }
+    h(o, n);
+  }
+}
+
+// outputs_nchw<G> / outputs_nhwc<G> call
+//   h(xp, cs, o, n)
+// for each group of up to G outputs of this thread, in order: o[0..n) are the outputs, o[n..G)
+// repeat o[0], xp points at this thread's input plane (NHWC: already offset to its channel),
+// cs is the element step between spatial neighbours (1 for NCHW, the channel count for NHWC).
+// G > 1 lets a kernel issue the loads of several outputs before it waits for any. Planes: see
+// thread_plane (block z packs planes).
 //
 // NCHW -- grid: x = (W chunks of blockDim.x) x (row chunks of blockDim.y * rows rows, a row
 //   being one (d, h) of the output), y/z = plane groups of blockDim.z. block: (TX, TY, TZ).
@@ -19,8 +49,8 @@ namespace gp {
 //   chunk (OW <= TX), the block's TX*TY threads take the chunk's outputs in row-major order
 //   instead, thread t outputs t, t + TX*TY, ...: a row narrower than TX leaves no lane idle
 //   (consecutive lanes -> consecutive outputs, a warp crossing into the next row).
-template <typename I, typename T, typename F>
-__device__ __forceinline__ void for_outputs_nchw(const Geo<I>& g, const T* __restrict__ x, F f) {
+template <int G, typename I, typename T, typename H>
+__device__ __forceinline__ void outputs_nchw(const Geo<I>& g, const T* __restrict__ x, H h) {
   const long long plane = thread_plane();
   if (plane >= (long long)g.planes) return;
   const I nwb = (g.ow + (I)blockDim.x - 1) / (I)blockDim.x;
@@ -33,30 +63,27 @@ __device__ __forceinline__ void for_outputs_nchw(const Geo<I>& g, const T* __res
       o_d = row / g.oh;
       o_h = row - o_d * g.oh;
     }
-    f(xp, (I)1, o_d, o_h, o_w, (p * nrows + row) * g.ow + o_w);
+    return Output<I>{o_d, o_h, o_w, (p * nrows + row) * g.ow + o_w};
   };
+  const auto group = [&](const Output<I>* o, int n) { h(xp, (I)1, o, n); };
   if (nwb == 1) {
+    // at most TY * rows * OW <= TX * TY * rows outputs: `rows` strides of TX * TY cover them
     const I first = (I)blockIdx.x * (I)blockDim.y * (I)g.rows;
     const I last = first + (I)blockDim.y * (I)g.rows < nrows ? first + (I)blockDim.y * (I)g.rows
                                                              : nrows;
-    const I count = (last - first) * g.ow;
-    const I step = (I)blockDim.x * (I)blockDim.y;
-    for (I q = (I)threadIdx.y * (I)blockDim.x + (I)threadIdx.x; q < count; q += step) {
-      const I r = q / g.ow;
-      output(first + r, q - r * g.ow);
-    }
+    in_groups<G>((I)threadIdx.y * (I)blockDim.x + (I)threadIdx.x, (I)blockDim.x * (I)blockDim.y,
+                 g.rows, (last - first) * g.ow, [&](I q) {
+                   const I r = q / g.ow;
+                   return output(first + r, q - r * g.ow);
+                 }, group);
     return;
   }
   const I wchunk = (I)blockIdx.x % nwb;
   const I rchunk = (I)blockIdx.x / nwb;
   const I o_w = wchunk * (I)blockDim.x + (I)threadIdx.x;
   if (o_w >= g.ow) return;
-  const I row0 = rchunk * (I)blockDim.y * (I)g.rows + (I)threadIdx.y;
-  for (int r = 0; r < g.rows; ++r) {
-    const I row = row0 + (I)r * (I)blockDim.y;
-    if (row >= nrows) break;
-    output(row, o_w);
-  }
+  in_groups<G>(rchunk * (I)blockDim.y * (I)g.rows + (I)threadIdx.y, (I)blockDim.y, g.rows, nrows,
+               [&](I row) { return output(row, o_w); }, group);
 }
 
 // NHWC -- grid: x = (channel chunks of blockDim.x) x (position chunks of blockDim.y * rows
@@ -64,8 +91,8 @@ __device__ __forceinline__ void for_outputs_nchw(const Geo<I>& g, const T* __res
 //   channels, TY along positions, TZ batch rows). thread: one channel, positions r*TY +
 //   threadIdx.y of its chunk (consecutive lanes -> consecutive channels, so loads and stores
 //   are contiguous), of batch row thread_plane().
-template <typename I, typename T, typename F>
-__device__ __forceinline__ void for_outputs_nhwc(const Geo<I>& g, const T* __restrict__ x, F f) {
+template <int G, typename I, typename T, typename H>
+__device__ __forceinline__ void outputs_nhwc(const Geo<I>& g, const T* __restrict__ x, H h) {
   const long long plane = thread_plane();
   if (plane >= (long long)g.planes) return;
   const I ncb = (g.chans + (I)blockDim.x - 1) / (I)blockDim.x;
@@ -76,16 +103,41 @@ __device__ __forceinline__ void for_outputs_nhwc(const Geo<I>& g, const T* __res
   const I npos = g.od * g.oh * g.ow;
   const I p = (I)plane;
   const T* __restrict__ xp = x + p * (g.id * g.ih * g.iw * g.chans) + c;
-  const I q0 = qchunk * (I)blockDim.y * (I)g.rows + (I)threadIdx.y;
-  for (int r = 0; r < g.rows; ++r) {
-    const I q = q0 + (I)r * (I)blockDim.y;
-    if (q >= npos) break;
-    const I t = q / g.ow;
-    const I o_w = q - t * g.ow;
-    const I o_d = t / g.oh;
-    const I o_h = t - o_d * g.oh;
-    f(xp, g.chans, o_d, o_h, o_w, (p * npos + q) * g.chans + c);
+  in_groups<G>(qchunk * (I)blockDim.y * (I)g.rows + (I)threadIdx.y, (I)blockDim.y, g.rows, npos,
+               [&](I q) {
+                 const I t = q / g.ow;
+                 const I o_w = q - t * g.ow;
+                 const I o_d = t / g.oh;
+                 const I o_h = t - o_d * g.oh;
+                 return Output<I>{o_d, o_h, o_w, (p * npos + q) * g.chans + c};
+               },
+               [&](const Output<I>* o, int n) { h(xp, g.chans, o, n); });
+}
+
+template <int G, bool NHWC, typename I, typename T, typename H>
+__device__ __forceinline__ void output_groups(const Geo<I>& g, const T* __restrict__ x, H h) {
+  if constexpr (NHWC) {
+    outputs_nhwc<G, I>(g, x, h);
+  } else {
+    outputs_nchw<G, I>(g, x, h);
   }
+}
+
+// for_outputs_nchw / for_outputs_nhwc / for_outputs call
+//   f(xp, cs, o_d, o_h, o_w, oi)
+// for each output of this thread, one at a time (the maps above with G = 1).
+template <typename I, typename T, typename F>
+__device__ __forceinline__ void for_outputs_nchw(const Geo<I>& g, const T* __restrict__ x, F f) {
+  outputs_nchw<1, I>(g, x, [&](const T* __restrict__ xp, I cs, const Output<I>* o, int) {
+    f(xp, cs, o[0].o_d, o[0].o_h, o[0].o_w, o[0].oi);
+  });
+}
+
+template <typename I, typename T, typename F>
+__device__ __forceinline__ void for_outputs_nhwc(const Geo<I>& g, const T* __restrict__ x, F f) {
+  outputs_nhwc<1, I>(g, x, [&](const T* __restrict__ xp, I cs, const Output<I>* o, int) {
+    f(xp, cs, o[0].o_d, o[0].o_h, o[0].o_w, o[0].oi);
+  });
 }
 
 template <bool NHWC, typename I, typename T, typename F>
