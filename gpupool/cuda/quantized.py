@@ -143,23 +143,41 @@ def word_max_steps(spec: WindowSpec, device_id: int) -> tuple:
     return (CB.Step(fn, la.grid, la.block, ("x", "out"), geo),), None
 
 
-def _row_unit(x, spec: WindowSpec, out) -> tuple[int, str]:
-    """The load width in bytes (8 or 4) of the NCHW word kernels on ``x`` and ``out``, or 0
-    where they do not apply; and why."""
+@functools.lru_cache(maxsize=256)
+def _row_units(spec: WindowSpec) -> tuple[tuple[int, ...], str]:
+    """The load widths in bytes, widest first, that the NCHW word kernels can use for the
+    geometry of ``spec`` (empty where none can), and why. A 4-byte unit spans no more than an
+    8-byte one, so 8 implies 4."""
     g = spec.geom
     if g.layout != "NCHW":
-        return 0, "NHWC: threads run along the channels"
+        return (), "NHWC: threads run along the channels"
     iw, ow = g.spatial[-1], spec.out_spatial[-1]
     kw, sw, dw, pw = spec.kernel[-1], spec.stride[-1], spec.dilation[-1], spec.pads[-1][0]
     if ow % 4:
-        return 0, f"OW = {ow} is not a multiple of 4: output rows do not start on a word"
-    if iw % 4 or x.data.ptr % 4 or out.data.ptr % 4:
-        return 0, f"input rows (IW = {iw}) or buffers not 4-byte aligned"
-    unit = 8 if iw % 8 == 0 and x.data.ptr % 8 == 0 else 4
-    span = max((-pw) % unit, (4 * sw - pw) % unit) + 3 * sw + (kw - 1) * dw + 1
-    if span > 16 or pw > 16:
-        return 0, f"4 outputs span {span} bytes from a {unit}-byte boundary (at most 16)"
-    return unit, f"4 outputs per thread from {unit}-byte loads"
+        return (), f"OW = {ow} is not a multiple of 4: output rows do not start on a word"
+    if iw % 4:
+        return (), f"input rows (IW = {iw}) are not whole words"
+    units = []
+    for unit in (8, 4) if iw % 8 == 0 else (4,):
+        span = max((-pw) % unit, (4 * sw - pw) % unit) + 3 * sw + (kw - 1) * dw + 1
+        if span <= 16 and pw <= 16:
+            units.append(unit)
+    if not units:
+        return (), f"4 outputs span {span} bytes from a 4-byte boundary (at most 16)"
+    return tuple(units), "4 outputs per thread"
+
+
+def _row_unit(x, spec: WindowSpec, out) -> tuple[int, str]:
+    """The load width in bytes (8 or 4) of the NCHW word kernels on ``x`` and ``out``, or 0
+    where they do not apply; and why."""
+    units, why = _row_units(spec)
+    if not units:
+        return 0, why
+    start = x.data.ptr
+    if start % 4 or out.data.ptr % 4:
+        return 0, "buffers not 4-byte aligned"
+    unit = 8 if units[0] == 8 and start % 8 == 0 else 4
+    return unit, f"{why} from {unit}-byte loads"
 
 
 def _row_word_spec(spec: WindowSpec) -> WindowSpec:
@@ -203,7 +221,7 @@ def qmax_window(x, spec: WindowSpec, out) -> None:
     else:
         CB.window(x, spec, out, None)
         return
-    CB.launch(steps, scratch, {"x": x.view(cupy.uint32), "out": out.view(cupy.uint32)})
+    CB.launch(steps, scratch, {"x": x.view(np.uint32), "out": out.view(np.uint32)})
 
 
 def _requant_args(plan: AvgPlan, zp_in: int | None = None) -> tuple:
@@ -291,7 +309,7 @@ def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
     unit, _ = _row_unit(x, spec, out)
     if unit:
         steps, scratch = row_average_steps(spec, plan, cupy.cuda.runtime.getDevice(), unit)
-        CB.launch(steps, scratch, {"x": x.view(cupy.uint32), "out": out.view(cupy.uint32)})
+        CB.launch(steps, scratch, {"x": x.view(np.uint32), "out": out.view(np.uint32)})
         return
     steps, scratch = average_steps(spec, plan, cupy.cuda.runtime.getDevice())
     CB.launch(steps, scratch, {"x": x, "out": out})
