@@ -19,7 +19,7 @@ Counts (:func:`analyze`, at the traced size):
   stores go to L2 sector by sector as requested. L1 serves one wavefront (128-byte line) per
   SM per clock; a request takes one wavefront per distinct line it touches.
 * rounds: per warp and epoch, loads of the main input (the largest array the kernel only
-  reads) are issued together and waited for together: one round per epoch, or
+  reads) are sent together and waited for together: one round per epoch, or
   ``ceil(n / LOOP_LOADS_IN_FLIGHT)`` for a site a loop runs ``n`` times.
 
 Time (:func:`launch_time`, at full size): the largest of the DRAM, L2, L1 and latency limits.

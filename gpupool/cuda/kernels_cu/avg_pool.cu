@@ -31,7 +31,7 @@ __device__ __forceinline__ int count_taps(I o, int s, int pb, int k, int d, I lo
 // valid tap gives +0. ped/peh/pew are the end pads.
 // Geometry: see gp::outputs_nchw / gp::outputs_nhwc (grid x = spatial chunks, y/z = plane
 // groups; block (TX, TY, TZ planes); one thread = `rows` outputs, two at a time: the loads of
-// both issued before either sum waits).
+// both started before either sum waits).
 template <typename T, typename I, int K, bool NHWC>
 __global__ void avg_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I),
                          int ped, int peh, int pew, int include_pad, int divisor_override) {

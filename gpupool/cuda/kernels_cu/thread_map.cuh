@@ -39,7 +39,7 @@ __device__ __forceinline__ void in_groups(I first, I step, int count, I limit, A
 // for each group of up to G outputs of this thread, in order: o[0..n) are the outputs, o[n..G)
 // repeat o[0], xp points at this thread's input plane (NHWC: already offset to its channel),
 // cs is the element step between spatial neighbours (1 for NCHW, the channel count for NHWC).
-// G > 1 lets a kernel issue the loads of several outputs before it waits for any. Planes: see
+// G > 1 lets a kernel start the loads of several outputs before it waits for any. Planes: see
 // thread_plane (block z packs planes).
 //
 // NCHW -- grid: x = (W chunks of blockDim.x) x (row chunks of blockDim.y * rows rows, a row
