@@ -5,10 +5,6 @@ executor's record of compiles need it; tests needing two devices skip with one.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from numpy.testing import assert_array_equal
@@ -133,14 +129,3 @@ def test_quantized_nhwc_global_average_spreads_positions_over_threads(cupy, monk
     assert_array_equal(cupy.asnumpy(got), expected)
     assert [name.split("<")[0] for name, _, _ in launches] == ["qavg_global_channels"] * 2
     assert all(np.prod(block) >= 64 for _, _, block in launches), launches
-
-
-def test_host_time_script_times_every_op_with_launches_stubbed():
-    """``bench/host.py`` (the README's host-path figures) runs, without a GPU or a compiler,
-    and prints a time for each op."""
-    script = Path(__file__).resolve().parent.parent / "bench" / "host.py"
-    done = subprocess.run([sys.executable, str(script), "--calls", "3", "--repeats", "1"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    timed = [line for line in done.stdout.splitlines() if line.endswith(" us")]
-    assert len(timed) == 13 and any("int8 global avg" in line for line in timed), done.stdout

@@ -1,6 +1,10 @@
-"""The NumPy backend's paths for small calls: the direct gather for small blocks gives the
-general path's bits, and the plan cache gives the uncached call's results and errors."""
+"""The paths for small calls: the direct gather for small blocks gives the general path's
+bits, the plan cache gives the uncached call's results and errors, and the CUDA host path's
+timing script runs."""
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -176,3 +180,14 @@ def test_cached_calls_from_many_threads_agree():
     for w in workers:
         w.join()
     assert got == want
+
+
+def test_host_time_script_times_every_op_with_launches_stubbed():
+    """``bench/host.py`` (the README's host-path figures) runs, without a GPU or a compiler,
+    and prints a time for each op."""
+    script = Path(__file__).resolve().parent.parent / "bench" / "host.py"
+    done = subprocess.run([sys.executable, str(script), "--calls", "3", "--repeats", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    timed = [line for line in done.stdout.splitlines() if line.endswith(" us")]
+    assert len(timed) == 13 and any("int8 global avg" in line for line in timed), done.stdout
