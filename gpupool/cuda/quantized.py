@@ -212,15 +212,14 @@ def qmax_window(x, spec: WindowSpec, out) -> None:
         _host_fallback("qmax_window", x, spec, out)
         return
     x = CB.contiguous(x)
-    ok, _ = _can_use_vmax4(x, spec)
-    unit, _ = _row_unit(x, spec, out)
-    if ok:
+    if _can_use_vmax4(x, spec)[0]:
         steps, scratch = word_max_steps(spec, cupy.cuda.runtime.getDevice())
-    elif unit:
-        steps, scratch = row_max_steps(spec, cupy.cuda.runtime.getDevice(), unit)
     else:
-        CB.window(x, spec, out, None)
-        return
+        unit = _row_unit(x, spec, out)[0]
+        if not unit:
+            CB.window(x, spec, out, None)
+            return
+        steps, scratch = row_max_steps(spec, cupy.cuda.runtime.getDevice(), unit)
     CB.launch(steps, scratch, {"x": x.view(np.uint32), "out": out.view(np.uint32)})
 
 
