@@ -7,11 +7,17 @@ copies, through DLPack (:mod:`gpupool.interop.dlpack`), and come back as the inp
 """
 from .ops import (adaptive_avg_pool, adaptive_max_pool, avg_pool, global_avg_pool,
                   global_max_pool, lp_pool, max_pool, max_unpool)
+from .gradients import (adaptive_avg_pool_backward, adaptive_max_pool_backward,
+                        avg_pool_backward, global_avg_pool_backward, global_max_pool_backward,
+                        lp_pool_backward, max_pool_backward)
 from . import quantized
 from .cuda.planner import explain
 from .cpu.threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
 __all__ = ["max_pool", "avg_pool", "lp_pool", "global_avg_pool", "global_max_pool",
-           "adaptive_avg_pool", "adaptive_max_pool", "max_unpool", "quantized", "explain",
+           "adaptive_avg_pool", "adaptive_max_pool", "max_unpool", "max_pool_backward",
+           "avg_pool_backward", "lp_pool_backward", "global_avg_pool_backward",
+           "global_max_pool_backward", "adaptive_avg_pool_backward",
+           "adaptive_max_pool_backward", "quantized", "explain",
            "set_num_threads", "get_num_threads"]

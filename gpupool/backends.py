@@ -20,8 +20,9 @@ import numpy as np
 from .arrays import is_cupy_array, is_dask_array
 from .registry import registered
 
-#: the modules of each backend: the float ops, then the quantized ones.
-BACKEND_MODULES = {"numpy": ("gpupool.cpu.numpy_backend", "gpupool.cpu.quantized"),
+#: the modules of each backend: the float ops, the quantized ones, then the backward ops.
+BACKEND_MODULES = {"numpy": ("gpupool.cpu.numpy_backend", "gpupool.cpu.quantized",
+                             "gpupool.cpu.backward"),
                    "cupy": ("gpupool.cuda.backend", "gpupool.cuda.quantized")}
 
 

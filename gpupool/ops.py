@@ -16,7 +16,7 @@ Size = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]
 
 
-def _accepts_foreign(op: Callable) -> Callable:
+def accepts_foreign(op: Callable) -> Callable:
     """Let ``op`` take Dask arrays and DLPack tensors: such an input goes to its handler
     (:func:`gpupool.backends.foreign_handler`), which runs ``op`` on NumPy/CuPy data."""
     @functools.wraps(op)
@@ -50,7 +50,7 @@ def _prepared(family: str, backend: str, spec):
     return impl if prepare is None else prepare(spec)
 
 
-def _result(func: str, out, shape, dtype, x, backend: str, xp):
+def output_array(func: str, out, shape, dtype, x, backend: str, xp):
     """The array to write into: a fresh one, or ``out`` after checks (a NumPy subclass such as
     ``np.memmap`` viewed as a plain ``numpy.ndarray`` over the same memory)."""
     if out is None:
@@ -82,7 +82,7 @@ def _run(func: str, x, backend, xp, plan, out, indices_needed: bool = False):
             run(x, spec, result, indices)
         return (result, indices) if indices_needed else result
     with device_scope(x, backend):
-        result = _result(func, out, spec.out_shape, x.dtype, x, backend, xp)
+        result = output_array(func, out, spec.out_shape, x.dtype, x, backend, xp)
         indices = xp.empty(spec.out_shape, dtype=np.int64) if indices_needed else None
         if result.size:
             run(x, spec, result, indices)
@@ -90,7 +90,7 @@ def _run(func: str, x, backend, xp, plan, out, indices_needed: bool = False):
     return (result, indices) if indices_needed else result
 
 
-@_accepts_foreign
+@accepts_foreign
 def max_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, padding: Padding = 0,
              dilation: Size = 1, ceil_mode: bool = False, *, return_indices: bool = False,
              layout: str = "NCHW", out: Array | None = None) -> Array | tuple[Array, Array]:
@@ -114,7 +114,7 @@ def max_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, paddin
     return _run("max_pool", x, backend, xp, plan, out, plan[0].return_indices)
 
 
-@_accepts_foreign
+@accepts_foreign
 def avg_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, padding: Padding = 0,
              ceil_mode: bool = False, count_include_pad: bool = False,
              divisor_override: int | None = None, *, dilation: Size = 1, layout: str = "NCHW",
@@ -141,7 +141,7 @@ def avg_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, paddin
     return _run("avg_pool", x, backend, xp, plan, out)
 
 
-@_accepts_foreign
+@accepts_foreign
 def lp_pool(x: ArrayLike, p: float, kernel_size: Size, stride: Size | None = None,
             padding: Padding = 0, dilation: Size = 1, ceil_mode: bool = False, *,
             layout: str = "NCHW", out: Array | None = None) -> Array:
@@ -170,7 +170,7 @@ def _global(func: str, op: str, x, spatial_dims, layout, out):
     return _run(func, x, backend, xp, plan, out)
 
 
-@_accepts_foreign
+@accepts_foreign
 def global_avg_pool(x: ArrayLike, *, spatial_dims: int = 2, layout: str = "NCHW",
                     out: Array | None = None) -> Array:
     """Mean over the last ``spatial_dims`` spatial dims; they are kept with size 1.
@@ -181,7 +181,7 @@ def global_avg_pool(x: ArrayLike, *, spatial_dims: int = 2, layout: str = "NCHW"
     return _global("global_avg_pool", "avg", x, spatial_dims, layout, out)
 
 
-@_accepts_foreign
+@accepts_foreign
 def global_max_pool(x: ArrayLike, *, spatial_dims: int = 2, layout: str = "NCHW",
                     out: Array | None = None) -> Array:
     """Max over the spatial dims (NaN propagates); they are kept with size 1.
@@ -192,7 +192,7 @@ def global_max_pool(x: ArrayLike, *, spatial_dims: int = 2, layout: str = "NCHW"
     return _global("global_max_pool", "max", x, spatial_dims, layout, out)
 
 
-@_accepts_foreign
+@accepts_foreign
 def adaptive_avg_pool(x: ArrayLike, output_size: Size, *, layout: str = "NCHW",
                       out: Array | None = None) -> Array:
     """Mean over adaptive windows: output i spans ``[floor(i*I/O), ceil((i+1)*I/O))``.
@@ -207,7 +207,7 @@ def adaptive_avg_pool(x: ArrayLike, output_size: Size, *, layout: str = "NCHW",
     return _run("adaptive_avg_pool", x, backend, xp, plan, out)
 
 
-@_accepts_foreign
+@accepts_foreign
 def adaptive_max_pool(x: ArrayLike, output_size: Size, *, return_indices: bool = False,
                       layout: str = "NCHW", out: Array | None = None
                       ) -> Array | tuple[Array, Array]:
@@ -225,7 +225,7 @@ def adaptive_max_pool(x: ArrayLike, output_size: Size, *, return_indices: bool =
     return _run("adaptive_max_pool", x, backend, xp, plan, out, plan[0].return_indices)
 
 
-@_accepts_foreign
+@accepts_foreign
 def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_size: Size, stride: Size | None = None,
                padding: Padding = 0, output_size: Sequence[int] | None = None, *,
                dilation: Size = 1, layout: str = "NCHW", out: Array | None = None) -> Array:
@@ -257,7 +257,7 @@ def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_size: Size, stride: Size
     with device_scope(x, backend):
         if indices.size:
             S.check_unpool_indices(func, int(indices.min()), int(indices.max()), spec)
-        result = _result(func, out, spec.out_shape, x.dtype, x, backend, xp)
+        result = output_array(func, out, spec.out_shape, x.dtype, x, backend, xp)
         if out is not None and xp.may_share_memory(out, indices):
             raise ValueError(f"gpupool.{func}: out must not overlap indices")
         if result.size:

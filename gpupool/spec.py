@@ -42,11 +42,11 @@ ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "in
             "int32": 4, "int64": 8}
 
 
-def _fail(func: str, message: str, exc: type = ValueError):
+def fail(func: str, message: str, exc: type = ValueError):
     raise exc(f"gpupool.{func}: {message}")
 
 
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
     """A Python or NumPy integer (not a bool)."""
     if isinstance(v, bool):
         return False
@@ -60,16 +60,16 @@ def _is_int(v) -> bool:
 def check_bool(func: str, name: str, value) -> bool:
     """A bool or NumPy bool (``"False"``, ``0`` or ``None`` would be taken as a truth value)."""
     if type(value).__name__ not in ("bool", "bool_"):
-        _fail(func, f"{name}={value!r} must be a bool", TypeError)
+        fail(func, f"{name}={value!r} must be a bool", TypeError)
     return bool(value)
 
 
 def check_int(func: str, name: str, value, low: int, high: int, what: str) -> int:
     """A Python or NumPy int (not a bool) in [``low``, ``high``]; ``what`` names the range."""
-    if not _is_int(value):
-        _fail(func, f"{name}={value!r} must be an int", TypeError)
+    if not is_int(value):
+        fail(func, f"{name}={value!r} must be an int", TypeError)
     if not low <= int(value) <= high:
-        _fail(func, f"{name}={value!r} is outside {what} [{low}, {high}]")
+        fail(func, f"{name}={value!r} is outside {what} [{low}, {high}]")
     return int(value)
 
 
@@ -77,31 +77,31 @@ def check_real(func: str, name: str, value, low: float, high: float, what: str) 
     """A real number (not a bool) in [``low``, ``high``], compared exactly before it becomes a
     float64, so that no value overflows the conversion; ``what`` says why the range."""
     if type(value).__name__ in ("bool", "bool_") or not isinstance(value, numbers.Real):
-        _fail(func, f"{name}={value!r} must be a real number", TypeError)
+        fail(func, f"{name}={value!r} must be a real number", TypeError)
     # a NumPy scalar as the Python number it holds (NumPy would cast the bounds to its type;
     # a long double, which no Python number holds, compares with them exactly as it is)
     exact = value.item() if type(value).__module__ == "numpy" else value
     if not low <= exact <= high:  # NaN fails too
-        _fail(func, f"{name}={value!r} must lie in [{low!r}, {high!r}] ({what})")
+        fail(func, f"{name}={value!r} must lie in [{low!r}, {high!r}] ({what})")
     return float(exact)
 
 
 def _int_tuple(func: str, name: str, value, nd: int, minimum: int,
                maximum: int | None = None) -> tuple[int, ...]:
     """An int or a length-``nd`` sequence of ints, each in [``minimum``, ``maximum``]."""
-    if _is_int(value):
+    if is_int(value):
         values = (int(value),) * nd
-    elif isinstance(value, (tuple, list)) and all(_is_int(v) for v in value):
+    elif isinstance(value, (tuple, list)) and all(is_int(v) for v in value):
         values = tuple(int(v) for v in value)
         if len(values) != nd:
-            _fail(func, f"{name}={value!r} has {len(values)} entries, expected {nd} "
+            fail(func, f"{name}={value!r} has {len(values)} entries, expected {nd} "
                         f"(one per spatial dim)")
     else:
-        _fail(func, f"{name}={value!r} must be an int or a tuple of {nd} ints", TypeError)
+        fail(func, f"{name}={value!r} must be an int or a tuple of {nd} ints", TypeError)
     if any(v < minimum for v in values):
-        _fail(func, f"{name}={value!r} must be >= {minimum} in every dim")
+        fail(func, f"{name}={value!r} must be >= {minimum} in every dim")
     if maximum is not None and any(v > maximum for v in values):
-        _fail(func, f"{name}={value!r} must be <= {maximum} (2**31 - 1) in every dim")
+        fail(func, f"{name}={value!r} must be <= {maximum} (2**31 - 1) in every dim")
     return values
 
 
@@ -114,11 +114,11 @@ def spatial_rank(func: str, size, name: str = "kernel_size") -> int:
     sequence, else 2."""
     if isinstance(size, (tuple, list)):
         if len(size) == 0:
-            _fail(func, f"{name}={size!r} must not be empty")
+            fail(func, f"{name}={size!r} must not be empty")
         return len(size)
-    if _is_int(size):
+    if is_int(size):
         return 2
-    _fail(func, f"{name}={size!r} must be an int or a tuple of ints", TypeError)
+    fail(func, f"{name}={size!r} must be an int or a tuple of ints", TypeError)
 
 
 def choice(func: str, name: str, value, choices: tuple[str, ...]) -> str:
@@ -131,7 +131,7 @@ def choice(func: str, name: str, value, choices: tuple[str, ...]) -> str:
         for c in choices:
             if c.casefold() == folded:
                 return c
-    _fail(func, f"{name}={value!r} is not one of {choices} (case-insensitive)")
+    fail(func, f"{name}={value!r} is not one of {choices} (case-insensitive)")
 
 
 def check_layout(func: str, layout) -> str:
@@ -143,10 +143,10 @@ def check_dtype(func: str, dtype: str, *, integers: bool) -> str:
     if dtype in FLOAT_DTYPES or (integers and dtype in INT_DTYPES):
         return dtype
     if dtype in INT_DTYPES:
-        _fail(func, f"x has dtype {dtype}, which is not supported: average/Lp pooling of "
+        fail(func, f"x has dtype {dtype}, which is not supported: average/Lp pooling of "
                     f"integer data needs a scale, use gpupool.quantized", TypeError)
     allowed = FLOAT_DTYPES + (INT_DTYPES if integers else ())
-    _fail(func, f"x has dtype {dtype}, which is not supported (supported: "
+    fail(func, f"x has dtype {dtype}, which is not supported (supported: "
                 f"{', '.join(allowed)})", TypeError)
 
 
@@ -165,7 +165,7 @@ def check_output_size(func: str, g: "Geometry", out_spatial, cause: str,
     per_element = ITEMSIZE.get(g.dtype, 8) + (8 if indices else 0)
     nbytes = max(g.planes, 1) * math.prod(out_spatial) * per_element
     if nbytes > OUTPUT_BYTES_MAX:
-        _fail(func, f"{cause} would give output shape {g.with_spatial(tuple(out_spatial))}: "
+        fail(func, f"{cause} would give output shape {g.with_spatial(tuple(out_spatial))}: "
                     f"{_binary_size(nbytes)} of {g.dtype}{' and int64 indices' if indices else ''}"
                     f", beyond the limit of 2**48 bytes (256 TiB) for one output")
 
@@ -200,7 +200,7 @@ def memoized(build):
     return wrapper
 
 
-def _hash_once(self) -> int:
+def hash_once(self) -> int:
     """The hash of a frozen spec, computed on first use and kept: specs key every cache on the
     hot path, and hashing their nested tuples costs about a microsecond."""
     value = self.__dict__.get("_hash")
@@ -210,7 +210,7 @@ def _hash_once(self) -> int:
     return value
 
 
-def _state_without_hash(self) -> dict:
+def state_without_hash(self) -> dict:
     """What pickles: the fields, not the kept hash (string hashes differ between processes)."""
     return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
@@ -219,8 +219,8 @@ def _state_without_hash(self) -> dict:
 class Geometry:
     """Where the plane, spatial and channel dims of an input sit."""
 
-    __hash__ = _hash_once
-    __getstate__ = _state_without_hash
+    __hash__ = hash_once
+    __getstate__ = state_without_hash
 
     func: str
     shape: tuple[int, ...]
@@ -265,11 +265,11 @@ def geometry(func: str, shape, dtype: str, layout, nd: int, *, integers: bool,
     shape = tuple(int(s) for s in shape)
     need = nd + (layout == "NHWC")
     if len(shape) < need:
-        _fail(func, f"x of shape {shape} has rank {len(shape)}; {nd} spatial dims in layout "
+        fail(func, f"x of shape {shape} has rank {len(shape)}; {nd} spatial dims in layout "
                     f"{layout} need rank >= {need}")
     g = Geometry(func, shape, dtype, layout, nd)
     if not allow_empty_spatial and any(s == 0 for s in g.spatial):
-        _fail(func, f"x of shape {shape} has an empty spatial dim {g.spatial}")
+        fail(func, f"x of shape {shape} has an empty spatial dim {g.spatial}")
     return g
 
 
@@ -287,13 +287,13 @@ def resolve_padding(func: str, padding, nd: int, spatial, kernel, stride, dilati
             small, large = total // 2, total - total // 2
             pads.append((small, large) if mode == "same" else (large, small))
         if any(p > WINDOW_PARAM_MAX for pair in pads for p in pair):
-            _fail(func, f"padding={padding!r} resolves to pads {tuple(pads)}, beyond "
+            fail(func, f"padding={padding!r} resolves to pads {tuple(pads)}, beyond "
                         f"{WINDOW_PARAM_MAX} (2**31 - 1)")
         return tuple(pads)
     if isinstance(padding, (tuple, list)) and padding and all(
             isinstance(p, (tuple, list)) for p in padding):
         if len(padding) != nd or any(len(p) != 2 for p in padding):
-            _fail(func, f"padding={padding!r} must hold {nd} (begin, end) pairs")
+            fail(func, f"padding={padding!r} must hold {nd} (begin, end) pairs")
         flat = _window_ints(func, "padding", [v for p in padding for v in p], 2 * nd, 0)
         return tuple((flat[2 * i], flat[2 * i + 1]) for i in range(nd))
     sym = _window_ints(func, "padding", padding, nd, 0)
@@ -315,8 +315,8 @@ def output_length(size: int, kernel: int, stride: int, pad: tuple[int, int], dil
 class WindowSpec:
     """A sliding-window pooling (max, avg, lp) fully resolved."""
 
-    __hash__ = _hash_once
-    __getstate__ = _state_without_hash
+    __hash__ = hash_once
+    __getstate__ = state_without_hash
 
     geom: Geometry
     op: str  # "max" | "avg" | "lp"
@@ -362,7 +362,7 @@ def window_spec(func: str, op: str, shape, dtype: str, kernel_size, stride, padd
                        f"{g.dtype} input")
     out = tuple(output_length(*a, ceil_mode) for a in zip(g.spatial, kernel, stride, pads, dilation))
     if any(o < 1 for o in out):
-        _fail(func, f"computed output size {out} is too small (input {g.spatial}, kernel_size "
+        fail(func, f"computed output size {out} is too small (input {g.spatial}, kernel_size "
                     f"{kernel}, stride {stride}, padding {pads}, dilation {dilation})")
     check_output_size(func, g, out, f"padding={padding!r} with kernel_size={kernel}, "
                                     f"stride={stride}, dilation={dilation} on x of shape "
@@ -375,8 +375,8 @@ def window_spec(func: str, op: str, shape, dtype: str, kernel_size, stride, padd
 class AdaptiveSpec:
     """Adaptive (and global) pooling: window i spans [floor(i*I/O), ceil((i+1)*I/O))."""
 
-    __hash__ = _hash_once
-    __getstate__ = _state_without_hash
+    __hash__ = hash_once
+    __getstate__ = state_without_hash
 
     geom: Geometry
     op: str  # "max" | "avg"
@@ -427,10 +427,10 @@ def adaptive_spec(func: str, op: str, shape, dtype: str, output_size, layout, *,
 def global_spec(func: str, op: str, shape, dtype: str, spatial_dims, layout, *,
                 integers=None) -> AdaptiveSpec:
     """Validate a global pooling (``integers`` as in :func:`window_spec`)."""
-    if not _is_int(spatial_dims):
-        _fail(func, f"spatial_dims={spatial_dims!r} must be an int", TypeError)
+    if not is_int(spatial_dims):
+        fail(func, f"spatial_dims={spatial_dims!r} must be an int", TypeError)
     if int(spatial_dims) < 1:
-        _fail(func, f"spatial_dims={spatial_dims!r} must be a positive int")
+        fail(func, f"spatial_dims={spatial_dims!r} must be a positive int")
     nd = int(spatial_dims)
     g = geometry(func, shape, dtype, layout, nd,
                  integers=(op == "max") if integers is None else integers)
@@ -443,8 +443,8 @@ class UnpoolSpec:
     (kernel, stride, dilation, and its pads resolved on the unpooled size) and the indices'
     dtype."""
 
-    __hash__ = _hash_once
-    __getstate__ = _state_without_hash
+    __hash__ = hash_once
+    __getstate__ = state_without_hash
 
     geom: Geometry  # geometry of the pooled input
     out_spatial: tuple[int, ...]
@@ -500,9 +500,9 @@ def unpool_spec(func: str, shape, dtype: str, indices_shape, indices_dtype: str,
     nd = spatial_rank(func, kernel_size)
     g = geometry(func, shape, dtype, layout, nd, integers=True)
     if tuple(indices_shape) != g.shape:
-        _fail(func, f"indices shape {tuple(indices_shape)} != input shape {g.shape}")
+        fail(func, f"indices shape {tuple(indices_shape)} != input shape {g.shape}")
     if indices_dtype not in INT_DTYPES:
-        _fail(func, f"indices dtype {indices_dtype} is not supported: use int64 (as max_pool "
+        fail(func, f"indices dtype {indices_dtype} is not supported: use int64 (as max_pool "
                     f"returns)", TypeError)
     kernel = _window_ints(func, "kernel_size", kernel_size, nd, 1)
     stride = kernel if stride is None else _window_ints(func, "stride", stride, nd, 1)
@@ -510,24 +510,24 @@ def unpool_spec(func: str, shape, dtype: str, indices_shape, indices_dtype: str,
     mode = choice(func, "padding", padding, PADDING_STRINGS) if isinstance(padding, str) else None
     if output_size is None:
         if mode in ("same", "same_lower"):
-            _fail(func, f"padding={padding!r} depends on the unknown unpooled size; pass "
+            fail(func, f"padding={padding!r} depends on the unknown unpooled size; pass "
                         f"output_size instead")
         pads = resolve_padding(func, padding, nd, g.spatial, kernel, stride, dilation)
         out = unpool_default(g.spatial, kernel, stride, pads, dilation)
         if any(o < 1 for o in out):
-            _fail(func, f"computed output size {out} is too small (input {g.spatial}, "
+            fail(func, f"computed output size {out} is too small (input {g.spatial}, "
                         f"kernel_size {kernel}, stride {stride}, padding {pads}, dilation "
                         f"{dilation})")
         cause = (f"kernel_size={kernel}, stride={stride}, padding={pads}, dilation={dilation} "
                  f"on x of shape {g.shape}")
     else:
         if not isinstance(output_size, (tuple, list)):
-            _fail(func, f"output_size={output_size!r} must be a tuple", TypeError)
+            fail(func, f"output_size={output_size!r} must be a tuple", TypeError)
         sizes = tuple(output_size)
         if len(sizes) == len(g.shape):
             full = g.with_spatial(tuple(sizes[len(g.lead):len(g.lead) + nd]))
             if tuple(sizes) != full:
-                _fail(func, f"output_size={output_size!r} disagrees with the input's "
+                fail(func, f"output_size={output_size!r} disagrees with the input's "
                             f"non-spatial dims {g.shape}")
             sizes = sizes[len(g.lead):len(g.lead) + nd]
         out = _int_tuple(func, "output_size", sizes, nd, 1)
@@ -542,7 +542,7 @@ def unpool_spec(func: str, shape, dtype: str, indices_shape, indices_dtype: str,
                    f"(I - 1) * stride - pads + dilation * (kernel_size - 1) + 1, the sizes "
                    f"that max_pool pools to I")
         if any(not lo <= o <= hi for o, (lo, hi) in zip(out, allowed)):
-            _fail(func, f"output_size={output_size!r} does not fit x of spatial size "
+            fail(func, f"output_size={output_size!r} does not fit x of spatial size "
                         f"I = {g.spatial}: with kernel_size {kernel}, stride {stride}, padding "
                         f"{padding!r} and dilation {dilation} each dim must lie in "
                         f"{' x '.join(f'[{lo}, {hi}]' for lo, hi in allowed)} ({why}); indices "
@@ -558,7 +558,7 @@ def check_unpool_indices(func: str, low: int, high: int, spec: UnpoolSpec) -> No
     plane, or be -1: max_pool's index of a window with no valid tap, which is skipped (its
     value is not written)."""
     if low < -1 or high >= spec.plane_size:
-        _fail(func, f"indices span [{low}, {high}], outside the output plane "
+        fail(func, f"indices span [{low}, {high}], outside the output plane "
                     f"[0, {spec.plane_size}) of spatial size {spec.out_spatial} (an index -1, "
                     f"from a window with no valid tap, is skipped)")
 
@@ -568,9 +568,9 @@ def check_out(func: str, out_shape, out_dtype, out_native: bool, expected_shape,
     """``out=`` must match the result's shape and dtype exactly, in native byte order (the
     kernels write it in place)."""
     if tuple(out_shape) != tuple(expected_shape) or out_dtype != expected_dtype:
-        _fail(func, f"out has shape {tuple(out_shape)} and dtype {out_dtype}; expected shape "
+        fail(func, f"out has shape {tuple(out_shape)} and dtype {out_dtype}; expected shape "
                     f"{tuple(expected_shape)} and dtype {expected_dtype}")
     if not out_native:
-        _fail(func, f"out has dtype {out_dtype} in non-native (byte-swapped) byte order; the "
+        fail(func, f"out has dtype {out_dtype} in non-native (byte-swapped) byte order; the "
                     f"result is written into out in place in native order: pass an array of "
                     f"native byte order")

@@ -128,3 +128,26 @@ def adaptive_argmax(x, first: int, taps_per_dim, offsets, plane, values, indices
         xp.copyto(values, v, where=take)
         xp.copyto(indices, xp.broadcast_to(xp.asarray(pos[(Ellipsis,) + trailing]),
                                            indices.shape), where=take)
+
+
+def indices_in_windows(indices, spec, xp=np) -> bool:
+    """Whether every index of a max (shape of the output of ``spec``, a WindowSpec or an
+    AdaptiveSpec; flat positions in an input plane, each already in ``[-1, plane)``) names a
+    tap of its own window, or is -1. ``indices`` is NumPy or CuPy (``xp``); one host sync on CuPy."""
+    geom = spec.geom
+    first, nd = len(geom.lead), geom.nd
+    flat = indices.astype(np.int64)
+    skipped = flat < 0  # -1: a window with no valid tap
+    ok = xp.ones(flat.shape, bool)
+    for a in range(nd):
+        size, out = geom.spatial[a], spec.out_spatial[a]
+        coord = flat // math.prod(geom.spatial[a + 1:]) % size
+        if isinstance(spec, WindowSpec):
+            k, s, d, (pb, _) = spec.kernel[a], spec.stride[a], spec.dilation[a], spec.pads[a]
+            offset = coord - along(xp.arange(out) * s - pb, flat.ndim, first + a)
+            ok &= (offset >= 0) & (offset % d == 0) & (offset // d < k)
+        else:
+            starts, ends = adaptive_bounds(size, out)
+            ok &= ((coord >= along(xp.asarray(starts), flat.ndim, first + a))
+                   & (coord < along(xp.asarray(ends), flat.ndim, first + a)))
+    return bool((ok | skipped).all())
