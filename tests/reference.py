@@ -18,7 +18,9 @@ import numpy as np
 
 __all__ = ["resolve_padding", "output_length", "max_pool", "avg_pool", "lp_pool",
            "adaptive_avg_pool", "adaptive_max_pool", "global_avg_pool", "global_max_pool",
-           "max_unpool", "unpool_output_length"]
+           "max_unpool", "unpool_output_length", "max_pool_backward", "avg_pool_backward",
+           "lp_pool_backward", "adaptive_avg_pool_backward", "adaptive_max_pool_backward",
+           "global_avg_pool_backward", "global_max_pool_backward"]
 
 
 # ----------------------------------------------------------------------------- shape rules
@@ -313,3 +315,101 @@ def vectorised_window(x, op, kernel, stride, pads, dilation, out_spatial, *,
         else:
             divisor = n_valid
         return np.where(n_valid > 0, total / divisor, 0.0)
+
+
+# ----------------------------------------------------------------------------- backward
+
+def _spread(x, grad, nd, layout, windows, contributions):
+    """The input's gradient (float64, shape of ``x``): for each plane and output position, in
+    the order of ``windows`` (its taps ``(value, flat)`` and the count of taps inside input +
+    explicit padding), ``contributions(g, taps, in_padded)`` gives ``(flat, amount)`` pairs
+    added to the input plane."""
+    planes, lead, spatial = _planes(x, nd, layout)
+    gplanes, _, _ = _planes(grad, nd, layout)
+    gflat = [g for plane in gplanes for g in plane]
+    size = math.prod(spatial)
+    result = [[0.0] * size for _ in planes]
+    per_plane = len(gflat) // max(len(planes), 1)
+    for n, (taps, in_padded) in enumerate(windows):
+        dest = result[n // per_plane]
+        for f, amount in contributions(gflat[n], taps, in_padded):
+            dest[f] += amount
+    return _unplanes([v for plane in result for v in plane], lead, spatial, layout, np.float64)
+
+
+def _argmax_term(lowest):
+    def term(g, taps, _):
+        _, f = _max_of(taps, lowest)
+        return [(f, g)] if f >= 0 else []
+    return term
+
+
+def max_pool_backward(grad, x, kernel_size, stride=None, padding=0, dilation=1,
+                      ceil_mode=False, layout="NCHW"):
+    """Each window's gradient to its max (first of ties, last NaN), found again in ``x``."""
+    gen, _, _ = _windows(x, kernel_size, stride, padding, dilation, ceil_mode, layout)
+    nd = len(kernel_size) if isinstance(kernel_size, (tuple, list)) else 2
+    return _spread(x, grad, nd, layout, gen, _argmax_term(-math.inf))
+
+
+def avg_pool_backward(grad, input_shape, kernel_size, stride=None, padding=0, ceil_mode=False,
+                      count_include_pad=False, divisor_override=None, dilation=1,
+                      layout="NCHW"):
+    """Each valid tap of a window gets the window's gradient over its divisor."""
+    x = np.zeros(input_shape)
+    gen, _, _ = _windows(x, kernel_size, stride, padding, dilation, ceil_mode, layout)
+    nd = len(kernel_size) if isinstance(kernel_size, (tuple, list)) else 2
+
+    def term(g, taps, in_padded):
+        if not taps:
+            return []
+        divisor = (divisor_override if divisor_override is not None
+                   else in_padded if count_include_pad else len(taps))
+        return [(f, g / divisor) for _, f in taps]
+    return _spread(x, grad, nd, layout, gen, term)
+
+
+def lp_pool_backward(grad, x, p, kernel_size, stride=None, padding=0, dilation=1,
+                     ceil_mode=False, layout="NCHW"):
+    """d/dv of (sum |v|**p)**(1/p): sign(v) |v|**(p-1) y**(1-p); 0 where v or y is 0."""
+    gen, _, _ = _windows(x, kernel_size, stride, padding, dilation, ceil_mode, layout)
+    nd = len(kernel_size) if isinstance(kernel_size, (tuple, list)) else 2
+
+    def term(g, taps, _):
+        y = sum(abs(v) ** p for v, _ in taps) ** (1.0 / p)
+        if y == 0:
+            return []
+        return [(f, g * math.copysign(abs(v) ** (p - 1), v) * y ** (1 - p))
+                for v, f in taps if v != 0]
+    return _spread(x, grad, nd, layout, gen, term)
+
+
+def _adaptive_windows(x, output_size, layout):
+    nd = len(output_size)
+    planes, _, spatial = _planes(x, nd, layout)
+    for plane in planes:
+        for opos in itertools.product(*(range(o) for o in output_size)):
+            ranges = [range(*adaptive_bounds(i, n, o))
+                      for i, n, o in zip(opos, spatial, output_size)]
+            yield [(plane[_flat(pos, spatial)], _flat(pos, spatial))
+                   for pos in itertools.product(*ranges)], 0
+
+
+def adaptive_avg_pool_backward(grad, input_shape, output_size, layout="NCHW"):
+    x = np.zeros(input_shape)
+    return _spread(x, grad, len(output_size), layout,
+                   _adaptive_windows(x, output_size, layout),
+                   lambda g, taps, _: [(f, g / len(taps)) for _, f in taps])
+
+
+def adaptive_max_pool_backward(grad, x, output_size, layout="NCHW"):
+    return _spread(x, grad, len(output_size), layout, _adaptive_windows(x, output_size, layout),
+                   _argmax_term(-math.inf))
+
+
+def global_avg_pool_backward(grad, input_shape, spatial_dims=2, layout="NCHW"):
+    return adaptive_avg_pool_backward(grad, input_shape, (1,) * spatial_dims, layout)
+
+
+def global_max_pool_backward(grad, x, spatial_dims=2, layout="NCHW"):
+    return adaptive_max_pool_backward(grad, x, (1,) * spatial_dims, layout)
