@@ -133,21 +133,36 @@ def adaptive_argmax(x, first: int, taps_per_dim, offsets, plane, values, indices
 def indices_in_windows(indices, spec, xp=np) -> bool:
     """Whether every index of a max (shape of the output of ``spec``, a WindowSpec or an
     AdaptiveSpec; flat positions in an input plane, each already in ``[-1, plane)``) names a
-    tap of its own window, or is -1. ``indices`` is NumPy or CuPy (``xp``); one host sync on CuPy."""
+    tap of its own window, or is -1. ``indices`` is NumPy or CuPy (``xp``); one host sync on
+    CuPy. Runs in int32 where every position and window start fits."""
     geom = spec.geom
     first, nd = len(geom.lead), geom.nd
-    flat = indices.astype(np.int64)
-    skipped = flat < 0  # -1: a window with no valid tap
-    ok = xp.ones(flat.shape, bool)
+    bounds = []  # per dim: the windows' first position, and their end (adaptive) or None
     for a in range(nd):
         size, out = geom.spatial[a], spec.out_spatial[a]
-        coord = flat // math.prod(geom.spatial[a + 1:]) % size
         if isinstance(spec, WindowSpec):
-            k, s, d, (pb, _) = spec.kernel[a], spec.stride[a], spec.dilation[a], spec.pads[a]
-            offset = coord - along(xp.arange(out) * s - pb, flat.ndim, first + a)
-            ok &= (offset >= 0) & (offset % d == 0) & (offset // d < k)
+            bounds.append((np.arange(out, dtype=np.int64) * spec.stride[a] - spec.pads[a][0],
+                           None))
         else:
-            starts, ends = adaptive_bounds(size, out)
-            ok &= ((coord >= along(xp.asarray(starts), flat.ndim, first + a))
-                   & (coord < along(xp.asarray(ends), flat.ndim, first + a)))
-    return bool((ok | skipped).all())
+            bounds.append(adaptive_bounds(size, out))
+    fits = (math.prod(geom.spatial) < 2**31
+            and all(abs(int(b[0].min())) < 2**31 and abs(int(b[0].max())) < 2**31 for b in bounds))
+    narrow = np.int32 if fits else np.int64
+    rest = indices.astype(narrow)
+    inside = None
+    for a in reversed(range(nd)):
+        rest, coord = xp.divmod(rest, narrow(geom.spatial[a])) if a else (None, rest)
+        starts, ends = (None if b is None else along(xp.asarray(b.astype(narrow)), coord.ndim,
+                                                     first + a) for b in bounds[a])
+        if ends is None:  # a sliding window: tap t at start + t * dilation, t < kernel
+            k, d = spec.kernel[a], spec.dilation[a]
+            offset = coord - starts
+            if d > 1:
+                offset, skew = xp.divmod(offset, narrow(d))
+                ok = (skew == 0) & (offset >= 0) & (offset < k)
+            else:
+                ok = (offset >= 0) & (offset < k)
+        else:
+            ok = (coord >= starts) & (coord < ends)
+        inside = ok if inside is None else inside & ok
+    return bool((inside | (indices < 0)).all())

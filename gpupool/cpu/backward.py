@@ -119,20 +119,39 @@ def _lp_inner(x, p: float, acc):
         return np.where(x == 0, acc.type(0), np.sign(x) * np.power(np.abs(x), p - acc.type(1)))
 
 
+def _disjoint(forward) -> bool:
+    """Whether no two windows share an input position (then no position receives two
+    gradients, and the sums are plain stores)."""
+    if isinstance(forward, WindowSpec):
+        return all(o == 1 or s >= d * (k - 1) + 1 for o, s, k, d in zip(
+            forward.out_spatial, forward.stride, forward.kernel, forward.dilation))
+    return all(o == 1 or i % o == 0 for i, o in zip(forward.geom.spatial, forward.out_spatial))
+
+
 def _max(spec: GradSpec, grad, result, indices):
     forward = spec.forward
     geom = forward.geom
-    acc = accumulator(grad.dtype)
     g = _canonical(grad, geom, forward.out_spatial)
-    flat = _canonical(indices, geom, forward.out_spatial).astype(np.int64)
-    plane = spec.plane_size
-    batch = np.arange(geom.batch).reshape((-1,) + (1,) * (g.ndim - 1))
-    channel = np.arange(geom.channels)
-    target = (batch * plane + flat) * geom.channels + channel
-    taken = flat >= 0
-    sums = np.zeros(result.size, acc)
-    np.add.at(sums, target[taken], g[taken].astype(acc))
-    result[...] = sums.reshape(result.shape)
+    target = _canonical(indices, geom, forward.out_spatial).astype(np.int64)
+    taken = target >= 0
+    target += np.arange(0, geom.batch * spec.plane_size, spec.plane_size).reshape(
+        (-1,) + (1,) * (g.ndim - 1))
+    if geom.channels > 1:
+        target *= geom.channels
+        target += np.arange(geom.channels)
+    if not taken.all():
+        target, g = target[taken], g[taken]
+    acc = accumulator(grad.dtype)
+    if _disjoint(forward):
+        flat = result.reshape(-1)
+        flat[...] = 0
+        flat[target.reshape(-1)] = g.reshape(-1)
+        return
+    sums = result.reshape(-1) if acc == result.dtype else np.empty(result.size, acc)
+    sums[...] = 0
+    np.add.at(sums, target.reshape(-1), g.reshape(-1).astype(acc, copy=False))
+    if acc != result.dtype:
+        result[...] = sums.reshape(result.shape)
 
 
 @register("backward", "numpy")
