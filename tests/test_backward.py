@@ -4,6 +4,9 @@ agree, edges (NaN, empty windows, zero-size and size-1 dims, non-contiguous inpu
 and errors that name the function and the parameter."""
 from __future__ import annotations
 
+import pathlib
+import re
+
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
@@ -370,3 +373,11 @@ def test_errors_name_the_function_and_the_parameter(backend, case):
     call, exc, message = ERRORS[case]
     with pytest.raises(exc, match=message):
         call(backend)
+
+
+def test_the_readme_example_runs_as_written():
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"^## Gradients.*?^```python\n(.*?)^```", readme, re.M | re.S).group(1)
+    namespace: dict = {}
+    exec(block, namespace)  # noqa: S102 - the README's own example
+    assert namespace["dx"].shape == (8, 64, 56, 56)
