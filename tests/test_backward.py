@@ -271,6 +271,23 @@ def test_subnormal_gradients_are_kept(backend):
     assert_array_equal(backend.to_numpy(got), np.full((1, 1, 1, 2), tiny / np.float32(2)))
 
 
+def test_negative_zero_gradients_sum_to_positive_zero(backend):
+    # every sum starts from +0, the disjoint windows' plain stores included
+    g = backend.to_backend(np.full((1, 1, 1, 1), -0.0))
+    got = gp.global_max_pool_backward(g, backend.to_backend(np.ones((1, 1, 2, 2))))
+    assert not np.signbit(backend.to_numpy(got)).any()
+    got = gp.avg_pool_backward(g, (1, 1, 2, 2), 2)
+    assert not np.signbit(backend.to_numpy(got)).any()
+
+
+def test_lp_positions_no_window_covers_get_positive_zero(backend):
+    x = np.array([[[[-1.0, np.inf, -1.0, -2.0]]]])
+    got = gp.lp_pool_backward(backend.to_backend(np.ones((1, 1, 1, 2))), backend.to_backend(x),
+                              2, (1, 1), (1, 2))
+    assert_array_equal(backend.to_numpy(got), [[[[-1.0, 0.0, -1.0, 0.0]]]])
+    assert not np.signbit(backend.to_numpy(got)[0, 0, 0, 1::2]).any()
+
+
 @pytest.mark.parametrize("mode", ["F", "strided", "reversed", "transposed"])
 def test_non_contiguous_operands(backend, mode):
     rng = np.random.default_rng(5)

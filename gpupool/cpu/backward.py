@@ -7,8 +7,8 @@ give the same bits:
 * averages (window, adaptive, global) and Lp: ``q = grad / divisor`` per output (Lp: ``grad *
   y**(1-p)``) in the working dtype (:func:`gpupool.windows.accumulator`), spread back one
   spatial dim at a time, the last first; along a dim each input position sums, from +0, the
-  ``q`` of the windows that cover it in ascending order. Lp then multiplies by
-  ``sign(x) * |x|**(p-1)`` (0 where x is 0).
+  ``q`` of the windows that cover it in ascending order. Lp then multiplies a nonzero sum
+  by ``sign(x) * |x|**(p-1)`` (0 where x is 0); a zero sum gives +0.
 * maxima: each output's gradient goes to the input position its index names, summed from +0
   in the outputs' row-major order where several outputs name one position (``np.add.at``).
 """
@@ -93,8 +93,10 @@ def _average(spec: GradSpec, grad, result, x=None, y=None):
             q = np.where(divisor > 0, g / divisor.astype(acc), acc.type(0))
     spread = (_spread_window(q, forward, acc) if isinstance(forward, WindowSpec)
               else _spread_adaptive(q, forward, acc))
-    if forward.op == "lp":
-        spread *= _lp_inner(_canonical(x, geom, geom.spatial).astype(acc), forward.p, acc)
+    if forward.op == "lp":  # +0 where the windows' sum is 0: no 0 * inf, no -0
+        inner = _lp_inner(_canonical(x, geom, geom.spatial).astype(acc), forward.p, acc)
+        with np.errstate(invalid="ignore", over="ignore"):
+            spread = np.where(spread == 0, acc.type(0), spread * inner)
     result[...] = spread.reshape(result.shape)
 
 
@@ -145,7 +147,7 @@ def _max(spec: GradSpec, grad, result, indices):
     if _disjoint(forward):
         flat = result.reshape(-1)
         flat[...] = 0
-        flat[target.reshape(-1)] = g.reshape(-1)
+        flat[target.reshape(-1)] = g.reshape(-1) + acc.type(0)  # +0 + g, as the sums: -0 -> +0
         return
     sums = result.reshape(-1) if acc == result.dtype else np.empty(result.size, acc)
     sums[...] = 0
