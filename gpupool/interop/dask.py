@@ -20,13 +20,13 @@ array, for any chunking.
   input blocks whose pooling windows reach it and scatters the indices that land in it.
   Every index must lie in its own window, as ``max_pool`` returns them, or be -1 (a window
   with no valid tap: skipped), checked when computed.
+* The backward ops' graphs are in :mod:`gpupool.interop.dask_backward`.
 * The chunk type picks the backend: NumPy chunks run on the CPU, CuPy chunks on their GPU;
   the result's ``_meta`` has the chunks' type.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import itertools
 import math
@@ -44,11 +44,8 @@ from .. import spec as S
 from .. import windows
 from ..arrays import dtype_name, is_cupy_array
 from ..cpu.quantized import requantize
-
-
-def _xp(a):
-    """The array module of ``a``: NumPy, or CuPy for a CuPy array."""
-    return importlib.import_module("cupy") if is_cupy_array(a) else np
+from . import dask_backward
+from .dask_blocks import array_module, assemble, check_input, cuts, overlaps, window_slice
 
 
 def _host(a) -> np.ndarray:
@@ -56,18 +53,6 @@ def _host(a) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- entry points
-
-def _check_input(func: str, x) -> None:
-    if not isinstance(x, da.Array):
-        raise TypeError(f"gpupool.{func}: x is a {type(x).__module__}.{type(x).__name__}; of the "
-                        f"Dask collections only dask.array.Array is supported")
-    if isinstance(x._meta, np.ma.MaskedArray):
-        raise TypeError(f"gpupool.{func}: x has numpy.ma.MaskedArray chunks; their masks would "
-                        f"be ignored: pass da.ma.filled(x, value) instead")
-    if any(math.isnan(c) for dim in x.chunks for c in dim):
-        raise ValueError(f"gpupool.{func}: x has unknown chunk sizes; call "
-                         f"x.compute_chunk_sizes() first")
-
 
 def _bind(op, func: str, first, args, kwargs) -> dict:
     bound = inspect.signature(op).bind(first, *args, **kwargs)
@@ -84,8 +69,8 @@ def call(op, x, *args, **kwargs):
     each block of the result is ``op`` on a slice of ``x``."""
     func = op.__name__
     params = _bind(op, func, x, args, kwargs)
-    _check_input(func, x)
-    for name in ("x", "indices"):  # native byte order, as the in-memory ops return
+    check_input(func, x, next(iter(params)))
+    for name in ("x", "indices", "grad_output"):  # native byte order, as in-memory ops give
         a = params.get(name)
         if isinstance(a, da.Array) and not a.dtype.isnative:
             params[name] = a.astype(a.dtype.newbyteorder("="))
@@ -97,14 +82,14 @@ def call_quantized(op, q: QS.QArray, *args, **kwargs) -> QS.QArray:
     are a Dask array; the result's codes are a Dask array, bit-identical to the in-memory op."""
     func = op.__name__
     params = _bind(op, func, q, args, kwargs)
-    _check_input(f"quantized.{func}", q.data)
+    check_input(f"quantized.{func}", q.data)
     return _QUANTIZED_HANDLERS[func](op, params)
 
 
 def quantize(op, x, scale, zero_point, dtype) -> QS.QArray:
     """:func:`gpupool.quantized.quantize` (``op``) of a Dask array, block by block (NaN raises
     ``ValueError`` when computed)."""
-    _check_input("quantized.quantize", x)
+    check_input("quantized.quantize", x)
     probe = op(np.empty((0,), x.dtype), scale, zero_point, dtype)  # eager validation
     name = dtype_name(probe.dtype)
     codes = x.map_blocks(_quantize_block, op, probe.scale, probe.zero_point, name, dtype=name,
@@ -136,32 +121,15 @@ def _plane_spans(chunks) -> list[_Span]:
     return [_Span(c, int(s), int(s) + c) for s, c in zip(starts, chunks)]
 
 
-def _cuts(chunks, size: int, out: int, first_output) -> list[tuple[int, int]]:
-    """Output blocks ``[o0, o1)`` along a dim: the outputs ``first_output(c)`` onwards belong
-    to the input chunk starting at ``c``; empty blocks are dropped."""
-    starts = np.cumsum((0,) + tuple(chunks))[1:-1]
-    cuts = sorted({0, out} | {min(out, max(0, first_output(int(c)))) for c in starts})
-    return [(o0, o1) for o0, o1 in zip(cuts, cuts[1:]) if o1 > o0]
-
-
 def _window_spans(chunks, size, out, kernel, stride, dilation, pads) -> list[_Span]:
-    """A spatial dim of a window pooling: each block's input slice and per-block pads, param
-    ``(lo, pad_begin, pad_end, outputs)``. The last block keeps the global end pad (its slice runs to
-    the input's end, so the sub-op's ceil rule and padded divisor are the global ones shifted
-    by whole strides); the others end the padding exactly where their last window ends."""
-    begin, end = pads
+    """A spatial dim of a window pooling: each block's input slice and per-block pads
+    (:func:`~gpupool.interop.dask_blocks.window_slice`), param ``(lo, pad_begin, pad_end,
+    outputs)``."""
     span = dilation * (kernel - 1) + 1
     spans = []
-    for o0, o1 in _cuts(chunks, size, out, lambda c: -(-(c + begin) // stride)):
-        first = o0 * stride - begin
-        lo = max(0, first)
-        if o1 == out:
-            hi, end_pad = size, end
-        else:
-            last_end = (o1 - 1) * stride - begin + span
-            hi = min(size, last_end)
-            end_pad = last_end - hi
-        spans.append(_Span(o1 - o0, lo, hi, (lo, lo - first, end_pad, o1 - o0)))
+    for o0, o1 in cuts(chunks, out, lambda c: -(-(c + pads[0]) // stride)):
+        lo, hi, pad_begin, pad_end = window_slice(o0, o1, size, out, stride, span, pads)
+        spans.append(_Span(o1 - o0, lo, hi, (lo, pad_begin, pad_end, o1 - o0)))
     return spans
 
 
@@ -169,7 +137,7 @@ def _adaptive_spans(chunks, size, out) -> list[_Span]:
     """A spatial dim of an adaptive pooling: param ``(lo, o0, starts, ends)`` with the
     windows of the block's outputs relative to its slice."""
     spans = []
-    for o0, o1 in _cuts(chunks, size, out, lambda c: -(-(c * out) // size)):
+    for o0, o1 in cuts(chunks, out, lambda c: -(-(c * out) // size)):
         bounds = [S.adaptive_window(i, size, out) for i in range(o0, o1)]
         lo, hi = bounds[0][0], bounds[-1][1]
         spans.append(_Span(o1 - o0, lo, hi, (lo, o0, tuple(s - lo for s, _ in bounds),
@@ -177,29 +145,8 @@ def _adaptive_spans(chunks, size, out) -> list[_Span]:
     return spans
 
 
-def _overlaps(starts, lo: int, hi: int) -> list[tuple[int, slice]]:
-    """``(chunk, local slice)`` of each chunk meeting ``[lo, hi)``; for an empty range one
-    chunk sliced empty (the block function still sees the chunk type)."""
-    n = len(starts) - 1
-    if hi <= lo:
-        j = next((j for j in range(n) if starts[j + 1] > lo), n - 1)
-        return [(j, slice(0, 0))]
-    return [(j, slice(max(lo, starts[j]) - starts[j], min(hi, starts[j + 1]) - starts[j]))
-            for j in range(n) if starts[j] < hi and starts[j + 1] > lo]
-
-
-def _assemble(pieces: list, grid: tuple[int, ...]):
-    """Concatenate C-ordered ``pieces`` of a ``grid`` of blocks into one array."""
-    for axis in reversed(range(len(grid))):
-        n = grid[axis]
-        if n > 1:
-            pieces = [_xp(pieces[i]).concatenate(pieces[i:i + n], axis=axis)
-                      for i in range(0, len(pieces), n)]
-    return pieces[0]
-
-
 def _run_block(block_fn, grid, params, extra, *regions):
-    return block_fn(*[_assemble(pieces, grid) for pieces in regions], params, *extra)
+    return block_fn(*[assemble(pieces, grid) for pieces in regions], params, *extra)
 
 
 def _block_graph(name: str, block_fn, arrays, spans, metas, *extra):
@@ -214,7 +161,7 @@ def _block_graph(name: str, block_fn, arrays, spans, metas, *extra):
     blocks = []
     for index in itertools.product(*(range(len(dim)) for dim in spans)):
         here = [spans[a][i] for a, i in enumerate(index)]
-        per_dim = [_overlaps(starts[a], b.lo, b.hi) for a, b in enumerate(here)]
+        per_dim = [overlaps(starts[a], b.lo, b.hi) for a, b in enumerate(here)]
         regions = []
         for n, arr in enumerate(arrays):
             pieces = []
@@ -265,7 +212,7 @@ _WINDOW_OPTIONS = {"max_pool": ("return_indices",), "lp_pool": ("p",),
 def _global_indices(local, shape, offsets, full_shape):
     """Flat positions in a plane of ``full_shape`` of the flat positions ``local`` in a slice
     of ``shape`` starting at ``offsets``; -1 stays -1."""
-    xp = _xp(local)
+    xp = array_module(local)
     flat = xp.zeros_like(local)
     for a, (n, offset, full) in enumerate(zip(shape, offsets, full_shape)):
         coord = local // math.prod(shape[a + 1:]) % n + offset
@@ -286,7 +233,7 @@ def _window_block(x, params, op, first, nd, options, quant, fills, full_spatial)
     shape = list(x.shape)
     shape[first:first + nd] = [outputs for *_, outputs in spatial]
     if x.size == 0:  # every window misses the input (or no planes)
-        xp = _xp(x)
+        xp = array_module(x)
         values = xp.full(shape, fills[0], x.dtype)
         return values if len(fills) == 1 else (values, xp.full(shape, -1, np.int64))
     pads = tuple((begin, end) for _, begin, end, _ in spatial)
@@ -373,7 +320,7 @@ def _adaptive_block(x, params, op, first, nd, return_indices, full_spatial, coun
     """One output block of an adaptive pooling from the exact span of its windows, through
     the NumPy backend's tap loops (:mod:`gpupool.windows`); ``counts``: the divisors of the
     whole output (avg)."""
-    xp = _xp(x)
+    xp = array_module(x)
     taps = _block_taps(params, first, nd)
     trailing = (None,) * (x.ndim - first - nd)
     if return_indices:
@@ -420,13 +367,13 @@ def _unpool_spans(chunks, size, out, kernel, stride, dilation, begin) -> list[_S
     each gathers the pooled positions whose windows reach it; param ``(start, size)``."""
     span = dilation * (kernel - 1) + 1
     spans = []
-    cuts = _cuts(chunks, size, out, lambda c: c * stride - begin)
-    for n, (e0, e1) in enumerate(cuts):
+    blocks = cuts(chunks, out, lambda c: c * stride - begin)
+    for n, (e0, e1) in enumerate(blocks):
         lo = max(0, -(-(e0 + begin - span + 1) // stride))
         hi = min(size, (e1 - 1 + begin) // stride + 1)
         # the first and last blocks also take the positions whose windows reach no output
         # (windows in the padding): their indices are checked too, as the in-memory op does
-        lo, hi = (0 if n == 0 else lo), (size if n == len(cuts) - 1 else hi)
+        lo, hi = (0 if n == 0 else lo), (size if n == len(blocks) - 1 else hi)
         spans.append(_Span(e1 - e0, lo, hi, (e0, e1 - e0)))
     return spans
 
@@ -439,7 +386,7 @@ def _checked_indices(indices, first, spec, stride, begin, span, block_info=None)
         return indices
     S.check_unpool_indices("max_unpool", int(indices.min()), int(indices.max()), spec)
     full_spatial = spec.out_spatial
-    xp = _xp(indices)
+    xp = array_module(indices)
     flat = indices.astype(np.int64)
     inside = xp.ones(flat.shape, bool)
     location = block_info[0]["array-location"]
@@ -461,7 +408,7 @@ def _unpool_block(values, indices, params, first, nd, full_spatial):
     spatial = params[first:first + nd]
     shape = list(values.shape)
     shape[first:first + nd] = [n for _, n in spatial]
-    xp = _xp(values)
+    xp = array_module(values)
     out = xp.zeros(shape, values.dtype)
     if values.size == 0:
         return out
@@ -483,7 +430,7 @@ def _unpool(op, params: dict):
         raise TypeError(f"gpupool.{func}: indices is a {type(indices).__module__}."
                         f"{type(indices).__name__} but x is a Dask array; pass both as Dask "
                         f"arrays")
-    _check_input(func, indices)
+    check_input(func, indices)
     spec = S.unpool_spec(func, x.shape, dtype_name(x.dtype), indices.shape,
                          dtype_name(indices.dtype), params["kernel_size"], params["stride"],
                          params["padding"], params["output_size"], params["layout"],
@@ -508,7 +455,7 @@ def _unpool(op, params: dict):
 _HANDLERS = {"max_pool": _window, "avg_pool": _window, "lp_pool": _window,
              "global_avg_pool": _global, "global_max_pool": _global,
              "adaptive_avg_pool": _adaptive, "adaptive_max_pool": _adaptive,
-             "max_unpool": _unpool}
+             "max_unpool": _unpool, **dask_backward.HANDLERS}
 
 
 # ----------------------------------------------------------------------------- quantized
@@ -543,7 +490,7 @@ def _requantize_sums(sums, plan, zp_counts, rows, dtype):
     acc = _host(sums).astype(np.int64) - zp_counts
     out = np.empty(acc.shape, dtype)
     requantize(acc, rows, plan, out)
-    return _xp(sums).asarray(out)
+    return array_module(sums).asarray(out)
 
 
 def _qaverage(func: str, params: dict, spec: S.AdaptiveSpec) -> QS.QArray:
@@ -573,7 +520,7 @@ def _qaverage(func: str, params: dict, spec: S.AdaptiveSpec) -> QS.QArray:
 def _qadaptive_block(x, params, first, nd, plan, zp_in):
     """One output block of a quantized adaptive average: exact int64 window sums, then the
     in-memory op's requantization for the block's positions."""
-    xp = _xp(x)
+    xp = array_module(x)
     sums = windows.adaptive_reduce(x.astype(np.int64), first, _block_taps(params, first, nd),
                                    "sum", xp.asarray(0, np.int64), xp)
     block = _block_positions(params, first, nd)

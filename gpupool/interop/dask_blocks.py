@@ -1,0 +1,81 @@
+"""Pieces shared by the Dask graphs of the forward ops (:mod:`gpupool.interop.dask`) and of
+the backward ops (:mod:`gpupool.interop.dask_backward`): input checks, the chunk type's array
+module, output cuts along a dim, the chunks meeting a range and their reassembly, and the
+slice and per-block padding of a run of sliding windows."""
+from __future__ import annotations
+
+import importlib
+import math
+
+import dask.array as da
+import numpy as np
+
+from ..arrays import is_cupy_array
+
+
+def array_module(a):
+    """The array module of ``a``: NumPy, or CuPy for a CuPy array."""
+    return importlib.import_module("cupy") if is_cupy_array(a) else np
+
+
+def check_input(func: str, a, name: str = "x") -> None:
+    """``a`` (the argument ``name``) is a Dask array of known chunk sizes and unmasked chunks."""
+    if not isinstance(a, da.Array):
+        raise TypeError(f"gpupool.{func}: {name} is a {type(a).__module__}.{type(a).__name__}; "
+                        f"of the Dask collections only dask.array.Array is supported")
+    if isinstance(a._meta, np.ma.MaskedArray):
+        raise TypeError(f"gpupool.{func}: {name} has numpy.ma.MaskedArray chunks; their masks "
+                        f"would be ignored: pass da.ma.filled({name}, value) instead")
+    if any(math.isnan(c) for dim in a.chunks for c in dim):
+        raise ValueError(f"gpupool.{func}: {name} has unknown chunk sizes; call "
+                         f"{name}.compute_chunk_sizes() first")
+
+
+def cuts(chunks, out: int, first_output) -> list[tuple[int, int]]:
+    """Output blocks ``[o0, o1)`` of ``[0, out)`` along a dim: the outputs
+    ``first_output(c)`` onwards belong to the chunk of ``chunks`` starting at ``c``; empty
+    blocks are dropped."""
+    starts = np.cumsum((0,) + tuple(chunks))[1:-1]
+    points = sorted({0, out} | {min(out, max(0, first_output(int(c)))) for c in starts})
+    return [(o0, o1) for o0, o1 in zip(points, points[1:]) if o1 > o0]
+
+
+def window_slice(o0: int, o1: int, size: int, out: int, stride: int, span: int,
+                 pads: tuple[int, int]) -> tuple[int, int, int, int]:
+    """``(lo, hi, pad_begin, pad_end)``: the input slice ``[lo, hi)`` holding windows
+    ``[o0, o1)`` of a sliding window pooling along a dim (``span``: a window's dilated
+    extent, ``pads``: the whole input's), and the padding that makes the pooling of that
+    slice give exactly those windows. The run ending at the last window keeps the global end
+    pad (its slice runs to the input's end, so ceil mode and the padded divisor follow the
+    whole-array rules, shifted by whole strides); any other run's padding ends exactly where
+    its last window does."""
+    begin, end = pads
+    first = o0 * stride - begin
+    lo = max(0, first)
+    if o1 == out:
+        return lo, size, lo - first, end
+    last_end = (o1 - 1) * stride - begin + span
+    hi = min(size, last_end)
+    return lo, hi, lo - first, last_end - hi
+
+
+def overlaps(starts, lo: int, hi: int) -> list[tuple[int, slice]]:
+    """``(chunk, local slice)`` of each chunk (``starts``: the chunks' bounds) meeting
+    ``[lo, hi)``; for an empty range one chunk sliced empty (a block function still sees the
+    chunk type)."""
+    n = len(starts) - 1
+    if hi <= lo:
+        j = next((j for j in range(n) if starts[j + 1] > lo), n - 1)
+        return [(j, slice(0, 0))]
+    return [(j, slice(max(lo, starts[j]) - starts[j], min(hi, starts[j + 1]) - starts[j]))
+            for j in range(n) if starts[j] < hi and starts[j + 1] > lo]
+
+
+def assemble(pieces: list, grid: tuple[int, ...]):
+    """Concatenate C-ordered ``pieces`` of a ``grid`` of blocks into one array."""
+    for axis in reversed(range(len(grid))):
+        n = grid[axis]
+        if n > 1:
+            pieces = [array_module(pieces[i]).concatenate(pieces[i:i + n], axis=axis)
+                      for i in range(0, len(pieces), n)]
+    return pieces[0]
