@@ -77,7 +77,7 @@ def test_console_script_runs():
     assert done.returncode == 0 and "gpupool" in done.stdout
 
 
-@pytest.mark.parametrize("case", cases.SUITE, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", cases.SUITE + cases.BACKWARD, ids=lambda c: c.name)
 def test_bench_reference_checks_every_case(case):
     """The bench's own check (used where no baseline runs) accepts gpupool's answer and
     rejects a wrong one."""
@@ -96,7 +96,7 @@ def _fast_host_timing(monkeypatch):
         timing.time_host, rounds=1, burst_s=0.0, min_reps=1, settle_s=0.0))
 
 
-@pytest.mark.parametrize("case", cases.SUITE, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", cases.SUITE + cases.BACKWARD, ids=lambda c: c.name)
 def test_plain_cupy_baseline_computes_the_case_or_says_why_not(case, monkeypatch):
     """The GPU bench's plain-CuPy baseline, run here on NumPy data with SciPy's ndimage (the
     API cupyx.scipy.ndimage copies): it gives gpupool's values, or a reason when it cannot."""
@@ -125,7 +125,7 @@ def test_plain_cupy_baseline_computes_the_case_or_says_why_not(case, monkeypatch
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol / 10)
 
 
-@pytest.mark.parametrize("case", cases.SUITE, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", cases.SUITE + cases.BACKWARD, ids=lambda c: c.name)
 def test_small_suite_agrees_with_every_cpu_baseline(case, monkeypatch):
     """Each case of the small suite as ``gpupool bench`` runs it on the CPU: gpupool's answer
     is compared with that of every baseline that runs the case (PyTorch, onnxruntime), and
@@ -174,10 +174,46 @@ def test_cases_without_a_baseline_are_checked_against_the_reference(monkeypatch)
     ("seed [64,7,7] global avg", "large", (64, 7, 7)),
     ("resnet50 head global avg", "small", (4, 2048, 7, 7)),
     ("resnet50 head global avg", "large", (669, 2048, 7, 7)),  # 669 samples: >= 256 MiB
+    ("resnet stem max 3x3 s2 p1 backward", "small", (4, 64, 112, 112)),
+    ("resnet50 head global avg backward", "large", (669, 2048, 7, 7)),
 ])
 def test_case_input_shapes(name, size, shape):
-    (case,) = [c for c in cases.SUITE if c.name == name]
+    (case,) = [c for c in cases.SUITE + cases.BACKWARD if c.name == name]
     assert case.shape(cases.batch_size(case, size)) == shape
+
+
+def test_backward_rows_time_gpupool_against_pytorchs_own_backward(monkeypatch, tmp_path):
+    """The backward rows: each forward case's gradient (the stem max from the forward's
+    indices) checked against PyTorch's backward kernel, both timed in the same run, the
+    bytes those read and write counted, in the suite's table."""
+    pytest.importorskip("torch", reason="PyTorch (the test extra) is the CPU baseline checked")
+    _fast_host_timing(monkeypatch)
+    md = tmp_path / "b.md"
+    assert cli.main(["bench", "--backend", "numpy", "--ops", "backward",
+                     "--markdown", str(md)]) == 0
+    result = runner.run("small", ["max_bwd", "gavg_bwd"], "numpy")
+    assert [r["case"] for r in result["rows"]] == ["resnet stem max 3x3 s2 p1 backward",
+                                                  "resnet50 head global avg backward"]
+    grad, plane = 4 * 4 * 64 * 56 * 56, 4 * 4 * 64 * 112 * 112
+    assert result["rows"][0]["bytes"] == grad + 2 * grad + plane  # gradient, indices, result
+    for r in result["rows"]:
+        assert r["check"] == "ok (vs torch)" and r["error"] is None, r
+        assert r["missing"]["onnxruntime"] == "no such op"
+        assert r["torch_over_gpupool"] == pytest.approx(r["torch_ms"] / r["gpupool_ms"],
+                                                        rel=0.01, abs=0.01)
+    text = md.read_text()
+    for case in cases.BACKWARD:
+        assert f"| {case.name} |" in text
+    assert cases.select_cases(["avg_bwd"], cases.SUITE + cases.BACKWARD) == [cases.BACKWARD[1]]
+    assert cases.select_cases(["avg_bwd"]) == []  # the forward suite alone: no such row
+
+
+def test_backward_rows_fail_their_check_on_a_wrong_gradient(monkeypatch, capsys):
+    monkeypatch.setattr(baselines, "torch_modules", lambda: (None, None))
+    monkeypatch.setattr(checks, "reference_values", lambda case, x: np.zeros(x.shape))
+    _fast_host_timing(monkeypatch)
+    assert cli.main(["bench", "--backend", "numpy", "--ops", "gavg_bwd"]) == 1
+    assert "1 case(s) failed: resnet50 head global avg backward" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- the command line

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from .cases import Case
+from .cases import BACKWARD_OPS, Case, make_grad
 
 
 def with_batch(case: Case, x):
@@ -44,7 +44,7 @@ def torch_call(case: Case, x, device: str):
     torch, F = torch_modules()
     if torch is None:
         return None, "not installed"
-    if case.op in ("qmax", "qavg"):
+    if case.op in ("qmax", "qavg") or (case.op in BACKWARD_OPS and len(case.kernel) != 2):
         return None, "no such op"
     if device == "cuda" and not torch.cuda.is_available():
         return None, "built without CUDA or no GPU for it"
@@ -52,6 +52,8 @@ def torch_call(case: Case, x, device: str):
     nd = len(case.kernel)
     if case.layout == "NHWC":
         t = t.movedim(-1, 1)  # a channels_last view: the same memory as x
+    if case.op in BACKWARD_OPS:
+        return _torch_backward(torch, F, case, t), None
     if case.op == "max":
         f = getattr(F, f"max_pool{nd}d")
         k, s = (case.kernel[0], (case.stride or case.kernel)[0]) if nd == 1 else (case.kernel, case.stride)
@@ -72,6 +74,29 @@ def torch_call(case: Case, x, device: str):
     return (lambda: F.adaptive_avg_pool2d(t, case.output_size)), None
 
 
+def _torch_backward(torch, F, case: Case, t):
+    """PyTorch's own backward kernel of the case's 2-d pooling of ``t`` (the one autograd
+    runs), on the gradient :func:`~gpupool.bench.cases.make_grad` gives for its output."""
+    aten = torch.ops.aten
+
+    def grad(y):  # the gradient in the case's layout, as a tensor shaped as y (NCHW)
+        if case.layout == "NHWC":
+            return torch.as_tensor(make_grad(case, tuple(y.movedim(1, -1).shape)),
+                                   device=t.device).movedim(-1, 1)
+        return torch.as_tensor(make_grad(case, tuple(y.shape)), device=t.device)
+    if case.op == "gavg_bwd":
+        g = grad(F.adaptive_avg_pool2d(t, 1))
+        return lambda: aten._adaptive_avg_pool2d_backward(g, t)
+    k, s, p = list(case.kernel), list(case.stride or case.kernel), [case.padding] * 2
+    if case.op == "max_bwd":
+        y, indices = F.max_pool2d(t, k, s, p, return_indices=True)
+        g = grad(y)
+        return lambda: aten.max_pool2d_with_indices_backward(g, t, k, s, p, [1, 1], False,
+                                                             indices)
+    g = grad(F.avg_pool2d(t, k, s, p, count_include_pad=False))
+    return lambda: aten.avg_pool2d_backward(g, t, k, s, p, False, False, None)
+
+
 def onnxruntime_call(case: Case, x):
     """onnxruntime CPU on the same data, or (None, reason)."""
     try:
@@ -81,7 +106,7 @@ def onnxruntime_call(case: Case, x):
         return None, "not installed"
     if case.layout == "NHWC":
         return None, "no NHWC pooling op"
-    if case.op in ("aavg", "amax", "qavg"):
+    if case.op in ("aavg", "amax", "qavg", *BACKWARD_OPS):
         return None, "no such op"
     nd = len(case.kernel)
     xb = np.ascontiguousarray(with_batch(case, x))
@@ -120,7 +145,7 @@ def cupy_call(case: Case, x):
     value, which never wins) + slicing; or (None, reason): ndimage's mean counts the padding,
     where gpupool's default divides by the valid taps. The leading axes (N, as
     :func:`with_batch` gives it, and C) are kept."""
-    if case.layout != "NCHW" or case.op in ("qavg", "aavg", "amax", "lp"):
+    if case.layout != "NCHW" or case.op in ("qavg", "aavg", "amax", "lp", *BACKWARD_OPS):
         return None, "no plain-CuPy equivalent"
     x = with_batch(case, x)
     nd = len(case.kernel)

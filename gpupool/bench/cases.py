@@ -1,7 +1,8 @@
-"""The suite's cases: real layer shapes and the overhead section's tiny inputs, each case's
-batch size and input, and the gpupool call it times."""
+"""The suite's cases: real layer shapes, the backward rows and the overhead section's tiny
+inputs, each case's batch size and input, and the gpupool call it times."""
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ LARGE_BYTES = 256 << 20
 @dataclass(frozen=True)
 class Case:
     name: str
-    op: str  # max | avg | lp | gavg | aavg | amax | qmax | qavg
+    op: str  # max | avg | lp | gavg | aavg | amax | qmax | qavg | max_bwd | avg_bwd | gavg_bwd
     sample: tuple  # shape of one sample, without N
     dtype: str = "float32"
     kernel: tuple = (2, 2)
@@ -64,6 +65,20 @@ SUITE = (
 )
 
 
+#: The gradient of the input of a forward case (rows of the same table, apart from
+#: :data:`SUITE`, whose cases the forward kernels' traffic model covers): the input is the
+#: forward op's, the call takes the gradient of its output (:func:`make_grad`) and, for the
+#: max, the indices of the forward call, both prepared before it is timed.
+BACKWARD = (
+    Case("resnet stem max 3x3 s2 p1 backward", "max_bwd", (64, 112, 112), kernel=(3, 3),
+         stride=(2, 2), padding=1),
+    Case("densenet avg 2x2 s2 backward", "avg_bwd", (256, 56, 56)),
+    Case("resnet50 head global avg backward", "gavg_bwd", (2048, 7, 7)),
+)
+
+#: the backward ops, by the forward op whose gradient they take
+BACKWARD_OPS = {"max_bwd": "max", "avg_bwd": "avg", "gavg_bwd": "gavg"}
+
 #: The fixed cost of a call: tiny inputs, where the time is Python and launch overhead, not
 #: memory traffic (the "overhead" section of the results).
 OVERHEAD = tuple(
@@ -87,7 +102,7 @@ OVERHEAD = tuple(
     for name, op, dtype, kw in ops)
 
 #: the op names ``--ops`` accepts besides parts of case names
-OPS = ("max", "avg", "lp", "gavg", "aavg", "amax", "qmax", "qavg")
+OPS = ("max", "avg", "lp", "gavg", "aavg", "amax", "qmax", "qavg", *BACKWARD_OPS)
 
 
 def select_cases(ops=None, cases=SUITE) -> list[Case]:
@@ -105,11 +120,12 @@ def select_cases(ops=None, cases=SUITE) -> list[Case]:
         raise ValueError(f"--ops {', '.join(map(repr, blank))}: a blank name would select every "
                          f"case: give an op ({', '.join(OPS)}) or part of a case name, or leave "
                          f"--ops out for every case")
-    unknown = [o for o in ops if o not in OPS and not any(o in c.name for c in SUITE + OVERHEAD)]
+    every = SUITE + BACKWARD + OVERHEAD
+    unknown = [o for o in ops if o not in OPS and not any(o in c.name for c in every)]
     if unknown:
         raise ValueError(f"--ops {', '.join(map(repr, unknown))} matches no case: give an op "
                          f"({', '.join(OPS)}) or part of a case name ("
-                         f"{'; '.join(c.name for c in SUITE + OVERHEAD)})")
+                         f"{'; '.join(c.name for c in every)})")
     return [c for c in cases if c.op in ops or any(o in c.name for o in ops)]
 
 
@@ -137,8 +153,51 @@ def make_input(case: Case, n: int, xp=np):
     return xp.asarray(host)
 
 
+def make_grad(case: Case, shape, xp=np):
+    """The gradient a backward case takes for a forward output of ``shape``: seeded random
+    standard normal values of the case's dtype, as an ``xp`` array."""
+    rng = np.random.default_rng(1)
+    return xp.asarray(rng.standard_normal(shape, dtype=np.float32).astype(case.dtype))
+
+
+def _backward_call(case: Case, x):
+    """The backward op of ``case`` for the forward input ``x``; the callable's ``operands``
+    are the arrays it reads (the gradient, and the max's indices)."""
+    xp = np if isinstance(x, np.ndarray) else importlib.import_module("cupy")
+    kw = {"layout": case.layout}
+    geometry = (case.kernel, case.stride, case.padding)
+    nd = len(case.kernel)
+    if case.op == "max_bwd":
+        y, indices = gpupool.max_pool(x, *geometry, return_indices=True, **kw)
+        g = make_grad(case, y.shape, xp)
+
+        def f():
+            return gpupool.max_pool_backward(g, indices, x.shape, *geometry, **kw)
+        f.operands = (g, indices)
+    elif case.op == "avg_bwd":
+        g = make_grad(case, gpupool.avg_pool(x, *geometry, **kw).shape, xp)
+
+        def f():
+            return gpupool.avg_pool_backward(g, x.shape, *geometry, **kw)
+        f.operands = (g,)
+    else:
+        g = make_grad(case, gpupool.global_avg_pool(x, spatial_dims=nd, **kw).shape, xp)
+
+        def f():
+            return gpupool.global_avg_pool_backward(g, x.shape, spatial_dims=nd, **kw)
+        f.operands = (g,)
+    return f
+
+
+def read_bytes(f, x) -> int:
+    """Bytes the timed call ``f`` reads: its ``operands`` (a backward case's), else ``x``."""
+    return sum(a.nbytes for a in getattr(f, "operands", (x,)))
+
+
 def gpupool_call(case: Case, x):
     """The gpupool function of ``case`` bound to input ``x`` (NumPy or CuPy)."""
+    if case.op in BACKWARD_OPS:
+        return _backward_call(case, x)
     kw = {"layout": case.layout}
     if case.op == "max":
         return lambda: gpupool.max_pool(x, case.kernel, case.stride, case.padding,

@@ -2,9 +2,11 @@
 (the NumPy backend, a baseline) or against an independent float64 NumPy reference."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from .cases import Case
+from .cases import BACKWARD_OPS, Case, make_grad
 
 
 def check_values(got, want, dtype: str) -> str:
@@ -33,7 +35,9 @@ def reference_values(case: Case, x) -> np.ndarray:
     if case.layout == "NHWC":
         a = np.moveaxis(a, -1, -nd - 1)
     axes = tuple(range(a.ndim - nd, a.ndim))
-    if case.op == "gavg":
+    if case.op in BACKWARD_OPS:
+        r = _backward_reference(case, a, axes)
+    elif case.op == "gavg":
         r = a.mean(axis=axes, keepdims=True)
     elif case.op in ("aavg", "amax"):  # window i spans [floor(i*I/O), ceil((i+1)*I/O))
         r = np.empty(a.shape[:-nd] + tuple(case.output_size))
@@ -59,3 +63,43 @@ def reference_values(case: Case, x) -> np.ndarray:
         if case.op == "qavg":  # default scales: zp + round half away from zero, zp = 0
             r = np.clip(np.sign(r) * np.floor(np.abs(r) + 0.5), -128, 127)
     return np.moveaxis(r, -nd - 1, -1) if case.layout == "NHWC" else r
+
+
+def _backward_reference(case: Case, a, axes) -> np.ndarray:
+    """The gradient of ``a`` (NCHW, float64) through the case's forward pooling, for the
+    gradient :func:`~gpupool.bench.cases.make_grad` gives: each window's gradient to its first
+    maximum, or spread evenly over its valid taps; the global average's over the plane."""
+    nd = len(axes)
+    grad_shape = a.shape[:-nd] + (1,) * nd
+    if case.op == "gavg_bwd":
+        g = _grad_values(case, grad_shape)
+        return np.broadcast_to(g / math.prod(a.shape[-nd:]), a.shape)
+    kernel, stride, pad = case.kernel, case.stride or case.kernel, case.padding
+    is_max = case.op == "max_bwd"
+    padded = np.pad(a, [(0, 0)] * (a.ndim - nd) + [(pad, pad)] * nd,
+                    constant_values=-np.inf if is_max else np.nan)
+    win = np.lib.stride_tricks.sliding_window_view(padded, kernel, axis=axes)
+    win = win[(...,) + tuple(slice(None, None, st) for st in stride) + (slice(None),) * nd]
+    out = win.shape[a.ndim - nd:a.ndim]
+    taps = win.reshape(win.shape[:a.ndim] + (-1,))
+    if is_max:
+        weight = np.zeros(taps.shape)
+        np.put_along_axis(weight, taps.argmax(axis=-1)[..., None], 1.0, axis=-1)
+    else:
+        valid = ~np.isnan(taps)
+        weight = valid / valid.sum(axis=-1, keepdims=True)
+    share = (_grad_values(case, win.shape[:a.ndim])[..., None] * weight).reshape(win.shape)
+    grad = np.zeros(padded.shape)
+    for tap in np.ndindex(*kernel):
+        at = tuple(slice(t, t + st * (o - 1) + 1, st) for t, st, o in zip(tap, stride, out))
+        grad[(...,) + at] += share[(...,) + tap]
+    return grad[(...,) + tuple(slice(pad, pad + n) for n in a.shape[-nd:])]
+
+
+def _grad_values(case: Case, nchw_shape) -> np.ndarray:
+    """The case's gradient (``make_grad``, in its layout) as float64 of an NCHW shape."""
+    nd = len(case.kernel)
+    if case.layout == "NHWC":
+        shape = nchw_shape[:-nd - 1] + nchw_shape[-nd:] + nchw_shape[-nd - 1:-nd]
+        return np.moveaxis(make_grad(case, shape).astype(np.float64), -1, -nd - 1)
+    return make_grad(case, nchw_shape).astype(np.float64)

@@ -49,7 +49,9 @@ def summarise(rows: list[Row], copy_bw: float, gpu: bool) -> dict:
                     entry[f"{name}_ms"] = round(tb * 1e3, 4)
                     entry[f"{name}_over_gpupool"] = round(tb / tg, 3)
                     if r.dtype in ("float32", "float16") and not r.error:
-                        ratios.setdefault((r.dtype, name), []).append((r.case, tg / tb))
+                        # backward rows get geomeans of their own, beside the forward suite's
+                        group = r.dtype + (" backward" if r.case.endswith(" backward") else "")
+                        ratios.setdefault((group, name), []).append((r.case, tg / tb))
         if r.torch_threads is not None:
             entry["torch_threads"] = r.torch_threads
         table.append(entry)

@@ -27,7 +27,7 @@ def preflight(ops=None, outputs: dict | None = None) -> list[cases.Case]:
     out: ``ops`` (``select_cases``), each output path of ``outputs`` (option -> path or
     None; ``check_output_path``), and matplotlib for a ``--plot`` path. ``ValueError`` or
     ``ImportError`` otherwise."""
-    selected = cases.select_cases(ops)
+    selected = cases.select_cases(ops, cases.SUITE + cases.BACKWARD)
     outputs = {option: path for option, path in (outputs or {}).items() if path}
     if "--plot" in outputs:
         report.require_matplotlib()
@@ -60,7 +60,7 @@ def run_case(case: cases.Case, size: str, gpu: bool, overhead: bool = False) -> 
             got = cases.values(result)
             on_host = cases.values(cases.gpupool_call(case, x.get())())
             row.checks["numpy backend"] = checks.check_values(got, on_host, case.dtype)
-            row.bytes = int(x.nbytes + cases.output_bytes(result))
+            row.bytes = int(cases.read_bytes(f, x) + cases.output_bytes(result))
             time_gpu_call("gpupool", f)
             calls = {"torch": baselines.torch_call(case, x, "cuda"),
                      "cupy": baselines.cupy_call(case, x)}
@@ -86,7 +86,7 @@ def run_case(case: cases.Case, size: str, gpu: bool, overhead: bool = False) -> 
             result = f()
             row.first_call_s = time.perf_counter() - t0
             got = cases.values(result)
-            row.bytes = int(x.nbytes + cases.output_bytes(result))
+            row.bytes = int(cases.read_bytes(f, x) + cases.output_bytes(result))
             tf, torch_why = baselines.torch_call(case, x, "cpu")
             of, why = baselines.onnxruntime_call(case, x)
             for name, bf in (("torch", tf), ("onnxruntime", of)):  # each baseline timed
