@@ -20,7 +20,7 @@ def accepts_foreign(op: Callable) -> Callable:
     """Let ``op`` take Dask arrays and DLPack tensors: such an input goes to its handler
     (:func:`gpupool.backends.foreign_handler`), which runs ``op`` on NumPy/CuPy data."""
     @functools.wraps(op)
-    def dispatch(x, *args, **kwargs):
+    def dispatch(x, /, *args, **kwargs):  # positional-only: a keyword ``x`` is op's own
         if type(x) is np.ndarray:  # the common case, first
             return op(x, *args, **kwargs)
         handler = foreign_handler(x)

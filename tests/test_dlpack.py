@@ -199,12 +199,20 @@ def test_torch_unsupported_dtype_is_a_type_error_before_any_work(torch, seen, dt
     assert seen == []
 
 
-def test_torch_requires_grad_is_a_type_error(torch, seen):
+def test_torch_requires_grad_joins_the_autograd_graph(torch, seen):
+    """A tensor that requires grad is pooled as part of the graph (values checked in
+    tests/test_autograd.py); under no_grad, and detached, it is pooled untracked."""
     t = torch.ones((1, 1, 4, 4), requires_grad=True)
-    with message(TypeError, "avg_pool", "x requires grad", "x.detach()"):
-        gpupool.avg_pool(t, 2)
-    assert seen == []
+    result = gpupool.avg_pool(t, 2)
+    assert result.requires_grad and result.grad_fn is not None
+    assert result.tolist() == [[[[1.0, 1.0], [1.0, 1.0]]]]
+    with torch.no_grad():
+        untracked = gpupool.avg_pool(t, 2)
+    assert not untracked.requires_grad and untracked.tolist() == [[[[1.0, 1.0], [1.0, 1.0]]]]
+    assert address(seen[-1][0]) == t.data_ptr()  # still read in place
     assert gpupool.avg_pool(t.detach(), 2).tolist() == [[[[1.0, 1.0], [1.0, 1.0]]]]
+    with message(TypeError, "max_unpool", "x requires grad", "x.detach()"):
+        gpupool.max_unpool(t, torch.zeros((1, 1, 4, 4), dtype=torch.int64), 1)
 
 
 def test_torch_integer_input_to_average_points_to_quantized(torch):
@@ -449,9 +457,16 @@ def test_jax_bfloat16_is_a_type_error(jax, seen):
     assert seen == []
 
 
-def test_jax_traced_value_is_a_type_error(jax):
-    with message(TypeError, "max_pool", "x", "jax.jit"):
-        jax.jit(lambda x: gpupool.max_pool(x, 2))(jax.numpy.ones((1, 1, 4, 4)))
+def test_jax_traced_value_runs_through_a_callback(jax):
+    """Under jit the float ops run (values checked in tests/test_autograd.py); max_unpool
+    still takes only concrete arrays."""
+    x = jax.numpy.asarray(data("float32", (1, 1, 4, 4)))
+    result = jax.jit(lambda x: gpupool.max_pool(x, 2))(x)
+    assert isinstance(result, jax.Array)
+    np.testing.assert_array_equal(np.asarray(result), R.max_pool(np.asarray(x), 2)[0])
+    values, indices = gpupool.max_pool(x, 2, return_indices=True)
+    with message(TypeError, "max_unpool", "x", "traced", "jax.jit"):
+        jax.jit(lambda v: gpupool.max_unpool(v, indices, 2))(values)
 
 
 def test_jax_indices_beyond_int32_are_refused_without_x64(jax, monkeypatch):

@@ -13,8 +13,15 @@ arrives, so they are already loaded: gpupool never loads them.
 * ``indices`` of :func:`gpupool.max_unpool`: a tensor of the input's library on its device.
 * dtypes: float16/32/64 and int8/uint8/int16/int32/int64 (which op takes which is the NumPy
   rule); any other (bfloat16, complex, bool, float8, ...) is a ``TypeError`` before any work.
-* A PyTorch tensor that requires grad is a ``TypeError``: gpupool records no gradients, and a
-  result silently cut off from autograd would train wrongly.
+* Gradients: a PyTorch tensor that requires grad while grad mode is on, and a traced JAX value
+  (inside ``jax.jit``, ``grad``, ``vmap``), go to the handler of their library in
+  :data:`TRACKED_CALLS` (:mod:`gpupool.interop.autograd`: a ``torch.autograd.Function``; a
+  ``jax.custom_vjp`` over ``jax.pure_callback``) for the float pooling ops; for the other ops
+  that is a ``TypeError``. Under ``torch.no_grad()`` a tensor that requires grad is pooled
+  without tracking, as by PyTorch's own ops. ``out`` that requires grad is a ``TypeError``:
+  autograd would not see it written in place; so is ``out`` for an input that is tracked.
+* The backward ops (:mod:`gpupool.gradients`) take tensors of ``grad_output``'s library and
+  device as ``indices`` and ``x``, as ``max_unpool`` its ``indices``.
 * A PyTorch tensor with the negative bit set (a lazily negated view such as ``t.conj().imag``
   of a complex ``t``), whose DLPack export would drop the sign, is taken through
   ``resolve_neg()`` (a copy) as ``x`` or ``indices``, and is a ``TypeError`` as ``out``, which
@@ -26,6 +33,7 @@ arrives, so they are already loaded: gpupool never loads them.
 from __future__ import annotations
 
 import importlib
+from typing import Callable
 
 import numpy as np
 
@@ -43,6 +51,14 @@ _TYPE_NAMES = {"torch": "torch.Tensor", "jax": "jax.Array"}
 _INT32_MAX = 2**31 - 1
 #: what a tensor's DLPack export or import raises when it cannot be shared
 _EXPORT_ERRORS = (BufferError, RuntimeError, TypeError, ValueError)
+#: the tensor operand after the first of the ops that take one (by position or by name)
+_OPERANDS = {"max_unpool": "indices", "max_pool_backward": "indices",
+             "adaptive_max_pool_backward": "indices", "lp_pool_backward": "x",
+             "global_max_pool_backward": "x"}
+#: what runs an op on an input that its library tracks, by library: ``"torch"``, a tensor that
+#: requires grad while grad mode is on; ``"jax"``, a traced value. Each is called as
+#: ``handler(op, x, args, kwargs)``; :mod:`gpupool.interop.autograd` installs them.
+TRACKED_CALLS: dict[str, Callable] = {}
 
 
 def call(op, x, *args, **kwargs):
@@ -54,23 +70,27 @@ def call(op, x, *args, **kwargs):
     if lib is None:
         raise TypeError(f"gpupool.{func}: x is a {_type_name(x)}; gpupool takes NumPy and CuPy "
                         f"arrays, PyTorch tensors, JAX arrays and nested lists")
-    if lib == "jax" and isinstance(x, importlib.import_module("jax").core.Tracer):
-        raise TypeError(f"gpupool.{func}: x is a traced JAX value (inside jax.jit, grad or "
-                        f"vmap); gpupool runs eagerly on concrete arrays: call it outside the "
-                        f"transformation")
-    device = _device(func, x, "x")
-    view = _view(func, lib, device, x, "x")
     out = kwargs.get("out")
+    if lib == "jax" and out is not None:
+        raise TypeError(f"gpupool.{func}: out must be None for a JAX input: JAX arrays are "
+                        f"immutable, use the returned array")
+    if _tracked(lib, x):
+        handler = TRACKED_CALLS.get(lib)
+        if handler is None:
+            raise TypeError(f"gpupool.{func}: x is tracked by {lib} (it requires grad, or is "
+                            f"a traced JAX value), and gpupool.interop.autograd is not loaded")
+        return handler(op, x, args, kwargs)
+    first = "grad_output" if func.endswith("_backward") else "x"
+    device = _device(func, x, first)
+    view = _view(func, lib, device, x, first)
     if out is not None:
-        if lib == "jax":
-            raise TypeError(f"gpupool.{func}: out must be None for a JAX input: JAX arrays are "
-                            f"immutable, use the returned array")
         kwargs["out"] = _operand(func, lib, device, out, "out")
-    if func == "max_unpool":
+    operand = _OPERANDS.get(func)
+    if operand is not None:
         if args:
-            args = (_operand(func, lib, device, args[0], "indices"),) + args[1:]
-        elif "indices" in kwargs:
-            kwargs["indices"] = _operand(func, lib, device, kwargs["indices"], "indices")
+            args = (_operand(func, lib, device, args[0], operand),) + args[1:]
+        elif operand in kwargs:
+            kwargs[operand] = _operand(func, lib, device, kwargs[operand], operand)
     result = op(view, *args, **kwargs)
     if not isinstance(result, tuple):
         return out if out is not None else _to_library(lib, result)
@@ -78,6 +98,15 @@ def call(op, x, *args, **kwargs):
     if lib == "jax" and view.size > _INT32_MAX and indices.size:
         _check_jax_indices(func, indices)
     return (out if out is not None else _to_library(lib, values)), _to_library(lib, indices)
+
+
+def _tracked(lib: str, x) -> bool:
+    """Whether ``x`` is tracked by its library: a PyTorch tensor that requires grad while
+    grad mode is on, or a traced JAX value."""
+    if lib == "torch":
+        return (getattr(x, "requires_grad", False)
+                and importlib.import_module("torch").is_grad_enabled())
+    return isinstance(x, importlib.import_module("jax").core.Tracer)
 
 
 def _type_name(t) -> str:
@@ -119,9 +148,15 @@ def _operand(func: str, lib: str, device: tuple[int, int], t, name: str):
 def _view(func: str, lib: str, device: tuple[int, int], t, name: str):
     """``t`` as a NumPy (CPU) or CuPy (CUDA) array over the same memory."""
     if lib == "torch" and t.requires_grad:
-        raise TypeError(f"gpupool.{func}: {name} requires grad, and gpupool does not track "
-                        f"gradients (the result would be cut off from autograd); pass "
-                        f"{name}.detach()")
+        if name == "out":
+            raise TypeError(f"gpupool.{func}: out requires grad, and gpupool writes it in "
+                            f"place where autograd does not see it; pass one that does not "
+                            f"(e.g. out.detach())")
+        if importlib.import_module("torch").is_grad_enabled():  # an operand besides x
+            raise TypeError(f"gpupool.{func}: {name} requires grad, and gpupool has no "
+                            f"gradient with respect to it (the result would be cut off from "
+                            f"autograd); pass {name}.detach()")
+        t = t.detach()  # grad mode is off: nothing is tracked, as in PyTorch's own ops
     dtype = str(t.dtype).removeprefix("torch.") if lib == "torch" else np.dtype(t.dtype).name
     if dtype not in S.ITEMSIZE:
         raise TypeError(f"gpupool.{func}: {name} ({_TYPE_NAMES[lib]}) has dtype {dtype}, which "
