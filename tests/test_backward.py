@@ -392,9 +392,12 @@ def test_errors_name_the_function_and_the_parameter(backend, case):
         call(backend)
 
 
-def test_the_readme_example_runs_as_written():
+@pytest.mark.parametrize("title", ["## Gradients", "### Autograd"])
+def test_the_readme_examples_run_as_written(title):
     readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = re.search(r"^## Gradients.*?^```python\n(.*?)^```", readme, re.M | re.S).group(1)
+    block = re.search(rf"^{title}.*?^```python\n(.*?)^```", readme, re.M | re.S).group(1)
     namespace: dict = {}
     exec(block, namespace)  # noqa: S102 - the README's own example
     assert namespace["dx"].shape == (8, 64, 56, 56)
+    if "t" in namespace:
+        assert namespace["t"].grad.shape == (8, 64, 56, 56)
