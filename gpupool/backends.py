@@ -23,7 +23,8 @@ from .registry import registered
 #: the modules of each backend: the float ops, the quantized ones, then the backward ops.
 BACKEND_MODULES = {"numpy": ("gpupool.cpu.numpy_backend", "gpupool.cpu.quantized",
                              "gpupool.cpu.backward"),
-                   "cupy": ("gpupool.cuda.backend", "gpupool.cuda.quantized")}
+                   "cupy": ("gpupool.cuda.backend", "gpupool.cuda.quantized",
+                            "gpupool.cuda.backward")}
 
 
 def implementation(family: str, backend: str) -> Callable:

@@ -22,6 +22,7 @@ from collections import defaultdict
 import pytest
 
 from gpupool.cuda import backend as cuda_backend
+from gpupool.cuda import backward as backward_cuda
 
 pytestmark = pytest.mark.nvrtc
 
@@ -96,6 +97,15 @@ def compile_clean(real_nvrtc, source_file: str, names, arch: str):
 @pytest.mark.parametrize("source_file", sorted(_by_file()))
 def test_compiles_without_warnings_or_local_memory(real_nvrtc, source_file, arch):
     compile_clean(real_nvrtc, source_file, _by_file()[source_file], arch)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_backward_kernels_compile_without_warnings_or_local_memory(real_nvrtc, arch):
+    """The backward family keeps its own list (``gpupool.cuda.backward.instantiations``): every
+    name compiles as the forward families' do."""
+    names = [n for f, n in backward_cuda.instantiations() if f == backward_cuda.SOURCE]
+    assert len(names) == len(set(names)) == len(backward_cuda.instantiations())
+    compile_clean(real_nvrtc, backward_cuda.SOURCE, names, arch)
 
 
 def test_no_multiply_add_is_fused(real_nvrtc):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import gpupool
+from gpupool.arrays import is_cupy_array
 
 #: the least input size of a case at ``--size large``: repeats then measure DRAM, not L2
 LARGE_BYTES = 256 << 20
@@ -163,7 +164,7 @@ def make_grad(case: Case, shape, xp=np):
 def _backward_call(case: Case, x):
     """The backward op of ``case`` for the forward input ``x``; the callable's ``operands``
     are the arrays it reads (the gradient, and the max's indices)."""
-    xp = np if isinstance(x, np.ndarray) else importlib.import_module("cupy")
+    xp = importlib.import_module("cupy") if is_cupy_array(x) else np
     kw = {"layout": case.layout}
     geometry = (case.kernel, case.stride, case.padding)
     nd = len(case.kernel)

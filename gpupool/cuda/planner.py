@@ -15,6 +15,10 @@ Rules, in order (the tiling plan this project started from):
    neighbour. The chunk's input footprint must fit the block's share of the SM's on-chip memory
    (L1/shared, where the overlapping rows are re-read from); while it does not, the chunk shrinks.
 
+The backward ops (a :class:`~gpupool.grad_spec.GradSpec`) gather: one thread per input element
+sums the gradients of the windows that cover it, so the launch tiles the input's positions
+as rules 1-2 tile a forward's outputs (:func:`gather_view`).
+
 Global pooling (float, and the quantized averages) is a segmented reduction instead: several
 tiny planes per warp (a group of ``L`` lanes per plane, e.g. 16 lanes for 7x7), one block per
 large plane, and large planes split in chunks with a second pass over the partials when there
@@ -29,6 +33,7 @@ import math
 from dataclasses import dataclass, field
 
 from .. import spec as S
+from ..grad_spec import GradSpec
 
 INT32_LIMIT = 2**31 - 1
 GRID_YZ_MAX = 65535
@@ -183,8 +188,10 @@ def _footprint(spec, rows_per_block: int, tx: int, itemsize: int, out_dhw, in_dh
     return in_rows * cols * itemsize
 
 
-def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list) -> Plan:
-    """Window and adaptive launches (rules 1-3 of the module docstring)."""
+def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
+           itype: str | None = None) -> Plan:
+    """Window and adaptive launches (rules 1-3 of the module docstring); ``itype``: the index
+    type, when not ``spec``'s own (:func:`index_type`)."""
     g = spec.geom
     nd = g.nd
     itemsize = S.ITEMSIZE[g.dtype]
@@ -276,7 +283,7 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list) -> P
                      "block width, so a warp may cross into the next row)")
     else:
         words.append("threads along W")
-    return Plan(family, index_type(spec), (Launch(kernel, grid, (tx, ty, tz), rows),),
+    return Plan(family, itype or index_type(spec), (Launch(kernel, grid, (tx, ty, tz), rows),),
                 tuple(words))
 
 
@@ -356,15 +363,50 @@ def _unpool(spec: S.UnpoolSpec, device: DeviceInfo, words: list) -> Plan:
 
 
 @functools.lru_cache(maxsize=1024)
+def gather_view(spec: GradSpec):
+    """The forward spec whose geometry the backward kernels of ``spec`` take: a global
+    pooling with its planes flattened to one spatial dim (so any number of dims), else the
+    forward spec itself."""
+    fwd = spec.forward
+    if isinstance(fwd, S.AdaptiveSpec) and fwd.is_global and fwd.geom.nd > 1:
+        g = fwd.geom
+        geom = S.Geometry(g.func, g.with_spatial((math.prod(g.spatial),)), g.dtype, g.layout, 1)
+        return S.AdaptiveSpec(geom, fwd.op, (1,))
+    return fwd
+
+
+@dataclass(frozen=True)
+class _Positions:
+    """The input positions of a gather, tiled as :func:`_tiled` tiles a forward's outputs."""
+
+    geom: S.Geometry
+    out_spatial: tuple[int, ...]
+
+
+def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
+    view = gather_view(spec)
+    if view.geom.nd > 3:
+        raise ValueError(f"gpupool: the CUDA backward kernels take 1-3 spatial dims, got "
+                         f"{view.geom.nd}")
+    kind = "window" if isinstance(view, S.WindowSpec) else "adaptive"
+    words.append(f"gather: one thread per input element sums the gradients of the {kind} "
+                 f"windows that cover it (output {view.out_spatial}; no atomics)")
+    return _tiled(_Positions(view.geom, view.geom.spatial), device, "gather",
+                  f"{spec.op}_{kind}_backward", words, index_type(view))
+
+
+@functools.lru_cache(maxsize=1024)
 def plan(spec, device: DeviceInfo | None = None) -> Plan:
-    """The launch plan of ``spec`` (a WindowSpec, AdaptiveSpec or UnpoolSpec) on ``device``
-    (default: an H100's properties)."""
+    """The launch plan of ``spec`` (a WindowSpec, AdaptiveSpec, UnpoolSpec or GradSpec) on
+    ``device`` (default: an H100's properties)."""
     device = device or H100
-    g = spec.geom
+    g = spec.forward.geom if isinstance(spec, GradSpec) else spec.geom
     words = [f"device: {device.name} ({device.sm_count} SMs)",
              f"input: {g.shape} {g.dtype} {g.layout}, {g.planes} planes of {g.spatial}"
              + (" (channels innermost)" if g.layout == "NHWC" else "")]
-    if isinstance(spec, S.UnpoolSpec):
+    if isinstance(spec, GradSpec):
+        p = _gather(spec, device, words)
+    elif isinstance(spec, S.UnpoolSpec):
         p = _unpool(spec, device, words)
     elif isinstance(spec, S.AdaptiveSpec) and spec.is_global and not spec.return_indices:
         p = _global(spec, device, words)
@@ -381,7 +423,8 @@ def plan(spec, device: DeviceInfo | None = None) -> Plan:
         if k:
             words.append(f"window {k}x{k} compiled as a template constant")
         p = _tiled(spec, device, "window", kernel, words)
-    launches = _with_traffic(spec, p.launches)
+    launches = (_gather_traffic if isinstance(spec, GradSpec) else _with_traffic)(
+        spec, p.launches)
     words = list(p.words) + [f"index arithmetic: {'32' if p.index_type == 'int' else '64'}-bit"]
     for la in launches:
         floor = la.floor_seconds(device)
@@ -421,6 +464,20 @@ def _with_traffic(spec, launches: tuple[Launch, ...]) -> tuple[Launch, ...]:
                                 bytes_written=partials * part),
             dataclasses.replace(second, outputs=out_elems, bytes_read=partials * part,
                                 bytes_written=out_elems * item))
+
+
+def _gather_traffic(spec: GradSpec, launches: tuple[Launch, ...]) -> tuple[Launch, ...]:
+    """The gather with the bytes it must move: the output gradient (and a max's int64
+    indices; Lp's input and forward output) read once, the input gradient written once."""
+    fwd = spec.forward
+    item = S.ITEMSIZE[fwd.geom.dtype]
+    x_elems = math.prod(fwd.geom.shape)
+    out_elems = math.prod(fwd.out_shape)
+    read = out_elems * item + {"max": 8 * out_elems, "lp": (x_elems + out_elems) * item}.get(
+        spec.op, 0)
+    (la,) = launches
+    return (dataclasses.replace(la, outputs=x_elems, bytes_read=read,
+                                bytes_written=x_elems * item),)
 
 
 _OPS = {

@@ -65,9 +65,11 @@ def install():
     cache = tempfile.mkdtemp(prefix="gpupool-kernels-")
     atexit.register(shutil.rmtree, cache, ignore_errors=True)
     os.environ["GPUPOOL_CACHE_DIR"] = cache
-    from gpupool.cuda import backend as cuda_backend, quantized as quantized_cuda
+    from gpupool.cuda import backend as cuda_backend, backward as backward_cuda
+    from gpupool.cuda import quantized as quantized_cuda
     by_file: dict[str, list[str]] = {}
-    for source_file, name in cuda_backend.instantiations() + quantized_cuda.instantiations():
+    for source_file, name in (cuda_backend.instantiations() + quantized_cuda.instantiations()
+                              + backward_cuda.instantiations()):
         by_file.setdefault(source_file, []).append(name)
     for source_file, names in by_file.items():
         cupy.batches[cuda_backend.source(source_file)] = tuple(names)

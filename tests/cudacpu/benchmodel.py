@@ -97,15 +97,38 @@ def sm_count(sms: int):
         cuda_backend.clear_launches()
 
 
+def prepared_call(case, x):
+    """gpupool's call of ``case`` on input ``x``, with what it reads set up first (a backward
+    case runs its forward op here), and the bytes the call reads: its ``operands`` (the
+    gradient, a max's indices), else ``x``."""
+    from gpupool import bench as benchmark
+    f = benchmark.gpupool_call(case, x)
+    return f, sum(a.nbytes for a in getattr(f, "operands", (x,)))
+
+
 def run_case(case, x):
     """gpupool's result of ``case`` on input ``x``."""
-    from gpupool import bench as benchmark
-    return benchmark.gpupool_call(case, x)()
+    return prepared_call(case, x)[0]()
 
 
-def planned(case, shape, sms: int = traffic.SM_COUNT) -> list[PlannedLaunch]:
-    """The launches gpupool makes for ``case`` on an input of ``shape`` on ``sms`` SMs, without
-    compiling or running anything (the input is never written: any size costs nothing)."""
+@contextlib.contextmanager
+def _unchecked_indices():
+    """While inside, the backward ops take a max's indices unchecked: a dry run's forward
+    writes none."""
+    from gpupool import gradients
+    saved = gradients._check_indices
+    gradients._check_indices = lambda *args: None
+    try:
+        yield
+    finally:
+        gradients._check_indices = saved
+
+
+def planned_with_setup(case, shape, sms: int = traffic.SM_COUNT
+                       ) -> tuple[list[PlannedLaunch], list[PlannedLaunch]]:
+    """(the launches that set up the call, those of the call) that gpupool makes for ``case``
+    on an input of ``shape`` on ``sms`` SMs, without compiling or running anything (the input
+    is never written: any size costs nothing)."""
     import cupy
     from gpupool.cuda import backend as cuda_backend
     launches = []
@@ -122,12 +145,19 @@ def planned(case, shape, sms: int = traffic.SM_COUNT) -> list[PlannedLaunch]:
     real = cuda_backend.kernel
     cuda_backend.kernel = kernel
     try:
-        with sm_count(sms):
-            run_case(case, cupy.empty(shape, case.dtype))
+        with sm_count(sms), _unchecked_indices():
+            f, _ = prepared_call(case, cupy.empty(shape, case.dtype))
+            setup = list(launches)
+            f()
     finally:
         cuda_backend.kernel = real
         cuda_backend.clear_launches()
-    return launches
+    return setup, launches[len(setup):]
+
+
+def planned(case, shape, sms: int = traffic.SM_COUNT) -> list[PlannedLaunch]:
+    """The launches of gpupool's call of ``case`` (:func:`planned_with_setup`)."""
+    return planned_with_setup(case, shape, sms)[1]
 
 
 def plane_quantum(case, full: list[PlannedLaunch]) -> int:
@@ -302,7 +332,7 @@ def model_suite(cases, nvrtc=None, sites: bool = False,
     names_by_file: dict[str, list[str]] = {}
     for case in cases:
         planes, sms, _ = scales[case.name]
-        for la in planned(case, scaled_shape(case, planes), sms):
+        for la in sum(planned_with_setup(case, scaled_shape(case, planes), sms), []):
             names_by_file.setdefault(la.source_file, []).append(la.name)
     registers = {}
     if nvrtc is not None:
@@ -318,14 +348,15 @@ def model_suite(cases, nvrtc=None, sites: bool = False,
             planes, sms, full = scales[case.name]
             shape = scaled_shape(case, planes)
             x = make_input(case, shape, rng)
-            first = len(recorder.launches)
             with sm_count(sms):
-                result = run_case(case, x)
+                f, read = prepared_call(case, x)
+                first = len(recorder.launches)
+                result = f()
             traced = recorder.launches[first:]
             if [(la.name, la.block) for la in traced] != [(la.name, la.block) for la in full]:
                 raise AssertionError(f"{case.name}: the traced launches are not the plan's")
             scale = math.prod(full_shape(case)) / math.prod(shape)
-            ideal = scale * (x.nbytes + benchmark.output_bytes(result))
+            ideal = scale * (read + benchmark.output_bytes(result))
             launches = []
             for la, plan in zip(traced, full):
                 t = traffic.analyze(la)

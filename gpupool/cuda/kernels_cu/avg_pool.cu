@@ -9,22 +9,6 @@
 #include "traits.cuh"
 #include "walk.cuh"
 
-namespace gp {
-
-// Number of taps t in [0, k) of output o whose position o*s - pb + t*d lies in [lo, hi).
-template <typename I>
-__device__ __forceinline__ int count_taps(I o, int s, int pb, int k, int d, I lo, I hi) {
-  const I first = o * (I)s - (I)pb;
-  int n = 0;
-  for (int t = 0; t < k; ++t) {
-    const I pos = first + (I)t * (I)d;
-    n += (pos >= lo && pos < hi) ? 1 : 0;
-  }
-  return n;
-}
-
-}  // namespace gp
-
 // Average pooling: the separable sum of the valid taps (gp::WindowTaps::sum) divided by
 // divisor_override when > 0, else by the product over dims of the taps inside
 // [-pad_begin, size + pad_end) (include_pad) or the number of valid taps; a window with no

@@ -1,5 +1,6 @@
 // Window walks: the taps of a sliding or adaptive window, per dim (TapLine), visited in
-// row-major order or summed in the separable order of the NumPy backend.
+// row-major order or summed in the nested orders of the NumPy backend (the forward's
+// separable sums; the backward kernels walk lines of windows the same way).
 #pragma once
 #include "geometry.cuh"
 
@@ -41,6 +42,51 @@ __device__ __forceinline__ void walk_row_major(const TapLine<I>& d, const TapLin
   }
 }
 
+// Nested sums over three lines, the shape of every float sum of the NumPy backend: the sum
+// over l0's positions of the sums over l1's of the sums over l2's of term(at(p0, p1, p2)),
+// each sum starting from `zero`; positions outside a line's [0, size) are skipped and `count`
+// gets the number of terms. N0, N1: the trip counts of l0 and l1 when compiled in (0: l0.n,
+// l1.n).
+template <int N0, int N1, typename A, typename I, typename At, typename F>
+__device__ __forceinline__ A sum_nested(const TapLine<I>& l0, const TapLine<I>& l1,
+                                        const TapLine<I>& l2, const At& at, const F& term,
+                                        A zero, long long& count) {
+  const I n0 = N0 ? (I)N0 : l0.n;
+  const I n1 = N1 ? (I)N1 : l1.n;
+  A sum0 = zero;
+  count = 0;
+#pragma unroll
+  for (I a = 0; a < n0; ++a) {
+    const I p0 = l0.first + a * l0.step;
+    if (p0 < 0 || p0 >= l0.size) continue;
+    A sum1 = zero;
+#pragma unroll
+    for (I b = 0; b < n1; ++b) {
+      const I p1 = l1.first + b * l1.step;
+      if (p1 < 0 || p1 >= l1.size) continue;
+      A sum2 = zero;
+      for (I c = 0; c < l2.n; ++c) {
+        const I p2 = l2.first + c * l2.step;
+        if (p2 < 0 || p2 >= l2.size) continue;
+        sum2 += term(at(p0, p1, p2));
+        ++count;
+      }
+      sum1 += sum2;
+    }
+    sum0 += sum1;
+  }
+  return sum0;
+}
+
+// The flat position in a (D, H, W) plane of W, H and D positions (pw, ph, pd).
+template <typename I>
+struct PlanePosition {
+  I hsize, wsize;
+  __device__ __forceinline__ I operator()(I pw, I ph, I pd) const {
+    return (pd * hsize + ph) * wsize + pw;
+  }
+};
+
 // Separable order, the NumPy backend's, so that float sums round alike on both backends:
 // the sum over W taps of the sums over H taps of the sums over D taps of term(pos), each
 // starting from `zero` (-0 for averages: adding -0 leaves every value as it is, so each sum
@@ -50,31 +96,19 @@ template <int NH, int NW, typename A, typename I, typename F>
 __device__ __forceinline__ A sum_separable(const TapLine<I>& d, const TapLine<I>& h,
                                            const TapLine<I>& w, const F& term, A zero,
                                            long long& count) {
-  const I nh = NH ? (I)NH : h.n;
-  const I nw = NW ? (I)NW : w.n;
-  A sum_w = zero;
-  count = 0;
-#pragma unroll
-  for (I c = 0; c < nw; ++c) {
-    const I pw = w.first + c * w.step;
-    if (pw < 0 || pw >= w.size) continue;
-    A sum_h = zero;
-#pragma unroll
-    for (I b = 0; b < nh; ++b) {
-      const I ph = h.first + b * h.step;
-      if (ph < 0 || ph >= h.size) continue;
-      A sum_d = zero;
-      for (I a = 0; a < d.n; ++a) {
-        const I pd = d.first + a * d.step;
-        if (pd < 0 || pd >= d.size) continue;
-        sum_d += term((pd * h.size + ph) * w.size + pw);
-        ++count;
-      }
-      sum_h += sum_d;
-    }
-    sum_w += sum_h;
+  return sum_nested<NW, NH>(w, h, d, PlanePosition<I>{h.size, w.size}, term, zero, count);
+}
+
+// Number of taps t in [0, k) of output o whose position o*s - pb + t*d lies in [lo, hi).
+template <typename I>
+__device__ __forceinline__ int count_taps(I o, int s, int pb, int k, int d, I lo, I hi) {
+  const I first = o * (I)s - (I)pb;
+  int n = 0;
+  for (int t = 0; t < k; ++t) {
+    const I pos = first + (I)t * (I)d;
+    n += (pos >= lo && pos < hi) ? 1 : 0;
   }
-  return sum_w;
+  return n;
 }
 
 // Sliding windows: output o of a dim spans the taps o*s - pb + t*dil, t in [0, k). K: the H

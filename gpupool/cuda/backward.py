@@ -1,0 +1,94 @@
+"""CUDA backend of the backward ops (:mod:`gpupool.gradients`): kernels in
+``kernels_cu/pool_backward.cu``, registered as the ``backward`` implementation of ``cupy``.
+
+Reuses the float backend's machinery (:mod:`gpupool.cuda.backend`): kernel loading, launch
+steps (cached per spec and device) and the planner, whose gather plan
+(:func:`gpupool.cuda.planner.gather_view`) tiles the forward input's positions with one
+thread per input element. The kernels gather in the order of the NumPy backend
+(:mod:`gpupool.cpu.backward`), so both give the same bits (Lp with p other than 1 and 2 up to
+``pow``'s rounding).
+
+* max (window, adaptive, global): int64 indices; other index dtypes are widened first.
+* avg (window, adaptive, global) and Lp: the nested sums of the NumPy backend, in float for
+  float16.
+* global ops run as a 1-D pooling of each flattened plane, so any number of spatial dims;
+  window and adaptive ops with more than 3 spatial dims run on the NumPy backend through a
+  host round trip, as the forward ops.
+* non-contiguous operands are first copied with ``cupy.ascontiguousarray``.
+"""
+from __future__ import annotations
+
+import math
+
+import cupy
+import numpy as np
+
+from . import backend as CB
+from . import planner
+from ..cpu import backward as cpu_backward
+from ..grad_spec import GradSpec
+from ..registry import register
+from ..spec import ACC_DTYPES, FLOAT_DTYPES, WindowSpec
+
+SOURCE = "pool_backward.cu"
+KERNELS = ("max_window_backward", "max_adaptive_backward", "avg_window_backward",
+           "lp_window_backward", "avg_adaptive_backward")
+#: The arrays each op's kernels take, in order (names of :class:`gpupool.cuda.backend.Step`).
+OPERANDS = {"max": ("grad", "indices", "out"), "avg": ("grad", "out"),
+            "lp": ("grad", "y", "x", "out")}
+
+
+def kernel_name(kernel_base: str, dtype: str, itype: str, nhwc: bool) -> str:
+    return f"{kernel_base}<{CB.ctype(dtype)}, {itype}, {CB.cbool(nhwc)}>"
+
+
+def instantiations() -> list[tuple[str, str]]:
+    """Every (source file, name expression) this backend can request."""
+    return [(SOURCE, kernel_name(base, dtype, itype, nhwc)) for base in KERNELS
+            for dtype in FLOAT_DTYPES for itype in CB.INDEX_TYPES for nhwc in (False, True)]
+
+
+@CB.launch_cache
+def backward_steps(spec: GradSpec, device_id: int) -> tuple:
+    """The launch of ``spec``'s backward on ``device_id`` (built once)."""
+    pl = planner.plan(spec, CB.device_info(device_id))
+    la = pl.launches[0]
+    view = planner.gather_view(spec)
+    g = view.geom
+    windowed = isinstance(view, WindowSpec)
+    args = CB.geo_args(view, CB.itype_scalar(pl.index_type), windowed) + (np.int32(la.rows),)
+    if windowed:
+        args += tuple(np.int32(math.gcd(s, d)) for s, d in zip(
+            planner.canonical3(view.stride, 1), planner.canonical3(view.dilation, 1)))
+        if spec.op == "avg":
+            args += tuple(np.int32(e) for e in planner.canonical3([e for _, e in view.pads], 0))
+            args += (np.int32(view.count_include_pad), np.int32(view.divisor_override or 0))
+        elif spec.op == "lp":
+            args += (np.dtype(ACC_DTYPES[g.dtype]).type(view.p),)
+    fn = CB.kernel(SOURCE, kernel_name(la.kernel, g.dtype, pl.index_type, g.layout == "NHWC"))
+    return (CB.Step(fn, la.grid, la.block, OPERANDS[spec.op], args),), None
+
+
+def _host_fallback(spec: GradSpec, grad, result, operands: dict) -> None:
+    """More than 3 spatial dims: the NumPy backend through a host round trip (synchronises)."""
+    host = {k: cupy.asnumpy(v) for k, v in operands.items() if v is not None}
+    rh = np.empty(result.shape, dtype=result.dtype)
+    cpu_backward.backward(spec, cupy.asnumpy(grad), rh, **host)
+    result.set(rh)
+
+
+@register("backward", "cupy")
+def backward(spec: GradSpec, grad, result, indices=None, x=None, y=None) -> None:
+    """Write the gradient of the input into ``result`` (C-contiguous, the forward input's
+    shape, ``grad``'s dtype), as the NumPy backend's ``backward``."""
+    if planner.gather_view(spec).geom.nd > 3:
+        _host_fallback(spec, grad, result, {"indices": indices, "x": x, "y": y})
+        return
+    arrays = {"grad": CB.contiguous(grad), "out": result}
+    if spec.op == "max":
+        arrays["indices"] = CB.contiguous(indices if indices.dtype == np.int64
+                                          else indices.astype(np.int64))
+    elif spec.op == "lp":
+        arrays["x"], arrays["y"] = CB.contiguous(x), CB.contiguous(y)
+    steps, scratch = backward_steps(spec, cupy.cuda.runtime.getDevice())
+    CB.launch(steps, scratch, arrays)
