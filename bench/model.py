@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Modeled H100 memory traffic and bandwidth of every benchmark case at its --size large shape,
-from traces of the CUDA kernels on the CPU executor (no GPU needed). Modeled, not measured.
+"""Modeled H100 memory traffic and bandwidth of every benchmark case (the suite's and the
+backward rows) at its --size large shape, from traces of the CUDA kernels on the CPU executor
+(no GPU needed). Modeled, not measured.
 
 Each case of gpupool/bench/cases.py is traced at a smaller shape with the same launch plan
 (tests/cudacpu/benchmodel.py), its global loads and stores grouped into warp requests and
@@ -67,7 +68,8 @@ def launch_row(model, la) -> dict:
                    "dram_read_sectors": t.dram_read_sectors,
                    "dram_write_sectors": t.dram_write_sectors,
                    "l2_read_sectors": t.l2_read_sectors, "l2_write_sectors": t.l2_write_sectors,
-                   "l1_wavefronts": t.l1_wavefronts, "rounds": t.rounds},
+                   "l1_wavefronts": t.l1_wavefronts, "rounds": t.rounds,
+                   "block_rounds": t.block_rounds},
         "dram_bytes": la.dram_bytes,
         "seconds": {"dram": la.time.dram, "l2": la.time.l2, "l1": la.time.l1,
                     "latency": la.time.latency},
@@ -135,7 +137,8 @@ def markdown(models, meta: dict) -> str:
         f"{c['DRAM_EFFICIENCY']:.0%} is sustainable (assumption); L2 {c['L2_BANDWIDTH'] / 1e12:.1f}"
         f" TB/s (assumption); L1 one 128-byte wavefront per SM per clock at "
         f"{c['SM_CLOCK'] / 1e9:.3f} GHz (assumption); latency {c['DRAM_LATENCY'] * 1e9:.0f} ns "
-        f"(assumption) per round of independent loads, over the resident warps. L2 assumption: "
+        f"(assumption) per round of independent loads of a block's slowest warp, over the "
+        f"resident blocks. L2 assumption: "
         f"each distinct sector is read from DRAM once per launch and each written sector written "
         f"once. Time = the largest of the four limits per launch, summed over launches; launch "
         f"overhead and the last wave's tail are left out. Registers: "
@@ -169,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     import cudacpu
     from cudacpu import benchmodel, executor
 
-    from gpupool import bench as benchmark
-    cases = benchmark.select_cases(args.ops)
+    cases = benchmodel.modeled_cases(args.ops)
     stem = output_stem(args.results_dir, bool(args.ops))
     existing = [stem + ext for ext in (".json", ".md") if os.path.exists(stem + ext)]
     if existing and not args.force:

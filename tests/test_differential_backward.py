@@ -194,6 +194,8 @@ def adaptive_cases():
     for (gid, lead, spatial, out), layout, (op, (build, kernel)), dtype in itertools.product(
             table + random_adaptives(9), ("NCHW", "NHWC"), ADAPTIVE_OPS.items(), FLOATS):
         inputs, run = build(lead, spatial, out, layout, dtype)
+        if op == "aavg" and all(o == 1 for o in out):
+            kernel = "avg_global_backward"  # an average to size 1 is a global one
         yield Case(f"bw-{op}-{dtype}-{layout}-{gid}", inputs, run, True,
                    requests=() if len(spatial) > 3 else (kernel,),
                    tags=frozenset({"idx64"} if gid in IDX64_ADAPTIVES else ()))
@@ -231,7 +233,7 @@ def global_cases():
                    tags=tags)
         inputs, run = _gavg(shape, nd, layout, dtype)
         yield Case(f"bw-gavg-{dtype}-{layout}-{gid}", inputs, run, True,
-                   requests=("avg_adaptive_backward",), tags=tags)
+                   requests=("avg_global_backward",), tags=tags)
 
 
 # ----------------------------------------------------------------------------- operands
@@ -374,7 +376,10 @@ def test_gather_plans_tile_the_input():
                             "NCHW")
     view = planner.gather_view(g4)
     assert view.geom.spatial == (840,) and view.out_spatial == (1,)
-    assert planner.plan(g4).launches[0].kernel == "avg_adaptive_backward"
+    (la,) = planner.plan(g4).launches
+    assert la.kernel == "avg_global_backward" and la.outputs == 2 * 3 * 840
+    # 16-byte packs over whole planes: the launch has a thread for every pack
+    assert la.threads * 8 >= la.outputs
 
 
 # ----------------------------------------------------------------------------- coverage

@@ -48,6 +48,16 @@ __global__ void strided_sum_kernel(const float* __restrict__ x, float* __restric
   y[blockIdx.x * blockDim.x + threadIdx.x] = s;
 }
 
+// warp w of a block sums 4 * w elements a block apart (warp 0 loads nothing), in a loop that
+// is not unrolled
+__global__ void uneven_warps_kernel(const float* __restrict__ x, float* __restrict__ y) {
+  const int warp = threadIdx.x / 32;
+  const int base = blockIdx.x * blockDim.x * 12 + threadIdx.x;
+  float s = 0;
+  for (int k = 0; k < 4 * warp; ++k) s += x[base + k * blockDim.x];
+  y[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+
 // odd lanes copy, even lanes skip the load and the store
 __global__ void odd_lanes_kernel(const float* __restrict__ x, float* __restrict__ y) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -55,7 +65,7 @@ __global__ void odd_lanes_kernel(const float* __restrict__ x, float* __restrict_
 }
 """
 NAMES = ("copy_kernel<float>", "copy_kernel<__half>", "transpose_kernel", "strided_sum_kernel",
-         "odd_lanes_kernel")
+         "uneven_warps_kernel", "odd_lanes_kernel")
 N = 1 << 14
 
 
@@ -172,6 +182,29 @@ def test_loop_iterations_are_separate_requests_and_overlap_in_rounds(lib):
     assert t.rounds == warps * math.ceil(per / traffic.LOOP_LOADS_IN_FLIGHT)
 
 
+def test_a_block_holds_its_slot_for_its_slowest_warp(lib):
+    """Warps 0-3 of each block wait 0, 1, 2 and 3 rounds: a block's time is its slowest
+    warp's 3 rounds (warp 0 keeps nothing in flight), not the mean 1.5 of its warps."""
+    blocks = 8
+    x = np.arange(blocks * 128 * 12, dtype=np.float32)
+    y = np.empty(blocks * 128, np.float32)
+    launch = traced(lib, "uneven_warps_kernel", (blocks,), (128,), (x, y))
+    rows = x.reshape(blocks, 12, 128)  # [block, k, thread]
+    expected = [rows[b, :4 * (t // 32), t].sum() for b in range(blocks) for t in range(128)]
+    np.testing.assert_allclose(y, expected)
+    t = traffic.analyze(launch)
+    assert t.rounds == blocks * (0 + 1 + 2 + 3)
+    assert t.block_rounds == blocks * 3
+    occ = traffic.occupancy(128, 16)
+    # the grid fits on the GPU at once: every block takes its slowest warp's 3 rounds
+    one_wave = traffic.launch_time(t, 1.0, t.dram_bytes, blocks, 128, occ)
+    assert one_wave.latency == pytest.approx(3 * traffic.DRAM_LATENCY)
+    # many waves: block rounds over the resident blocks
+    many = 100 * traffic.SM_COUNT * occ.blocks_per_sm
+    waves = traffic.launch_time(t, many / blocks, t.dram_bytes * many / blocks, many, 128, occ)
+    assert waves.latency == pytest.approx(100 * 3 * traffic.DRAM_LATENCY)
+
+
 def test_lanes_that_skip_a_site_leave_its_request(lib):
     x = np.arange(N, dtype=np.float32)
     y = np.zeros(N, np.float32)
@@ -232,8 +265,8 @@ FLOORS = {
     "resnet stem max NHWC": 87.3,
     "vgg max 2x2 s2": 87.3,
     "densenet avg 2x2 s2": 87.3,
-    "inception avg 3x3 s1 p1": 86.7,
-    "inception avg NHWC": 74.0,
+    "inception avg 3x3 s1 p1": 86.2,
+    "inception avg NHWC": 84.4,
     "resnet50 head global avg": 87.3,
     "resnet50 head global avg f16": 87.3,
     "global avg N=64": 87.3,
@@ -244,10 +277,13 @@ FLOORS = {
     "1d max 3 s2 p1": 87.3,
     "1d avg 4 s4": 87.3,
     "int8 max 2x2 s2": 87.3,
-    "int8 avg 2x2 s2": 87.3,
+    "int8 avg 2x2 s2": 85.5,
     "seed [64,56,56] max 2x2 s2": 41.4,
     "seed [64,56,56] avg 3x3 s2 p1": 41.4,
     "seed [64,7,7] global avg": 0.52,
+    "resnet stem max 3x3 s2 p1 backward": 87.3,
+    "densenet avg 2x2 s2 backward": 85.5,
+    "resnet50 head global avg backward": 87.3,
 }
 
 executor_only = pytest.mark.skipif(
@@ -258,13 +294,13 @@ executor_only = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def suite():
     """The model of every benchmark case, by name."""
-    models = benchmodel.model_suite(benchmark.select_cases(), conftest.REAL_NVRTC)
+    models = benchmodel.model_suite(benchmodel.modeled_cases(), conftest.REAL_NVRTC)
     return {m.case.name: m for m in models}
 
 
 @executor_only
 def test_every_benchmark_case_has_a_floor(suite):
-    assert set(FLOORS) == {c.name for c in benchmark.select_cases()} == set(suite)
+    assert set(FLOORS) == {c.name for c in benchmodel.modeled_cases()} == set(suite)
 
 
 @executor_only

@@ -10,7 +10,8 @@ thread per input element. The kernels gather in the order of the NumPy backend
 
 * max (window, adaptive, global): int64 indices; other index dtypes are widened first.
 * avg (window, adaptive, global) and Lp: the nested sums of the NumPy backend, in float for
-  float16.
+  float16. A global average (an adaptive one to size 1) is a broadcast: threads store 16-byte
+  packs of a plane's gradient over its size (``avg_global_backward``).
 * global ops run as a 1-D pooling of each flattened plane, so any number of spatial dims;
   window and adaptive ops with more than 3 spatial dims run on the NumPy backend through a
   host round trip, as the forward ops.
@@ -32,7 +33,7 @@ from ..spec import ACC_DTYPES, FLOAT_DTYPES, WindowSpec
 
 SOURCE = "pool_backward.cu"
 KERNELS = ("max_window_backward", "max_adaptive_backward", "avg_window_backward",
-           "lp_window_backward", "avg_adaptive_backward")
+           "lp_window_backward", "avg_adaptive_backward", "avg_global_backward")
 #: The arrays each op's kernels take, in order (names of :class:`gpupool.cuda.backend.Step`).
 OPERANDS = {"max": ("grad", "indices", "out"), "avg": ("grad", "out"),
             "lp": ("grad", "y", "x", "out")}
@@ -55,6 +56,13 @@ def backward_steps(spec: GradSpec, device_id: int) -> tuple:
     la = pl.launches[0]
     view = planner.gather_view(spec)
     g = view.geom
+    fn = CB.kernel(SOURCE, kernel_name(la.kernel, g.dtype, pl.index_type, g.layout == "NHWC"))
+    if la.kernel == "avg_global_backward":
+        it = CB.itype_scalar(pl.index_type)
+        nhwc = g.layout == "NHWC"
+        args = (it(g.batch if nhwc else g.planes), it(g.channels if nhwc else 1),
+                it(math.prod(g.spatial)), np.int32(la.get("group")))
+        return (CB.Step(fn, la.grid, la.block, OPERANDS[spec.op], args),), None
     windowed = isinstance(view, WindowSpec)
     args = CB.geo_args(view, CB.itype_scalar(pl.index_type), windowed) + (np.int32(la.rows),)
     if windowed:
@@ -65,7 +73,6 @@ def backward_steps(spec: GradSpec, device_id: int) -> tuple:
             args += (np.int32(view.count_include_pad), np.int32(view.divisor_override or 0))
         elif spec.op == "lp":
             args += (np.dtype(ACC_DTYPES[g.dtype]).type(view.p),)
-    fn = CB.kernel(SOURCE, kernel_name(la.kernel, g.dtype, pl.index_type, g.layout == "NHWC"))
     return (CB.Step(fn, la.grid, la.block, OPERANDS[spec.op], args),), None
 
 

@@ -17,7 +17,8 @@ Rules, in order (the tiling plan this project started from):
 
 The backward ops (a :class:`~gpupool.grad_spec.GradSpec`) gather: one thread per input element
 sums the gradients of the windows that cover it, so the launch tiles the input's positions
-as rules 1-2 tile a forward's outputs (:func:`gather_view`).
+as rules 1-2 tile a forward's outputs (:func:`gather_view`); a global average's backward is a
+broadcast over groups of whole planes instead (:func:`_broadcast`).
 
 Global pooling (float, and the quantized averages) is a segmented reduction instead: several
 tiny planes per warp (a group of ``L`` lanes per plane, e.g. 16 lanes for 7x7), one block per
@@ -234,23 +235,39 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
         plane_outputs = units * (g.channels if nhwc else ow)
         words.append(f"packing: {tz} planes per block (a plane has {plane_outputs} outputs; "
                      f"blocks of {tx * ty} threads would leave the SMs' block slots idle)")
-    rows_whole = _cdiv(units, ty)
+    # NHWC window launches with several output rows cut positions in tiles of `rows` rows
+    # (d, h) by TY columns (thread_map.cuh outputs_nhwc)
+    tiles = family == "window" and nhwc and od * oh > 1
+
+    def nchunks(rows_, ty_):
+        return _cdiv(od * oh, rows_) * _cdiv(ow, ty_) if tiles else _cdiv(units, ty_ * rows_)
+
+    rows_whole = od * oh if tiles and ow <= ty else _cdiv(units, ty)
     if rows_whole <= MAX_ROWS and groups * n_x >= target and fits(rows_whole, ty):
         rows, chunks = rows_whole, 1
         words.append(f"split: across the {planes} planes only (grid y/z); one block column "
                      f"covers a whole plane, {rows} {unit_name.split()[-1]} per thread")
     else:
         rows = 1
-        for cand in range(min(MAX_ROWS, rows_whole), 0, -1):
-            if groups * n_x * _cdiv(units, ty * cand) >= target and fits(cand, ty):
+        top = min(MAX_ROWS, od * oh if tiles else rows_whole)
+        for cand in range(top, 0, -1):
+            if groups * n_x * nchunks(cand, ty) >= target and fits(cand, ty):
                 rows = cand
                 break
         while ty > 1 and tx * ty * tz > MIN_BLOCK_THREADS and (
-                groups * n_x * _cdiv(units, ty * rows) < target or not fits(rows, ty)):
+                groups * n_x * nchunks(rows, ty) < target or not fits(rows, ty)):
             ty //= 2
-        chunks = _cdiv(units, ty * rows)
+        chunks = nchunks(rows, ty)
+        if family != "gather":
+            # as few rows per thread as give the same chunks: the chunks' work evens out
+            # (the last chunk of a plane is no smaller than the others by a whole row group)
+            while rows > 1 and nchunks(rows - 1, ty) == chunks:
+                rows -= 1
         per_block = ty * rows
-        if nhwc:
+        if tiles:
+            cut = (f"{chunks} tiles of {rows} x {ty} {unit_name} (rows (d, h) by columns w, "
+                   f"{rows} per thread)")
+        elif nhwc:
             cut = f"{chunks} chunks of {per_block} {unit_name} (D, then H, then W order)"
         elif od > 1 and per_block >= oh:
             cut = f"{chunks} chunks of {per_block} {unit_name} (D cut first: {per_block // oh} D slices each)"
@@ -388,11 +405,38 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
     if view.geom.nd > 3:
         raise ValueError(f"gpupool: the CUDA backward kernels take 1-3 spatial dims, got "
                          f"{view.geom.nd}")
+    if spec.op == "avg" and isinstance(view, S.AdaptiveSpec) and view.is_global:
+        return _broadcast(view, device, words)
     kind = "window" if isinstance(view, S.WindowSpec) else "adaptive"
     words.append(f"gather: one thread per input element sums the gradients of the {kind} "
                  f"windows that cover it (output {view.out_spatial}; no atomics)")
     return _tiled(_Positions(view.geom, view.geom.spatial), device, "gather",
                   f"{spec.op}_{kind}_backward", words, index_type(view))
+
+
+def _broadcast(view: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
+    """A global average's backward: every element of a plane takes the plane's gradient over
+    its size. Packs of 16 bytes per thread over groups of whole planes (contiguous): a group of
+    up to BLOCK_Z_MAX small planes fills about one block, a large plane is cut in block-sized
+    chunks on grid x; groups go on grid y (and z)."""
+    g = view.geom
+    nhwc = g.layout == "NHWC"
+    planes = g.batch if nhwc else g.planes
+    length = math.prod(g.spatial) * (g.channels if nhwc else 1)
+    vec = 16 // S.ITEMSIZE[g.dtype]
+    per_block = BLOCK_THREADS * vec
+    group = max(1, min(planes, BLOCK_Z_MAX, per_block // max(1, length)))
+    if group > vec and length % vec:
+        group -= group % vec  # each group starts on a 16-byte boundary
+    packs = _cdiv(group * length + vec - 1, vec)
+    tx = min(BLOCK_THREADS, max(32, _cdiv(packs, 32) * 32))
+    y, z = _plane_grid(_cdiv(planes, group))
+    words.append(f"broadcast: each of {planes} planes of {length} elements takes its gradient "
+                 f"over {math.prod(g.spatial)}; {group} planes per group, threads store "
+                 f"{vec} elements each (16 bytes)")
+    return Plan("gather", index_type(view), (Launch("avg_global_backward", (_cdiv(packs, tx),
+                                                    y, z), (tx, 1, 1), 1,
+                                                    (("group", group),)),), tuple(words))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -1,6 +1,7 @@
 """The memory-traffic model of gpupool's benchmark suite on an H100: every case of
-:mod:`gpupool.bench` at its full (``--size large``) shape, modeled from a trace of a
-smaller shape whose launch plan is the full shape's. Modeled, not measured.
+:mod:`gpupool.bench` (the suite and the backward rows, :func:`modeled_cases`) at its full
+(``--size large``) shape, modeled from a trace of a smaller shape whose launch plan is the full
+shape's. Modeled, not measured.
 
 Needs the stand-in CuPy (:func:`cudacpu.install`) and a host compiler.
 
@@ -28,6 +29,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import executor, installed_cupy, trace, traffic
+
+
+def modeled_cases(ops=None) -> list:
+    """The cases the model covers: the suite's and the backward rows (``ops`` selects among
+    them as ``gpupool bench --ops`` does; None: all)."""
+    from gpupool.bench import cases
+    return cases.select_cases(ops, cases.SUITE + cases.BACKWARD)
 
 
 @dataclass(frozen=True)

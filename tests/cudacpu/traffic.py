@@ -20,13 +20,17 @@ Counts (:func:`analyze`, at the traced size):
   SM per clock; a request takes one wavefront per distinct line it touches.
 * rounds: per warp and epoch, loads of the main input (the largest array the kernel only
   reads) are sent together and waited for together: one round per epoch, or
-  ``ceil(n / LOOP_LOADS_IN_FLIGHT)`` for a site a loop runs ``n`` times.
+  ``ceil(n / LOOP_LOADS_IN_FLIGHT)`` for a site a loop runs ``n`` times. ``rounds`` sums them
+  over warps; ``block_rounds`` sums, over blocks, the rounds of the block's slowest warp (a
+  block holds its SM slot until its last warp ends; a warp with fewer rounds, or none, keeps
+  nothing in flight for the rest of that time).
 
 Time (:func:`launch_time`, at full size): the largest of the DRAM, L2, L1 and latency limits.
-Latency, by Little's law: each resident warp keeps one round of loads in flight for a DRAM
-latency, so DRAM bandwidth is at most bytes in flight / latency; the time is rounds x latency /
-resident warps (resident: the occupancy's warps on every SM, or fewer when the grid is
-smaller). Launch overhead and the tail of the last wave are left out. Every constant is in the
+Latency, by Little's law: a resident block holds its slot for its slowest warp's rounds x a
+DRAM latency, so the time is block rounds x latency / resident blocks (resident: the
+occupancy's blocks on every SM, or fewer when the grid is smaller); the DRAM bandwidth this
+allows is the bytes the resident blocks' warps keep in flight over the latency. Launch overhead
+and the tail of the last wave are left out. Every constant is in the
 block below, with its source; ``assumption`` marks a judgement, not a datasheet figure.
 """
 from __future__ import annotations
@@ -105,7 +109,8 @@ class Traffic:
     l2_read_sectors: int
     l2_write_sectors: int
     l1_wavefronts: int
-    rounds: int
+    rounds: int  # summed over warps
+    block_rounds: int  # summed over blocks: the rounds of each block's slowest warp
     sites: list[Site] = field(default_factory=list)
 
     @property
@@ -240,7 +245,7 @@ def analyze(launch) -> Traffic:
         dram_write_sectors=_distinct_per_array(written_sectors, written_arrays, narrays),
         l2_read_sectors=_ids(read_blocks, read_sectors)[1],
         l2_write_sectors=int(sectors[stores].sum()), l1_wavefronts=int(lines.sum()),
-        rounds=_rounds(launch, arr, write, block, warp, epoch, site_ids, occurrence),
+        **_rounds(launch, arr, write, block, warp, epoch, site_ids, occurrence),
         sites=_sites(c["site"], req, req_write, arr, sectors, ideal, lanes))
 
 
@@ -274,16 +279,18 @@ def _distinct_per_array(sectors, arrays, narrays) -> list[int]:
     return np.bincount(arrays[distinct], minlength=narrays).tolist()
 
 
-def _rounds(launch, arr, write, block, warp, epoch, site_ids, occurrence) -> int:
-    """Waits for the main input, summed over warps and epochs: per epoch the most, over its
-    sites, of ceil(runs of the site / LOOP_LOADS_IN_FLIGHT)."""
+def _rounds(launch, arr, write, block, warp, epoch, site_ids, occurrence) -> dict:
+    """Waits for the main input: ``rounds``, summed over warps and epochs, per epoch the most,
+    over its sites, of ceil(runs of the site / LOOP_LOADS_IN_FLIGHT); ``block_rounds``, summed
+    over blocks, the most of any warp of the block (its warps' sums)."""
+    none = {"rounds": 0, "block_rounds": 0}
     const = [i for i, a in enumerate(launch.arrays) if a.const]
     if not const:
-        return 0
+        return none
     main = max(const, key=lambda i: launch.arrays[i].nbytes)
     m = (arr == main) & (write == 0)
     if not m.any():
-        return 0
+        return none
     warp_epoch, n_epochs = _ids(block[m], warp[m], epoch[m])
     group, n_groups = _ids(warp_epoch, site_ids[m])
     runs = np.zeros(n_groups, np.int64)
@@ -292,7 +299,17 @@ def _rounds(launch, arr, write, block, warp, epoch, site_ids, occurrence) -> int
     epoch_of_group[group] = warp_epoch
     waits = np.zeros(n_epochs, np.int64)
     np.maximum.at(waits, epoch_of_group, -(-runs // LOOP_LOADS_IN_FLIGHT))
-    return int(waits.sum())
+    # per warp, then per block its slowest warp
+    warp_id, n_warps = _ids(block[m], warp[m])
+    warp_of_epoch = np.zeros(n_epochs, np.int64)
+    warp_of_epoch[warp_epoch] = warp_id
+    per_warp = np.bincount(warp_of_epoch, weights=waits, minlength=n_warps).astype(np.int64)
+    block_of_warp = np.zeros(n_warps, np.int64)
+    block_of_warp[warp_id] = block[m]
+    block_id, n_blocks = _ids(block_of_warp)
+    slowest = np.zeros(n_blocks, np.int64)
+    np.maximum.at(slowest, block_id, per_warp)
+    return {"rounds": int(waits.sum()), "block_rounds": int(slowest.sum())}
 
 
 def _sites(site, req, req_write, arr, sectors, ideal, lanes) -> list[Site]:
@@ -338,7 +355,7 @@ def occupancy(threads_per_block: int, registers: int | None = None,
 @dataclass(frozen=True)
 class LaunchTime:
     """Modeled time of one launch at full size, by limit (seconds), the largest, and the DRAM
-    bytes the resident warps keep in flight (latency x DRAM bandwidth needs about
+    bytes the resident blocks keep in flight on average (latency x DRAM bandwidth needs about
     DRAM_LATENCY x DRAM_PEAK x DRAM_EFFICIENCY = 2.1 MB)."""
 
     dram: float
@@ -362,17 +379,17 @@ def launch_time(traffic: Traffic, work: float, dram_bytes: float, blocks: int,
     """Time of a launch of ``blocks`` blocks that moves ``dram_bytes`` and whose other counts
     are ``traffic``'s times ``work`` (the traced launch did the same per-block work on fewer
     blocks)."""
-    warps_per_block = -(-threads_per_block // WARP)
-    resident = min(blocks, SM_COUNT * occ.blocks_per_sm) * warps_per_block
-    rounds = work * traffic.rounds
-    # Little's law: each resident warp keeps one round of loads (dram_bytes / rounds on
-    # average) in flight for DRAM_LATENCY, so the bandwidth is in_flight / DRAM_LATENCY
+    resident = min(blocks, SM_COUNT * occ.blocks_per_sm)
+    block_rounds = work * traffic.block_rounds
+    # Little's law: a resident block holds its slot for its slowest warp's rounds, each a
+    # DRAM_LATENCY; what its warps keep in flight meanwhile is dram_bytes / block_rounds per
+    # block on average
     return LaunchTime(
         dram=dram_bytes / (DRAM_PEAK * DRAM_EFFICIENCY),
         l2=work * SECTOR * (traffic.l2_read_sectors + traffic.l2_write_sectors) / L2_BANDWIDTH,
         l1=work * traffic.l1_wavefronts / (SM_COUNT * SM_CLOCK * L1_WAVEFRONTS_PER_CLOCK),
-        latency=rounds * DRAM_LATENCY / resident,
-        bytes_in_flight=resident * dram_bytes / rounds if rounds else 0.0)
+        latency=block_rounds * DRAM_LATENCY / resident,
+        bytes_in_flight=resident * dram_bytes / block_rounds if block_rounds else 0.0)
 
 
 def percent_of_peak(ideal_bytes: float, seconds: float) -> float:

@@ -4,21 +4,67 @@
 #include "thread_map.cuh"
 #include "traits.cuh"
 
+// The window kernels' launches have at most 256 threads per block (the planner's
+// BLOCK_THREADS); GP_WINDOW_BOUNDS(T, I, B) holds a kernel's registers to what
+// gp::window_blocks<T, I>(B) such blocks per SM allow, so that the loads a thread starts
+// together (its windows' taps) keep the occupancy.
+#define GP_WINDOW_BOUNDS(T, I, B) __launch_bounds__(256, gp::window_blocks<T, I>(B))
+
 namespace gp {
 
-// Max with PyTorch's rules; with IDX also the winner's position: the first tap holding the
-// max, or the last NaN; -1 (and the lowest value) when no tap is valid.
+// Blocks per SM that a window kernel's registers are held to (GP_WINDOW_BOUNDS): on sm_90 and
+// later, b for float and half elements with int indices, whose windows' taps a thread loads
+// together; 1 (the block size bound only) for the others, which need more registers than b
+// blocks leave, and before sm_90, where ptxas needs more for the same code.
+template <typename A>
+struct FloatAcc {
+  static constexpr bool value = false;
+};
+template <>
+struct FloatAcc<float> {
+  static constexpr bool value = true;
+};
+template <typename T, typename I>
+__host__ __device__ constexpr int window_blocks(int b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  return 1;
+#else
+  return FloatAcc<typename Num<T>::acc>::value && sizeof(I) == 4 ? b : 1;
+#endif
+}
+
+// A tap's element, or `none` without a load when !ok: a predicated load, so that the loads of
+// a batch of taps (walk.cuh) start together.
+template <typename T, typename I>
+__device__ __forceinline__ T tap_load(const T* __restrict__ xp, I cs, I pos, bool ok,
+                                      T none = T()) {
+  T v = none;
+  if (ok) v = xp[pos * cs];
+  return v;
+}
+
+// Max with PyTorch's rules, fed the taps in row-major order (take): the winner's position is
+// the first tap holding the max, or the last NaN; -1 (and the lowest value) when no tap is
+// valid (IDX: the position is kept). A tap that is not ok loads nothing and gives the lowest
+// value, which never replaces the max: values only, every slot is taken (skips false); with
+// IDX only the valid taps (skips true: the first valid tap always sets the position).
 template <typename T, typename I, bool IDX>
 struct MaxOfTaps {
   typedef typename Num<T>::acc A;
+  typedef A value;
+  static constexpr bool skips = IDX;
   const T* __restrict__ xp;
   I cs;
   A m;
   I best;
+  MaxOfTaps() = default;
   __device__ __forceinline__ MaxOfTaps(const T* __restrict__ xp_, I cs_)
       : xp(xp_), cs(cs_), m(Num<T>::lowest()), best(-1) {}
-  __device__ __forceinline__ void operator()(I pos) {
-    const A v = Num<T>::load(xp[pos * cs]);
+  __device__ __forceinline__ A load(I pos, bool ok) const {
+    const T raw = tap_load(xp, cs, pos, ok);
+    return ok ? Num<T>::load(raw) : Num<T>::lowest();
+  }
+  __device__ __forceinline__ void take(A v, I pos) {
     if (IDX) {
       if (best < 0 || max_takes(v, m)) {
         m = v;
@@ -31,15 +77,21 @@ struct MaxOfTaps {
 };
 
 // The summed term of a tap in A (float for half): x (LP false) or |x|**p (LP true; p == 1 and
-// p == 2 without pow).
+// p == 2 without pow); load(pos, ok) loads the tap's element, apply(v) makes the term. A tap
+// that is not ok loads nothing and gives the sums' zero: apply(load(pos, false)) is -0 for x
+// (adding it leaves every sum as it is) and +0 for |x|**p (whose sums are never -0).
 template <typename T, typename I, bool LP>
 struct TapTerm {
   typedef typename Num<T>::acc A;
+  typedef T value;
   const T* __restrict__ xp;
   I cs;
   A p;
-  __device__ __forceinline__ A operator()(I pos) const {
-    A v = Num<T>::load(xp[pos * cs]);
+  __device__ __forceinline__ T load(I pos, bool ok) const {
+    return tap_load(xp, cs, pos, ok, LP ? T(0.0f) : T(-0.0f));
+  }
+  __device__ __forceinline__ A apply(T raw) const {
+    A v = Num<T>::load(raw);
     if (LP) {
       v = fabs(v);
       if (p == (A)2) {
@@ -53,15 +105,26 @@ struct TapTerm {
 };
 
 // Max pooling over any walk (WindowTaps, AdaptiveTaps): values, and with IDX int64 indices.
+// Values only: Taps::joint outputs per group, the loads of their windows' taps in joint
+// batches (walk_row_major_batched); with IDX one output at a time.
 template <typename T, typename I, bool IDX, bool NHWC, typename Taps>
 __device__ __forceinline__ void max_outputs(const T* __restrict__ x, T* __restrict__ out,
                                             long long* __restrict__ indices, const Taps& taps,
                                             const Geo<I>& g) {
-  for_outputs<NHWC>(g, x, [&](const T* __restrict__ xp, I cs, I o_d, I o_h, I o_w, I oi) {
-    MaxOfTaps<T, I, IDX> acc(xp, cs);
-    taps(o_d, o_h, o_w, acc);
-    out[oi] = Num<T>::store(acc.m);
-    if (IDX) indices[oi] = (long long)acc.best;
+  constexpr int G = IDX ? 1 : Taps::joint;
+  output_groups<G, NHWC, true>(g, x, [&](const T* __restrict__ xp, I cs, const Output<I>* o,
+                                         int n) {
+    MaxOfTaps<T, I, IDX> acc[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) acc[j] = MaxOfTaps<T, I, IDX>(xp, cs);
+    taps.template batched<G>(o, n, acc);
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      if (j < n) {
+        out[o[j].oi] = Num<T>::store(acc[j].m);
+        if (IDX) indices[o[j].oi] = (long long)acc[j].best;
+      }
+    }
   });
 }
 

@@ -13,21 +13,18 @@
 // divisor_override when > 0, else by the product over dims of the taps inside
 // [-pad_begin, size + pad_end) (include_pad) or the number of valid taps; a window with no
 // valid tap gives +0. ped/peh/pew are the end pads.
-// Geometry: see gp::outputs_nchw / gp::outputs_nhwc (grid x = spatial chunks, y/z = plane
-// groups; block (TX, TY, TZ planes); one thread = `rows` outputs, two at a time: the loads of
-// both started before either sum waits).
+// Geometry: see gp::outputs_nchw / gp::outputs_nhwc (grid x = spatial chunks, NHWC 2-D and
+// 3-D: tiles; y/z = plane groups; block (TX, TY, TZ planes); one thread = `rows` outputs, two
+// at a time: the loads of both windows' taps start before either sum waits,
+// gp::WindowTaps::sums).
 template <typename T, typename I, int K, bool NHWC>
-__global__ void avg_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I),
-                         int ped, int peh, int pew, int include_pad, int divisor_override) {
+__global__ void GP_WINDOW_BOUNDS(T, I, K && !(K == 3 && NHWC) ? 5 : 4)
+    avg_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I), int ped, int peh,
+             int pew, int include_pad, int divisor_override) {
   GP_GEO(I);
   typedef typename gp::Num<T>::acc A;
   const gp::WindowTaps<K, I> taps{g};
-  // One instance per slot J of a pair (gp::Slot<J>), so that each output's loads are
-  // instructions of their own even where a compiler does not inline it.
-  const auto mean = [&](auto, const T* __restrict__ xp, I cs, const gp::Output<I>& o) {
-    long long count;
-    const A s =
-        taps.sum(o.o_d, o.o_h, o.o_w, gp::TapTerm<T, I, false>{xp, cs, (A)1}, (A)-0.0, count);
+  const auto mean = [&](const gp::Output<I>& o, A s, long long count) {
     long long divisor = count;
     if (divisor_override > 0) {
       divisor = divisor_override;
@@ -39,16 +36,13 @@ __global__ void avg_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PA
     }
     return gp::Num<T>::store(count > 0 ? s / (A)divisor : (A)0);
   };
-  gp::output_groups<2, NHWC>(g, x, [&](const T* __restrict__ xp, I cs, const gp::Output<I>* o,
-                                       int n) {
-    if (n > 1) {
-      const T first = mean(gp::Slot<0>(), xp, cs, o[0]);
-      const T second = mean(gp::Slot<1>(), xp, cs, o[1]);
-      out[o[0].oi] = first;
-      out[o[1].oi] = second;
-    } else {
-      out[o[0].oi] = mean(gp::Slot<0>(), xp, cs, o[0]);
-    }
+  gp::output_groups<2, NHWC, true>(g, x, [&](const T* __restrict__ xp, I cs,
+                                             const gp::Output<I>* o, int n) {
+    A s[2];
+    long long count[2];
+    taps.template sums<2>(o, n, gp::TapTerm<T, I, false>{xp, cs, (A)1}, (A)-0.0, s, count);
+    out[o[0].oi] = mean(o[0], s[0], count[0]);
+    if (n > 1) out[o[1].oi] = mean(o[1], s[1], count[1]);
   });
 }
 
@@ -56,8 +50,9 @@ __global__ void avg_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PA
 // float for half and float, double for double); +0 for a window with no valid tap. Geometry
 // as avg_pool.
 template <typename T, typename I, int K, bool NHWC>
-__global__ void lp_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I),
-                        typename gp::Num<T>::acc p) {
+__global__ void GP_WINDOW_BOUNDS(T, I, 5)
+    lp_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I),
+            typename gp::Num<T>::acc p) {
   GP_GEO(I);
   typedef typename gp::Num<T>::acc A;
   const gp::WindowTaps<K, I> taps{g};

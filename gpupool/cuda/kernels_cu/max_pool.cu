@@ -9,19 +9,23 @@
 
 // Values-only max pooling over the window (gp::WindowTaps, gp::MaxOfTaps: padding never wins,
 // NaN propagates, a window with no valid tap gives the lowest value). Geometry: see
-// gp::for_outputs_nchw / gp::for_outputs_nhwc (grid x = spatial chunks, y/z = plane groups;
-// block (TX, TY, TZ planes); one thread = `rows` outputs).
+// gp::outputs_nchw / gp::outputs_nhwc (grid x = spatial chunks, NHWC 2-D and 3-D: tiles;
+// y/z = plane groups; block (TX, TY, TZ planes); one thread = `rows` outputs, two at a time
+// when K is compiled in: the loads of both windows' taps start together, gp::max_outputs).
 template <typename T, typename I, int K, bool NHWC>
-__global__ void max_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I)) {
+__global__ void GP_WINDOW_BOUNDS(T, I, K ? 5 : 6)
+    max_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I)) {
   GP_GEO(I);
   gp::max_outputs<T, I, false, NHWC>(x, out, nullptr, gp::WindowTaps<K, I>{g}, g);
 }
 
 // Max pooling with int64 indices: the flat position (d*IH + h)*IW + w of the winner inside
-// the spatial plane, -1 for a window with no valid tap. Geometry as max_pool.
+// the spatial plane, -1 for a window with no valid tap. Geometry as max_pool, one output at a
+// time.
 template <typename T, typename I, int K, bool NHWC>
-__global__ void max_pool_indices(const T* __restrict__ x, T* __restrict__ out,
-                                 long long* __restrict__ indices, GP_GEO_PARAMS(I)) {
+__global__ void GP_WINDOW_BOUNDS(T, I, 5)
+    max_pool_indices(const T* __restrict__ x, T* __restrict__ out,
+                     long long* __restrict__ indices, GP_GEO_PARAMS(I)) {
   GP_GEO(I);
   gp::max_outputs<T, I, true, NHWC>(x, out, indices, gp::WindowTaps<K, I>{g}, g);
 }

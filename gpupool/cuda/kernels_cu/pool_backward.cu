@@ -15,7 +15,8 @@
 // geometry (GP_GEO_PARAMS: id/ih/iw the forward input's dims, whose gradient `out` is written;
 // od/oh/ow the forward output's, whose gradient `grad` is read; window fields 0 for adaptive).
 // Grid, block and thread: the thread maps of thread_map.cuh over the input positions
-// (gp::for_inputs).
+// (gp::input_groups), kGroup positions of a thread at a time; the global average's backward
+// (avg_global_backward) stores 16-byte packs over groups of whole planes instead.
 #include "geometry.cuh"
 #include "thread_map.cuh"
 #include "traits.cuh"
@@ -67,12 +68,17 @@ struct AdaptiveCovers {
   }
 };
 
-// f(base, cs, i_d, i_h, i_w, ii) for each input position of this thread: (i_d, i_h, i_w) its
-// coordinates, ii its flat index into `out` (and x); base the offset of its plane (NHWC: and
-// channel) in `grad` (and indices, y), cs the element step between spatial neighbours there.
-// The maps of thread_map.cuh with the forward's input and output dims swapped.
-template <bool NHWC, typename I, typename T, typename F>
-__device__ __forceinline__ void for_inputs(const Geo<I>& g, const T* __restrict__ grad, F f) {
+// Input positions per thread taken together: their covering windows' loads all start before
+// any of their sums waits.
+constexpr int kGroup = 4;
+
+// h(base, cs, e, n) for each group of up to G input positions of this thread: e[0..n) the
+// positions (e[j].o_d, .o_h, .o_w its coordinates, e[j].oi its flat index into `out`, and x),
+// e[n..G) repeating e[0]; base the offset of their plane (NHWC: and channel) in `grad` (and
+// indices, y), cs the element step between spatial neighbours there. The maps of
+// thread_map.cuh (output_groups) with the forward's input and output dims swapped.
+template <int G, bool NHWC, typename I, typename T, typename H>
+__device__ __forceinline__ void input_groups(const Geo<I>& g, const T* __restrict__ grad, H h) {
   Geo<I> t = g;
   t.id = g.od;
   t.ih = g.oh;
@@ -80,29 +86,64 @@ __device__ __forceinline__ void for_inputs(const Geo<I>& g, const T* __restrict_
   t.od = g.id;
   t.oh = g.ih;
   t.ow = g.iw;
-  for_outputs<NHWC>(t, grad, [&](const T* __restrict__ plane, I cs, I i_d, I i_h, I i_w, I ii) {
-    f((I)(plane - grad), cs, i_d, i_h, i_w, ii);
-  });
+  output_groups<G, NHWC>(t, grad, [&](const T* __restrict__ plane, I cs, const Output<I>* e,
+                                      int n) { h((I)(plane - grad), cs, e, n); });
 }
 
-// The max gradient over any covering windows (WindowCovers, AdaptiveCovers).
+// v[J] = f(Slot<J>(), e[J]) for each slot J < n of a group, in slot order; Slot<J> gives each
+// slot its own instance of f, so that the loads of every slot are instructions of their own.
+template <int J, int G>
+struct EachSlot {
+  template <typename V, typename E, typename F>
+  static __device__ __forceinline__ void run(V* v, const E* e, int n, const F& f) {
+    if (J < n) v[J] = f(Slot<J>(), e[J]);
+    EachSlot<J + 1, G>::run(v, e, n, f);
+  }
+};
+
+template <int G>
+struct EachSlot<G, G> {
+  template <typename V, typename E, typename F>
+  static __device__ __forceinline__ void run(V*, const E*, int, const F&) {}
+};
+
+// The value f(Slot<J>(), e[J]) of every position of a group, all computed before the first is
+// stored to out[e[J].oi].
+template <int G, typename T, typename I, typename F>
+__device__ __forceinline__ void store_group(T* __restrict__ out, const Output<I>* e, int n,
+                                            const F& f) {
+  T v[G];
+  EachSlot<0, G>::run(v, e, n, f);
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    if (j < n) out[e[j].oi] = v[j];
+  }
+}
+
+// The max gradient over any covering windows (WindowCovers, AdaptiveCovers). Each covering
+// window's index and gradient load unconditionally; a gradient whose index names another
+// position adds +0 (the sum, from +0, is never -0, so that leaves it as it is).
 template <typename T, typename I, bool NHWC, typename Covers>
 __device__ __forceinline__ void max_gather(const T* __restrict__ grad,
                                            const long long* __restrict__ indices,
                                            T* __restrict__ out, const Covers& covers,
                                            const Geo<I>& g) {
   typedef typename Num<T>::acc A;
-  for_inputs<NHWC>(g, grad, [&](I base, I cs, I i_d, I i_h, I i_w, I ii) {
-    const long long pos = (long long)((i_d * g.ih + i_h) * g.iw + i_w);
-    TapLine<I> d, h, w;
-    covers.lines(i_d, i_h, i_w, d, h, w);
-    A acc = (A)0;
-    auto add = [&](I o) {
-      const I at = base + o * cs;
-      if (indices[at] == pos) acc += Num<T>::load(grad[at]);
-    };
-    walk_row_major<0, 0>(d, h, w, add);
-    out[ii] = Num<T>::store(acc);
+  input_groups<kGroup, NHWC>(g, grad, [&](I base, I cs, const Output<I>* e, int n) {
+    store_group<kGroup, T>(out, e, n, [&](auto, const Output<I>& p) {
+      const long long pos = (long long)((p.o_d * g.ih + p.o_h) * g.iw + p.o_w);
+      TapLine<I> d, h, w;
+      covers.lines(p.o_d, p.o_h, p.o_w, d, h, w);
+      A acc = (A)0;
+      auto add = [&](I o) {
+        const I at = base + o * cs;
+        const long long named = indices[at];
+        const A gv = Num<T>::load(grad[at]);
+        acc += named == pos ? gv : (A)0;
+      };
+      walk_row_major<0, 0>(d, h, w, add);
+      return Num<T>::store(acc);
+    });
   });
 }
 
@@ -127,12 +168,14 @@ __device__ __forceinline__ void sum_gather(const T* __restrict__ grad, T* __rest
                                            const Covers& covers, const Geo<I>& g, const Q& q,
                                            const Finish& finish) {
   typedef typename Num<T>::acc A;
-  for_inputs<NHWC>(g, grad, [&](I base, I cs, I i_d, I i_h, I i_w, I ii) {
-    TapLine<I> d, h, w;
-    covers.lines(i_d, i_h, i_w, d, h, w);
-    long long count;
-    const A s = sum_nested<0, 0>(d, h, w, WindowAt<I>{base, cs, g.oh, g.ow}, q, (A)0, count);
-    out[ii] = Num<T>::store(finish(s, ii));
+  input_groups<kGroup, NHWC>(g, grad, [&](I base, I cs, const Output<I>* e, int n) {
+    store_group<kGroup, T>(out, e, n, [&](auto, const Output<I>& p) {
+      TapLine<I> d, h, w;
+      covers.lines(p.o_d, p.o_h, p.o_w, d, h, w);
+      long long count;
+      const A s = sum_nested<0, 0>(d, h, w, WindowAt<I>{base, cs, g.oh, g.ow}, q, (A)0, count);
+      return Num<T>::store(finish(s, p.oi));
+    });
   });
 }
 
@@ -234,4 +277,57 @@ __global__ void avg_adaptive_backward(const T* __restrict__ grad, T* __restrict_
     return gp::Num<T>::load(grad[o.at]) / (A)count;
   };
   gp::sum_gather<T, I, NHWC>(grad, out, gp::AdaptiveCovers<I>{g}, g, q, gp::Unchanged());
+}
+
+namespace gp {
+
+// V elements of T stored as one aligned vector (16 bytes).
+template <typename T, int V>
+struct alignas(V * sizeof(T)) Pack {
+  T v[V];
+};
+
+}  // namespace gp
+
+// The backward of a global average (an adaptive average to size 1 in every dim), a broadcast:
+// element e of `out` (planes x plane_len elements, plane_len = size * chans; chans 1 for NCHW)
+// is (A)0 + grad[k] / size (the nested sum of its one window), k = e / size for NCHW, else
+// (e / plane_len) * chans + e % chans.
+// grid: x = chunks of a group of `group` consecutive planes (contiguous in `out`), y/z = groups
+// (the last may hold fewer planes). block: (TX, 1, 1). thread: a pack of V = 16 / sizeof(T)
+// consecutive elements of its group, packs counted from the V-aligned element at or below the
+// group's first, pack blockIdx.x * TX + threadIdx.x; every element of the pack is loaded before
+// any is stored, and a pack inside the group whose address is 16-byte aligned is stored as one
+// vector.
+template <typename T, typename I, bool NHWC>
+__global__ void avg_global_backward(const T* __restrict__ grad, T* __restrict__ out, I planes,
+                                    I chans, I size, int group) {
+  typedef typename gp::Num<T>::acc A;
+  constexpr int V = 16 / (int)sizeof(T);
+  const long long gi = gp::block_plane();
+  if (gi * (long long)group >= (long long)planes) return;
+  const I plane_len = size * chans;
+  const I first = (I)gi * (I)group * plane_len;
+  const I last_plane = (I)gi * (I)group + (I)group < planes ? (I)gi * (I)group + (I)group : planes;
+  const I end = last_plane * plane_len;
+  const I e0 = first - first % (I)V + ((I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x) * (I)V;
+  if (e0 >= end) return;
+  const A divisor = (A)(long long)size;
+  gp::Pack<T, V> pack;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const I e = e0 + (I)j;
+    const I inside = e < first ? first : (e < end ? e : end - 1);
+    const I k = NHWC ? (inside / plane_len) * chans + inside % chans : inside / size;
+    pack.v[j] = gp::Num<T>::store((A)0 + gp::Num<T>::load(grad[k]) / divisor);
+  }
+  T* __restrict__ dst = out + e0;
+  if (e0 >= first && e0 + (I)V <= end && ((unsigned long long)dst % sizeof(pack)) == 0) {
+    *reinterpret_cast<gp::Pack<T, V>*>(dst) = pack;
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      if (e0 + (I)j >= first && e0 + (I)j < end) dst[j] = pack.v[j];
+    }
+  }
 }

@@ -86,12 +86,17 @@ __device__ __forceinline__ void outputs_nchw(const Geo<I>& g, const T* __restric
                [&](I row) { return output(row, o_w); }, group);
 }
 
-// NHWC -- grid: x = (channel chunks of blockDim.x) x (position chunks of blockDim.y * rows
-//   output positions (d, h, w)), y/z = batch row groups of blockDim.z. block: (TX along
-//   channels, TY along positions, TZ batch rows). thread: one channel, positions r*TY +
-//   threadIdx.y of its chunk (consecutive lanes -> consecutive channels, so loads and stores
-//   are contiguous), of batch row thread_plane().
-template <int G, typename I, typename T, typename H>
+// NHWC -- grid: x = (channel chunks of blockDim.x) x (position chunks), y/z = batch row
+//   groups of blockDim.z. block: (TX along channels, TY along positions, TZ batch rows).
+//   thread: one channel (consecutive lanes -> consecutive channels, so loads and stores are
+//   contiguous) of batch row thread_plane(), and `rows` output positions (d, h, w):
+//   * TILES, for a window launch (g.kh > 0) with several output rows (d, h) (od * oh > 1):
+//     a position chunk is a tile of `rows` consecutive rows (d, h) by TY consecutive columns
+//     w (tiles row-major, the tile's column index fastest); thread: column threadIdx.y of the
+//     tile, its `rows` rows. Neighbouring windows of a block share most of their input.
+//   * otherwise a position chunk is blockDim.y * rows consecutive positions in (d, h, w)
+//     order; thread: positions r*TY + threadIdx.y of its chunk.
+template <int G, typename I, bool TILES = false, typename T, typename H>
 __device__ __forceinline__ void outputs_nhwc(const Geo<I>& g, const T* __restrict__ x, H h) {
   const long long plane = thread_plane();
   if (plane >= (long long)g.planes) return;
@@ -103,6 +108,19 @@ __device__ __forceinline__ void outputs_nhwc(const Geo<I>& g, const T* __restric
   const I npos = g.od * g.oh * g.ow;
   const I p = (I)plane;
   const T* __restrict__ xp = x + p * (g.id * g.ih * g.iw * g.chans) + c;
+  const auto group = [&](const Output<I>* o, int n) { h(xp, g.chans, o, n); };
+  if (TILES && g.kh > 0 && g.od * g.oh > 1) {
+    const I nwt = (g.ow + (I)blockDim.y - 1) / (I)blockDim.y;
+    const I rtile = qchunk / nwt;
+    const I o_w = (qchunk - rtile * nwt) * (I)blockDim.y + (I)threadIdx.y;
+    if (o_w >= g.ow) return;
+    in_groups<G>(rtile * (I)g.rows, (I)1, g.rows, g.od * g.oh, [&](I row) {
+      const I o_d = row / g.oh;
+      const I o_h = row - o_d * g.oh;
+      return Output<I>{o_d, o_h, o_w, (p * npos + row * g.ow + o_w) * g.chans + c};
+    }, group);
+    return;
+  }
   in_groups<G>(qchunk * (I)blockDim.y * (I)g.rows + (I)threadIdx.y, (I)blockDim.y, g.rows, npos,
                [&](I q) {
                  const I t = q / g.ow;
@@ -111,13 +129,14 @@ __device__ __forceinline__ void outputs_nhwc(const Geo<I>& g, const T* __restric
                  const I o_h = t - o_d * g.oh;
                  return Output<I>{o_d, o_h, o_w, (p * npos + q) * g.chans + c};
                },
-               [&](const Output<I>* o, int n) { h(xp, g.chans, o, n); });
+               group);
 }
 
-template <int G, bool NHWC, typename I, typename T, typename H>
+// TILES: see outputs_nhwc.
+template <int G, bool NHWC, bool TILES = false, typename I, typename T, typename H>
 __device__ __forceinline__ void output_groups(const Geo<I>& g, const T* __restrict__ x, H h) {
   if constexpr (NHWC) {
-    outputs_nhwc<G, I>(g, x, h);
+    outputs_nhwc<G, I, TILES>(g, x, h);
   } else {
     outputs_nchw<G, I>(g, x, h);
   }
@@ -125,7 +144,8 @@ __device__ __forceinline__ void output_groups(const Geo<I>& g, const T* __restri
 
 // for_outputs_nchw / for_outputs_nhwc / for_outputs call
 //   f(xp, cs, o_d, o_h, o_w, oi)
-// for each output of this thread, one at a time (the maps above with G = 1).
+// for each output of this thread, one at a time (the maps above with G = 1; NHWC window
+// launches in tiles, see outputs_nhwc).
 template <typename I, typename T, typename F>
 __device__ __forceinline__ void for_outputs_nchw(const Geo<I>& g, const T* __restrict__ x, F f) {
   outputs_nchw<1, I>(g, x, [&](const T* __restrict__ xp, I cs, const Output<I>* o, int) {
@@ -135,7 +155,7 @@ __device__ __forceinline__ void for_outputs_nchw(const Geo<I>& g, const T* __res
 
 template <typename I, typename T, typename F>
 __device__ __forceinline__ void for_outputs_nhwc(const Geo<I>& g, const T* __restrict__ x, F f) {
-  outputs_nhwc<1, I>(g, x, [&](const T* __restrict__ xp, I cs, const Output<I>* o, int) {
+  outputs_nhwc<1, I, true>(g, x, [&](const T* __restrict__ xp, I cs, const Output<I>* o, int) {
     f(xp, cs, o[0].o_d, o[0].o_h, o[0].o_w, o[0].oi);
   });
 }

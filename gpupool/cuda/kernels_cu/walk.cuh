@@ -3,6 +3,7 @@
 // separable sums; the backward kernels walk lines of windows the same way).
 #pragma once
 #include "geometry.cuh"
+#include "thread_map.cuh"
 
 namespace gp {
 
@@ -78,25 +79,201 @@ __device__ __forceinline__ A sum_nested(const TapLine<I>& l0, const TapLine<I>& 
   return sum0;
 }
 
-// The flat position in a (D, H, W) plane of W, H and D positions (pw, ph, pd).
+// Whether tap t of a line lies inside it (t < n) and at a valid position; its position.
 template <typename I>
-struct PlanePosition {
-  I hsize, wsize;
-  __device__ __forceinline__ I operator()(I pw, I ph, I pd) const {
-    return (pd * hsize + ph) * wsize + pw;
+__device__ __forceinline__ bool tap_valid(const TapLine<I>& l, I t, I& p) {
+  p = l.first + t * l.step;
+  return t < l.n && p >= 0 && p < l.size;
+}
+
+// Row-major order (D, then H, then W) as walk_row_major, for the windows of G outputs at
+// once (lines d[j], h[j], w[j] and visitor f[j] of output j < n; every output's lines have
+// the counts of output 0's), with the loads of a batch of taps started before any is used:
+// per batch, v = f[j].load(pos, ok) for every tap slot of every output (ok false: an output
+// j >= n, a slot past the line's end or in the padding, which loads nothing), then
+// f[j].take(v, pos) per output in row-major order, for the valid slots (F::skips) or for
+// every slot (a slot that is not ok then loads a value take leaves without effect). A batch: BD D
+// positions x BH H taps x BW W taps, BH and BW the compiled-in counts NH and NW (0: 1 H tap,
+// W taps 4 at a time), BD 2 when both are compiled in and a batch holds at most 4 (H, W) taps
+// (a batch then covers whole D slices, so row-major order holds), else 1.
+template <int G, int NH, int NW, typename I, typename F>
+__device__ __forceinline__ void walk_row_major_batched(const TapLine<I>* d, const TapLine<I>* h,
+                                                       const TapLine<I>* w, F* f, int n) {
+  constexpr int BH = NH ? NH : 1;
+  constexpr int BW = NW ? NW : 4;
+  constexpr int BD = NH && NW && NH * NW <= 4 ? 2 : 1;
+  typedef typename F::value V;
+  for (I a0 = 0; a0 < d[0].n; a0 += BD) {
+    for (I b0 = 0; b0 < h[0].n; b0 += BH) {
+      for (I c0 = 0; c0 < w[0].n; c0 += BW) {
+        V v[G][BD][BH][BW];
+        I pos[G][BD][BH][BW];
+        bool ok[G][BD][BH][BW];
+#pragma unroll
+        for (int o = 0; o < G; ++o) {
+#pragma unroll
+          for (int i = 0; i < BD; ++i) {
+            I pd;
+            const bool dok = o < n && tap_valid(d[o], a0 + (I)i, pd);
+#pragma unroll
+            for (int j = 0; j < BH; ++j) {
+              I ph;
+              const bool hok = dok && tap_valid(h[o], b0 + (I)j, ph);
+#pragma unroll
+              for (int k = 0; k < BW; ++k) {
+                I pw;
+                ok[o][i][j][k] = hok && tap_valid(w[o], c0 + (I)k, pw);
+                pos[o][i][j][k] = ok[o][i][j][k] ? (pd * h[o].size + ph) * w[o].size + pw : (I)0;
+                v[o][i][j][k] = f[o].load(pos[o][i][j][k], ok[o][i][j][k]);
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int o = 0; o < G; ++o) {
+#pragma unroll
+          for (int i = 0; i < BD; ++i) {
+#pragma unroll
+            for (int j = 0; j < BH; ++j) {
+#pragma unroll
+              for (int k = 0; k < BW; ++k) {
+                if (!F::skips || ok[o][i][j][k]) f[o].take(v[o][i][j][k], pos[o][i][j][k]);
+              }
+            }
+          }
+        }
+      }
+    }
   }
-};
+}
 
 // Separable order, the NumPy backend's, so that float sums round alike on both backends:
 // the sum over W taps of the sums over H taps of the sums over D taps of term(pos), each
 // starting from `zero` (-0 for averages: adding -0 leaves every value as it is, so each sum
 // starts from its first tap; +0 for Lp terms, which are never negative, so that an empty
-// window sums to +0). `count` gets the number of valid taps.
+// window sums to +0), for the windows of G outputs at once (lines d[j], h[j], w[j] of output
+// j < n, every output's lines with the counts of output 0's): sum[j], and count[j] the number
+// of its valid taps. term.load(pos, ok) loads a tap (nothing when !ok), term.apply(v) makes
+// its term.
+//
+// Loads start in batches before any is summed: with one D tap (d.n == 1), every tap slot of
+// BH H taps x BW W taps of every output (BH, BW: NH and NW when compiled in, else 1 and 4);
+// with several, the D taps of one (W, H) pair of one output, 4 at a time. Each output's
+// additions are those of sum_nested(w, h, d), in its order, with the zero added where
+// sum_nested skips a tap (no change to any sum: x + zero is x for every sum of these terms).
+template <int G, int NH, int NW, typename A, typename I, typename F>
+__device__ __forceinline__ void sum_separable_batched(const TapLine<I>* d, const TapLine<I>* h,
+                                                      const TapLine<I>* w, const F& term,
+                                                      A zero, int n, A* sum,
+                                                      long long* count) {
+  constexpr int BH = NH ? NH : 1;
+  constexpr int BW = NW ? NW : 4;
+  typedef typename F::value V;
+  I pd0[G];
+  bool d0ok[G];
+  I taps[G];  // valid taps: at most the plane's elements, which I indexes
+#pragma unroll
+  for (int o = 0; o < G; ++o) {
+    sum[o] = zero;
+    taps[o] = 0;
+    d0ok[o] = o < n && tap_valid(d[o], (I)0, pd0[o]);
+  }
+  const bool one_d = d[0].n == (I)1;
+  for (I c0 = 0; c0 < w[0].n; c0 += BW) {
+    A sum1[G][BW];
+#pragma unroll
+    for (int o = 0; o < G; ++o) {
+#pragma unroll
+      for (int k = 0; k < BW; ++k) sum1[o][k] = zero;
+    }
+    for (I b0 = 0; b0 < h[0].n; b0 += BH) {
+      if (one_d) {
+        // every slot's term is added: a slot that is not a valid tap adds the zero of its
+        // sums (term.load), which leaves them as sum_nested's
+        V v[G][BH][BW];
+#pragma unroll
+        for (int o = 0; o < G; ++o) {
+#pragma unroll
+          for (int j = 0; j < BH; ++j) {
+            I ph;
+            const bool hok = d0ok[o] && tap_valid(h[o], b0 + (I)j, ph);
+#pragma unroll
+            for (int k = 0; k < BW; ++k) {
+              I pw;
+              const bool ok = hok && tap_valid(w[o], c0 + (I)k, pw);
+              v[o][j][k] = term.load(ok ? (pd0[o] * h[o].size + ph) * w[o].size + pw : (I)0, ok);
+              taps[o] += ok ? 1 : 0;
+            }
+          }
+        }
+#pragma unroll
+        for (int o = 0; o < G; ++o) {
+#pragma unroll
+          for (int j = 0; j < BH; ++j) {
+#pragma unroll
+            for (int k = 0; k < BW; ++k) {
+              A sum2 = zero;
+              sum2 += term.apply(v[o][j][k]);
+              sum1[o][k] += sum2;
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int o = 0; o < G; ++o) {
+          if (o >= n) break;
+#pragma unroll
+          for (int j = 0; j < BH; ++j) {
+            I ph;
+            if (!tap_valid(h[o], b0 + (I)j, ph)) continue;
+#pragma unroll
+            for (int k = 0; k < BW; ++k) {
+              I pw;
+              if (!tap_valid(w[o], c0 + (I)k, pw)) continue;
+              const I at = ph * w[o].size + pw;
+              const I dstep = h[o].size * w[o].size;
+              A sum2 = zero;
+              for (I a0 = 0; a0 < d[o].n; a0 += 4) {
+                V v[4];
+                bool ok[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                  I pd;
+                  ok[i] = tap_valid(d[o], a0 + (I)i, pd);
+                  v[i] = term.load(ok[i] ? pd * dstep + at : (I)0, ok[i]);
+                }
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                  if (ok[i]) {
+                    sum2 += term.apply(v[i]);
+                    ++taps[o];
+                  }
+                }
+              }
+              sum1[o][k] += sum2;
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int o = 0; o < G; ++o) {
+#pragma unroll
+      for (int k = 0; k < BW; ++k) sum[o] += sum1[o][k];
+    }
+  }
+#pragma unroll
+  for (int o = 0; o < G; ++o) count[o] = taps[o];
+}
+
+// The separable sum of one window (sum_separable_batched with G = 1).
 template <int NH, int NW, typename A, typename I, typename F>
 __device__ __forceinline__ A sum_separable(const TapLine<I>& d, const TapLine<I>& h,
                                            const TapLine<I>& w, const F& term, A zero,
                                            long long& count) {
-  return sum_nested<NW, NH>(w, h, d, PlanePosition<I>{h.size, w.size}, term, zero, count);
+  A sum;
+  sum_separable_batched<1, NH, NW>(&d, &h, &w, term, zero, 1, &sum, &count);
+  return sum;
 }
 
 // Number of taps t in [0, k) of output o whose position o*s - pb + t*d lies in [lo, hi).
@@ -115,6 +292,8 @@ __device__ __forceinline__ int count_taps(I o, int s, int pb, int k, int d, I lo
 // and W window size when compiled in (0: g.kh, g.kw).
 template <int K, typename I>
 struct WindowTaps {
+  // outputs whose loads batched() can start together
+  static constexpr int joint = K ? 2 : 1;
   const Geo<I>& g;
   __device__ __forceinline__ void lines(I o_d, I o_h, I o_w, TapLine<I>& d, TapLine<I>& h,
                                         TapLine<I>& w) const {
@@ -129,6 +308,15 @@ struct WindowTaps {
     lines(o_d, o_h, o_w, d, h, w);
     walk_row_major<K, K>(d, h, w, f);
   }
+  // f[j].load / f[j].take for every valid tap of outputs o[j], j < n, row-major, the loads
+  // of the G windows in joint batches (see walk_row_major_batched).
+  template <int G, typename F>
+  __device__ __forceinline__ void batched(const Output<I>* o, int n, F* f) const {
+    TapLine<I> d[G], h[G], w[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) lines(o[j].o_d, o[j].o_h, o[j].o_w, d[j], h[j], w[j]);
+    walk_row_major_batched<G, K, K>(d, h, w, f, n);
+  }
   // The separable sum of term(pos) over the valid taps (see sum_separable).
   template <typename A, typename F>
   __device__ __forceinline__ A sum(I o_d, I o_h, I o_w, const F& term, A zero,
@@ -136,6 +324,16 @@ struct WindowTaps {
     TapLine<I> d, h, w;
     lines(o_d, o_h, o_w, d, h, w);
     return sum_separable<K, K>(d, h, w, term, zero, count);
+  }
+  // sum[j], count[j]: the separable sums of outputs o[j], j < n, the loads of the G windows
+  // in joint batches (see sum_separable_batched).
+  template <int G, typename A, typename F>
+  __device__ __forceinline__ void sums(const Output<I>* o, int n, const F& term, A zero, A* sum,
+                                       long long* count) const {
+    TapLine<I> d[G], h[G], w[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) lines(o[j].o_d, o[j].o_h, o[j].o_w, d[j], h[j], w[j]);
+    sum_separable_batched<G, K, K>(d, h, w, term, zero, n, sum, count);
   }
 };
 
@@ -151,6 +349,7 @@ __device__ __forceinline__ TapLine<I> adaptive_line(I o, I n, I m) {
 
 template <typename I>
 struct AdaptiveTaps {
+  static constexpr int joint = 1;
   const Geo<I>& g;
   __device__ __forceinline__ void lines(I o_d, I o_h, I o_w, TapLine<I>& d, TapLine<I>& h,
                                         TapLine<I>& w) const {
@@ -163,6 +362,17 @@ struct AdaptiveTaps {
     TapLine<I> d, h, w;
     lines(o_d, o_h, o_w, d, h, w);
     walk_row_major<0, 0>(d, h, w, f);
+  }
+  // as WindowTaps::batched, one output at a time (windows differ in size)
+  template <int G, typename F>
+  __device__ __forceinline__ void batched(const Output<I>* o, int n, F* f) const {
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      if (j >= n) break;
+      TapLine<I> d, h, w;
+      lines(o[j].o_d, o[j].o_h, o[j].o_w, d, h, w);
+      walk_row_major_batched<1, 0, 0>(&d, &h, &w, f + j, 1);
+    }
   }
   template <typename A, typename F>
   __device__ __forceinline__ A sum(I o_d, I o_h, I o_w, const F& term, A zero,
