@@ -37,7 +37,7 @@ import numpy as np
 from dask.array.utils import meta_from_array
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
-from dask.task_spec import DataNode, List, Task, TaskRef
+from dask.task_spec import DataNode, Task, TaskRef
 
 from .. import quantized_spec as QS
 from .. import spec as S
@@ -45,7 +45,8 @@ from .. import windows
 from ..arrays import dtype_name, is_cupy_array
 from ..cpu.quantized import requantize
 from . import dask_backward
-from .dask_blocks import array_module, assemble, check_input, cuts, overlaps, window_slice
+from .dask_blocks import (array_module, assemble, check_input, cuts, overlaps, region,
+                          window_slice)
 
 
 def _host(a) -> np.ndarray:
@@ -162,18 +163,7 @@ def _block_graph(name: str, block_fn, arrays, spans, metas, *extra):
     for index in itertools.product(*(range(len(dim)) for dim in spans)):
         here = [spans[a][i] for a, i in enumerate(index)]
         per_dim = [overlaps(starts[a], b.lo, b.hi) for a, b in enumerate(here)]
-        regions = []
-        for n, arr in enumerate(arrays):
-            pieces = []
-            for combo in itertools.product(*per_dim):
-                chunk = tuple(j for j, _ in combo)
-                ref = TaskRef((arr.name,) + chunk)
-                if any(sl.stop - sl.start != arr.chunks[a][j] for a, (j, sl) in enumerate(combo)):
-                    key = (halo, n) + index + chunk
-                    layer[key] = Task(key, operator.getitem, ref, tuple(sl for _, sl in combo))
-                    ref = TaskRef(key)
-                pieces.append(ref)
-            regions.append(List(*pieces))
+        regions = [region(layer, halo, n, index, arr, per_dim) for n, arr in enumerate(arrays)]
         blocks.append((name,) + index)
         layer[blocks[-1]] = Task(blocks[-1], _run_block, block_fn,
                                  tuple(len(p) for p in per_dim), tuple(b.param for b in here),

@@ -26,18 +26,18 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import operator
 
 import dask.array as da
 import numpy as np
 from dask.array.utils import meta_from_array
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
-from dask.task_spec import DataNode, List, Task, TaskRef
+from dask.task_spec import DataNode, Task, TaskRef
 
 from .. import grad_spec as G
 from ..arrays import dtype_name
-from .dask_blocks import array_module, assemble, check_input, cuts, overlaps, window_slice
+from .dask_blocks import (array_module, assemble, check_input, cuts, overlaps, region,
+                          window_slice)
 
 _OUTSIDE = ("gpupool.{func}: an index lies outside the pooling window of its position: "
             "indices must be those the forward max returned with the same parameters")
@@ -86,16 +86,7 @@ def _graph(name: str, block_fn, arrays, blocks, meta, *extra):
         regions, grids = [], []
         for n, arr in enumerate(arrays):
             per_dim = [overlaps(starts[n][a], *b.ranges[n]) for a, b in enumerate(here)]
-            pieces = []
-            for combo in itertools.product(*per_dim):
-                chunk = tuple(j for j, _ in combo)
-                ref = TaskRef((arr.name,) + chunk)
-                if any(sl.stop - sl.start != arr.chunks[a][j] for a, (j, sl) in enumerate(combo)):
-                    key = (halo, n) + index + chunk
-                    layer[key] = Task(key, operator.getitem, ref, tuple(sl for _, sl in combo))
-                    ref = TaskRef(key)
-                pieces.append(ref)
-            regions.append(List(*pieces))
+            regions.append(region(layer, halo, n, index, arr, per_dim))
             grids.append(tuple(len(p) for p in per_dim))
         key = (name,) + index
         layer[key] = Task(key, _run, block_fn, tuple(grids), tuple(b.param for b in here),

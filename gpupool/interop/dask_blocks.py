@@ -5,10 +5,13 @@ slice and per-block padding of a run of sliding windows."""
 from __future__ import annotations
 
 import importlib
+import itertools
 import math
+import operator
 
 import dask.array as da
 import numpy as np
+from dask.task_spec import List, Task, TaskRef
 
 from ..arrays import is_cupy_array
 
@@ -79,3 +82,19 @@ def assemble(pieces: list, grid: tuple[int, ...]):
             pieces = [array_module(pieces[i]).concatenate(pieces[i:i + n], axis=axis)
                       for i in range(0, len(pieces), n)]
     return pieces[0]
+
+
+def region(layer: dict, halo: str, n: int, index: tuple, arr, per_dim) -> List:
+    """The pieces of ``arr`` (operand ``n`` of the output block at ``index``) that ``per_dim``
+    selects (per dim, ``(chunk, slice)`` pairs from :func:`overlaps`), as task references; a
+    piece that is not a whole chunk is cut by a task added to ``layer`` under ``halo``."""
+    pieces = []
+    for combo in itertools.product(*per_dim):
+        chunk = tuple(j for j, _ in combo)
+        ref = TaskRef((arr.name,) + chunk)
+        if any(sl.stop - sl.start != arr.chunks[a][j] for a, (j, sl) in enumerate(combo)):
+            key = (halo, n) + index + chunk
+            layer[key] = Task(key, operator.getitem, ref, tuple(sl for _, sl in combo))
+            ref = TaskRef(key)
+        pieces.append(ref)
+    return List(*pieces)
