@@ -39,6 +39,15 @@ def implementation(family: str, backend: str) -> Callable:
     return func
 
 
+def prepared(family: str, backend: str, spec) -> Callable:
+    """The implementation of ``family`` on ``backend`` for ``spec``: ``impl.prepare(spec)``
+    (the same call with every choice that depends on ``spec`` alone made once) where the
+    backend offers it, else ``impl``."""
+    impl = implementation(family, backend)
+    prepare = getattr(impl, "prepare", None)
+    return impl if prepare is None else prepare(spec)
+
+
 def foreign_handler(x):
     """The module that runs an op on ``x`` when ``x`` is neither NumPy, CuPy nor a list:
     :mod:`gpupool.interop.dask` for a Dask array, :mod:`gpupool.interop.dlpack` for another library's

@@ -10,7 +10,7 @@ import numpy as np
 from . import plans
 from . import spec as S
 from .arrays import Array, ArrayLike, as_array, backend_of, dtype_name
-from .backends import device_scope, foreign_handler, implementation
+from .backends import device_scope, foreign_handler, implementation, prepared
 
 Size = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]
@@ -39,15 +39,7 @@ def _plan(func: str, family: str, x, backend: str, arguments: tuple, build: Call
 
 
 def _with_prepared(spec, family: str, backend: str) -> tuple:
-    return spec, _prepared(family, backend, spec)
-
-
-def _prepared(family: str, backend: str, spec):
-    """The implementation of ``family`` on ``backend``, prepared for ``spec`` where the backend
-    offers that (``impl.prepare(spec)``)."""
-    impl = implementation(family, backend)
-    prepare = getattr(impl, "prepare", None)
-    return impl if prepare is None else prepare(spec)
+    return spec, prepared(family, backend, spec)
 
 
 def output_array(func: str, out, shape, dtype, x, backend: str, xp):
@@ -75,18 +67,25 @@ def output_array(func: str, out, shape, dtype, x, backend: str, xp):
 
 def _run(func: str, x, backend, xp, plan, out, indices_needed: bool = False):
     spec, run = plan
-    if backend == "numpy" and out is None:  # the common case without the context manager
-        result = np.empty(spec.out_shape, dtype=x.dtype)
-        indices = np.empty(spec.out_shape, dtype=np.int64) if indices_needed else None
-        if result.size:
-            run(x, spec, result, indices)
-        return (result, indices) if indices_needed else result
+    if out is None:  # the common case: fresh arrays, no checks
+        if backend == "numpy" or x.data.device_id == xp.cuda.runtime.getDevice():
+            return _fresh(x, spec, run, xp, indices_needed)
+        with x.device:
+            return _fresh(x, spec, run, xp, indices_needed)
     with device_scope(x, backend):
         result = output_array(func, out, spec.out_shape, x.dtype, x, backend, xp)
         indices = xp.empty(spec.out_shape, dtype=np.int64) if indices_needed else None
         if result.size:
             run(x, spec, result, indices)
-    result = result if out is None else out
+    return (out, indices) if indices_needed else out
+
+
+def _fresh(x, spec, run, xp, indices_needed: bool):
+    """``run`` into a fresh result (and fresh int64 indices) on the current device."""
+    result = xp.empty(spec.out_shape, dtype=x.dtype)
+    indices = xp.empty(spec.out_shape, dtype=np.int64) if indices_needed else None
+    if result.size:
+        run(x, spec, result, indices)
     return (result, indices) if indices_needed else result
 
 

@@ -21,19 +21,33 @@ _lock = threading.Lock()
 _PLAIN = frozenset((int, float, bool, str, type(None)))
 
 
+def _sequence_positions(types: tuple) -> tuple[int, ...] | None:
+    """Where ``types`` has a tuple or list; None when one is neither that nor plain."""
+    positions = _SEQUENCES.get(types)
+    if positions is None:
+        if not all(t in _PLAIN or t is tuple or t is list for t in types):
+            return None
+        positions = _SEQUENCES[types] = tuple(
+            i for i, t in enumerate(types) if t is tuple or t is list)
+    return positions
+
+
+_SEQUENCES: dict = {}  # a tuple of argument types -> where its sequences are
+
+
 def arguments_key(values: tuple) -> tuple | None:
     """``values`` with the type of each at any depth, or None when one is not a plain int,
     float, bool, str, None or a tuple or list of them."""
     types = tuple(map(type, values))
     if _PLAIN.issuperset(types):  # no sequences: the values and their types
         return tuple(values), types
+    positions = _sequence_positions(types)
+    if positions is None:
+        return None
     key = list(values)
-    for i, t in enumerate(types):
-        if t is tuple or t is list:  # a sequence: its own key in its place
-            key[i] = arguments_key(values[i])
-            if key[i] is None:
-                return None
-        elif t not in _PLAIN:
+    for i in positions:  # a sequence: its own key in its place
+        key[i] = arguments_key(values[i])
+        if key[i] is None:
             return None
     return tuple(key), types
 

@@ -54,7 +54,7 @@ from typing import Sequence, Union
 from . import plans
 from . import quantized_spec as QS
 from .arrays import Array, ArrayLike, as_array, backend_of, dtype_name, is_dask_array
-from .backends import device_scope, implementation
+from .backends import device_scope, prepared
 from .quantized_spec import (LEVELS, RANGES, ROUNDINGS, QArray, avg_plan, check_qdtype,
                              check_scale, check_zero_point, out_params, requant_table)
 
@@ -122,7 +122,7 @@ def _average(func: str, q, family: str, arguments: tuple, spec_of, out_scale, ou
         dtype, scale, zp_out, mode = out_params(func, q, out_scale, out_zero_point, rounding)
         spec = spec_of(data)
         plan = avg_plan(spec, dtype, q.scale, q.zero_point, scale, zp_out, mode)
-        return spec, implementation(family, backend), plan, scale
+        return spec, prepared(family, backend, spec), plan, scale
     spec, impl, plan, scale = plans.cached(
         f"quantized.{func}", backend, data,
         arguments + (out_scale, out_zero_point, rounding, q.scale, q.zero_point), build)
@@ -132,15 +132,16 @@ def _average(func: str, q, family: str, arguments: tuple, spec_of, out_scale, ou
 def _run(data, backend: str, xp, spec, impl, *extra):
     """The codes of the op: ``impl(data, spec, out, *extra)`` into a fresh array, on the
     input's device."""
-    if backend == "numpy":  # no device to enter
-        out = xp.empty(spec.out_shape, dtype=data.dtype)
-        if out.size:
-            impl(data, spec, out, *extra)
-        return out
-    with device_scope(data, backend):
-        out = xp.empty(spec.out_shape, dtype=data.dtype)
-        if out.size:
-            impl(data, spec, out, *extra)
+    if backend == "numpy" or data.data.device_id == xp.cuda.runtime.getDevice():
+        return _fresh(data, xp, spec, impl, extra)  # no device to enter
+    with data.device:
+        return _fresh(data, xp, spec, impl, extra)
+
+
+def _fresh(data, xp, spec, impl, extra: tuple):
+    out = xp.empty(spec.out_shape, dtype=data.dtype)
+    if out.size:
+        impl(data, spec, out, *extra)
     return out
 
 
@@ -172,12 +173,13 @@ def max_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: 
     """
     q = _qarray("max_pool", q)
     data, backend, xp = as_array("quantized.max_pool", q.data)
-    spec, impl = plans.cached(
-        "quantized.max_pool", backend, data,
-        (kernel_size, stride, padding, dilation, ceil_mode, layout),
-        lambda: (QS.window_spec("max_pool", "max", data.shape, dtype_name(data.dtype),
-                                kernel_size, stride, padding, dilation, ceil_mode, layout),
-                 implementation("qmax_window", backend)))
+
+    def build():
+        spec = QS.window_spec("max_pool", "max", data.shape, dtype_name(data.dtype),
+                              kernel_size, stride, padding, dilation, ceil_mode, layout)
+        return spec, prepared("qmax_window", backend, spec)
+    spec, impl = plans.cached("quantized.max_pool", backend, data,
+                              (kernel_size, stride, padding, dilation, ceil_mode, layout), build)
     return QS.trusted_qarray(_run(data, backend, xp, spec, impl), q.scale, q.zero_point)
 
 

@@ -758,14 +758,14 @@ def test_cuda_word_kernels_host_side():
     def buf(ptr):
         return SimpleNamespace(data=SimpleNamespace(ptr=ptr))
     spec = QS.window_spec("max_pool", "max", (2, 3, 8, 16), "int8", 2, 2, 0, 1, False, "NCHW")
-    assert QC._row_unit(buf(256), spec, buf(512))[0] == 8
-    assert QC._row_unit(buf(260), spec, buf(512))[0] == 4
-    assert QC._row_unit(buf(257), spec, buf(512))[0] == 0
+    assert QC._aligned_unit(buf(256), QC._row_units(spec)[0]) == 8
+    assert QC._aligned_unit(buf(260), QC._row_units(spec)[0]) == 4
+    assert QC._aligned_unit(buf(257), QC._row_units(spec)[0]) == 0
     odd = QS.window_spec("max_pool", "max", (2, 3, 8, 14), "int8", 2, 2, 0, 1, False, "NCHW")
-    assert QC._row_unit(buf(256), odd, buf(512)) == (
-        0, "OW = 7 is not a multiple of 4: output rows do not start on a word")
+    assert QC._row_units(odd) == (
+        (), "OW = 7 is not a multiple of 4: output rows do not start on a word")
     wide = QS.window_spec("max_pool", "max", (2, 3, 8, 32), "int8", 5, 4, 2, 1, False, "NCHW")
-    assert QC._row_unit(buf(256), wide, buf(512))[0] == 0
+    assert QC._row_units(wide)[0] == ()
     words = QC._row_word_spec(spec)
     assert words.out_spatial == (4, 2) and words.kernel == (2, 8) and words.stride == (2, 8)
     pl = planner.plan(words)

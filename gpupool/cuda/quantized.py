@@ -8,7 +8,7 @@ the host (:func:`gpupool.quantized_spec.avg_plan`) and copied to each device onc
 * max, NHWC with ``C % 4 == 0`` (and a 4-byte aligned buffer): ``qmax_pool_nhwc4``, 4 channels
   per 32-bit word with ``__vmaxs4`` / ``__vmaxu4``.
 * max and window average, NCHW with ``OW % 4 == 0``, rows of whole words and windows of 4
-  outputs spanning at most 16 input bytes (:func:`_row_unit`): ``qmax_pool_words`` /
+  outputs spanning at most 16 input bytes (:func:`_row_units`): ``qmax_pool_words`` /
   ``qavg_pool_words``, one thread per output word (4 outputs along W) from aligned 8- or
   4-byte loads of the input rows.
 * otherwise max runs the float backend's integer ``max_pool`` kernel (one code per thread),
@@ -57,7 +57,7 @@ def qavg_global_name(kernel_base, tin, acc, tout, itype, lanes=None):
 
 
 def qmax_nhwc4_name(dtype, itype, k):
-    return f"qmax_pool_nhwc4<{CB.cbool(dtype == 'int8')}, {itype}, {k}>"
+    return f"qmax_pool_nhwc4<{CB.ctype(dtype)}, {itype}, {k}>"
 
 
 def qmax_words_name(dtype, itype, k):
@@ -121,15 +121,21 @@ def _word_spec(spec: WindowSpec) -> WindowSpec:
     return dataclasses.replace(spec, geom=geom)
 
 
-def _can_use_vmax4(x, spec: WindowSpec) -> tuple[bool, str]:
-    g = spec.geom
-    if g.layout != "NHWC":
-        return False, "NCHW: consecutive threads read consecutive columns, one code each"
-    if g.channels % 4:
-        return False, f"C = {g.channels} is not a multiple of 4"
-    if x.data.ptr % 4:
-        return False, "buffer not 4-byte aligned"
-    return True, "NHWC with C % 4 == 0: 4 channels per 32-bit word"
+def _vmax4_applies(spec: WindowSpec) -> bool:
+    """Whether ``qmax_pool_nhwc4`` can run ``spec`` (NHWC with ``C % 4 == 0``: 4 channels per
+    32-bit word) on an input aligned to 4 bytes."""
+    return spec.geom.layout == "NHWC" and spec.geom.channels % 4 == 0
+
+
+def _aligned_unit(x, units: tuple[int, ...]) -> int:
+    """The widest of ``units`` (load widths in bytes, widest first) that ``x``'s start is
+    aligned to, 0 if none. Results need no check: each is a fresh array from CuPy's pool,
+    whose blocks are 256-byte aligned."""
+    start = x.data.ptr
+    for unit in units:
+        if start % unit == 0:
+            return unit
+    return 0
 
 
 @CB.launch_cache
@@ -167,19 +173,6 @@ def _row_units(spec: WindowSpec) -> tuple[tuple[int, ...], str]:
     return tuple(units), "4 outputs per thread"
 
 
-def _row_unit(x, spec: WindowSpec, out) -> tuple[int, str]:
-    """The load width in bytes (8 or 4) of the NCHW word kernels on ``x`` and ``out``, or 0
-    where they do not apply; and why."""
-    units, why = _row_units(spec)
-    if not units:
-        return 0, why
-    start = x.data.ptr
-    if start % 4 or out.data.ptr % 4:
-        return 0, "buffers not 4-byte aligned"
-    unit = 8 if units[0] == 8 and start % 8 == 0 else 4
-    return unit, f"{why} from {unit}-byte loads"
-
-
 def _row_word_spec(spec: WindowSpec) -> WindowSpec:
     """The window as the planner sees the word kernels (NCHW, OW % 4 == 0): one output per
     word of 4 along W, spanning the 4 windows' input columns."""
@@ -206,21 +199,40 @@ def row_max_steps(spec: WindowSpec, device_id: int, unit: int) -> tuple:
     return (CB.Step(fn, la.grid, la.block, ("x", "out"), geo),), None
 
 
+def _float_window(x, spec: WindowSpec, out) -> None:
+    CB.window(x, spec, out, None)
+
+
 @register("qmax_window", "cupy")
 def qmax_window(x, spec: WindowSpec, out) -> None:
+    prepare_qmax_window(spec)(x, spec, out)
+
+
+@functools.lru_cache(maxsize=256)
+def prepare_qmax_window(spec: WindowSpec):
+    """:func:`qmax_window` for ``spec``, its kernel family chosen once: the host round trip
+    (more than 3 spatial dims), ``qmax_pool_nhwc4`` or ``qmax_pool_words`` (on an input whose
+    start is aligned to their words), else the float backend's integer ``max_pool``."""
     if spec.geom.nd > 3:
-        _host_fallback("qmax_window", x, spec, out)
-        return
-    x = CB.contiguous(x)
-    if _can_use_vmax4(x, spec)[0]:
-        steps, scratch = word_max_steps(spec, cupy.cuda.runtime.getDevice())
+        return functools.partial(_host_fallback, "qmax_window")
+    if _vmax4_applies(spec):
+        units, steps_of = (4,), lambda device, unit: word_max_steps(spec, device)
     else:
-        unit = _row_unit(x, spec, out)[0]
+        units, steps_of = _row_units(spec)[0], functools.partial(row_max_steps, spec)
+    if not units:
+        return _float_window
+
+    def words(x, spec, out) -> None:
+        x = CB.contiguous(x)
+        unit = _aligned_unit(x, units)
         if not unit:
-            CB.window(x, spec, out, None)
-            return
-        steps, scratch = row_max_steps(spec, cupy.cuda.runtime.getDevice(), unit)
-    CB.launch(steps, scratch, {"x": x.view(np.uint32), "out": out.view(np.uint32)})
+            return _float_window(x, spec, out)
+        steps, scratch = steps_of(cupy.cuda.runtime.getDevice(), unit)
+        CB.launch(steps, scratch, {"x": x, "out": out})
+    return words
+
+
+qmax_window.prepare = prepare_qmax_window
 
 
 def _requant_args(plan: AvgPlan, zp_in: int | None = None) -> tuple:
@@ -301,17 +313,29 @@ def row_average_steps(spec: WindowSpec, plan: AvgPlan, device_id: int, unit: int
 
 @register("qavg_window", "cupy")
 def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
+    prepare_qavg_window(spec)(x, spec, out, plan)
+
+
+@functools.lru_cache(maxsize=256)
+def prepare_qavg_window(spec: WindowSpec):
+    """:func:`qavg_window` for ``spec``, its kernel family chosen once: the host round trip
+    (more than 3 spatial dims), ``qavg_pool_words`` (on an input aligned to its words) or
+    ``qavg_pool``."""
     if spec.geom.nd > 3:
-        _host_fallback("qavg_window", x, spec, out, plan)
-        return
-    x = CB.contiguous(x)
-    unit, _ = _row_unit(x, spec, out)
-    if unit:
-        steps, scratch = row_average_steps(spec, plan, cupy.cuda.runtime.getDevice(), unit)
-        CB.launch(steps, scratch, {"x": x.view(np.uint32), "out": out.view(np.uint32)})
-        return
-    steps, scratch = average_steps(spec, plan, cupy.cuda.runtime.getDevice())
-    CB.launch(steps, scratch, {"x": x, "out": out})
+        return functools.partial(_host_fallback, "qavg_window")
+    units = _row_units(spec)[0]
+
+    def run(x, spec, out, plan) -> None:
+        x = CB.contiguous(x)
+        device = cupy.cuda.runtime.getDevice()
+        unit = _aligned_unit(x, units) if units else 0
+        steps, scratch = (row_average_steps(spec, plan, device, unit) if unit
+                          else average_steps(spec, plan, device))
+        CB.launch(steps, scratch, {"x": x, "out": out})
+    return run
+
+
+qavg_window.prepare = prepare_qavg_window
 
 
 @register("qavg_adaptive", "cupy")

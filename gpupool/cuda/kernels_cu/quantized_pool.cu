@@ -257,19 +257,21 @@ __global__ void qavg_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_P
                                       zp_out, qmin, qmax);
 }
 
-// Max over codes, channels-last with C % 4 == 0: x and out are read as 32-bit words of 4
+// Max over codes, channels-last with C % 4 == 0: the codes are read as 32-bit words of 4
 // channels (Geo.chans = C / 4) and combined with __vmaxs4 / __vmaxu4; a window with no valid
 // tap gives the dtype minimum in every byte. Geometry: gp::for_outputs_nhwc (grid x = word
 // chunks x position chunks, y/z = batch row groups; block (TX along words, TY, TZ); one
 // thread = `rows` output positions of 4 channels).
-template <bool SIGNED, typename I, int K>
-__global__ void qmax_pool_nhwc4(const unsigned* __restrict__ x, unsigned* __restrict__ out,
+template <typename T, typename I, int K>
+__global__ void qmax_pool_nhwc4(const T* __restrict__ codes, T* __restrict__ out_codes,
                                 GP_GEO_PARAMS(I)) {
   GP_GEO(I);
+  const unsigned* __restrict__ x = reinterpret_cast<const unsigned*>(codes);
+  unsigned* __restrict__ out = reinterpret_cast<unsigned*>(out_codes);
   const gp::WindowTaps<K, I> taps{g};
   gp::for_outputs_nhwc<I>(g, x, [&](const unsigned* __restrict__ xp, I cs, I o_d, I o_h,
                                     I o_w, I oi) {
-    gpq::WordMax<SIGNED, I> acc(xp, cs);
+    gpq::WordMax<((T)-1 < (T)0), I> acc(xp, cs);
     taps(o_d, o_h, o_w, acc);
     out[oi] = acc.m;
   });
@@ -318,14 +320,16 @@ __global__ void qavg_global_channels(const Tin* __restrict__ x, Tout* __restrict
                       nbatch, seglen, chans, nchunks, chunklen);
 }
 
-// Max over codes, NCHW with OW % 4 == 0 (word kernels above): x and out as 32-bit words, one
+// Max over codes, NCHW with OW % 4 == 0 (word kernels above): the codes as 32-bit words, one
 // thread = one output word (4 outputs along W). Geometry: gp::for_outputs_nchw over the word
 // columns (grid x = word column chunks x row chunks, y/z = plane groups; block (TX along
 // words, TY, TZ)); `unit`: the load width, 8 or 4 bytes.
 template <typename T, typename I, int K>
-__global__ void qmax_pool_words(const unsigned* __restrict__ x, unsigned* __restrict__ out,
+__global__ void qmax_pool_words(const T* __restrict__ codes, T* __restrict__ out_codes,
                                 GP_GEO_PARAMS(I), int unit) {
   GP_GEO(I);
+  const unsigned* __restrict__ x = reinterpret_cast<const unsigned*>(codes);
+  unsigned* __restrict__ out = reinterpret_cast<unsigned*>(out_codes);
   const unsigned fill = (T)-1 < (T)0 ? 0x80808080u : 0u;
   gp::for_outputs_nchw<I>(gpq::word_geo(g), x, [&](const unsigned* __restrict__ xp, I, I o_d,
                                                    I o_h, I q, I oi) {
@@ -339,12 +343,14 @@ __global__ void qmax_pool_words(const unsigned* __restrict__ x, unsigned* __rest
 // `uniform` every output has table row 0, whose head is given as rm, rsh, rxcap (M, sh, xcap);
 // otherwise row row_of[output position] per output. `checks`: see gpq::requantize_with.
 template <typename T, typename A, typename I, int K>
-__global__ void qavg_pool_words(const unsigned* __restrict__ x, unsigned* __restrict__ out,
+__global__ void qavg_pool_words(const T* __restrict__ codes, T* __restrict__ out_codes,
                                 GP_GEO_PARAMS(I), int unit, const int* __restrict__ row_of,
                                 const long long* __restrict__ table, long long rm, int rsh,
                                 long long rxcap, int uniform, int checks, int zp_in,
                                 int zp_out, int qmin, int qmax) {
   GP_GEO(I);
+  const unsigned* __restrict__ x = reinterpret_cast<const unsigned*>(codes);
+  unsigned* __restrict__ out = reinterpret_cast<unsigned*>(out_codes);
   const unsigned fill = (unsigned)(unsigned char)zp_in * 0x01010101u;
   gp::for_outputs_nchw<I>(gpq::word_geo(g), x, [&](const unsigned* __restrict__ xp, I, I o_d,
                                                    I o_h, I q, I oi) {

@@ -91,9 +91,11 @@ Stream.null = Stream(null=True)
 
 
 def _stack(name: str) -> list:
-    if not hasattr(_state, name):
+    try:
+        return getattr(_state, name)
+    except AttributeError:  # a thread's first use
         setattr(_state, name, [])
-    return getattr(_state, name)
+        return getattr(_state, name)
 
 
 def get_current_stream() -> Stream:
@@ -174,8 +176,8 @@ class _Runtime:
 
 # ----------------------------------------------------------------------------- arrays
 class _Pointer:
-    def __init__(self, ptr: int):
-        self.ptr = ptr
+    def __init__(self, ptr: int, device_id: int):
+        self.ptr, self.device_id = ptr, device_id
 
 
 def _root(a: _np.ndarray) -> _np.ndarray:
@@ -188,7 +190,8 @@ class ndarray(_np.ndarray):
     """A NumPy array that lives on a device and remembers the stream that last wrote it."""
 
     def __array_finalize__(self, obj):
-        self._device = getattr(obj, "_device", _current_device())
+        device = getattr(obj, "_device", None)
+        self._device = _current_device() if device is None else device
 
     @property
     def device(self) -> Device:
@@ -196,7 +199,12 @@ class ndarray(_np.ndarray):
 
     @property
     def data(self) -> _Pointer:
-        return _Pointer(self.__array_interface__["data"][0])
+        # read once per array, as CuPy keeps its pointer (NumPy builds a dict to tell it)
+        pointer = self.__dict__.get("_pointer")
+        if pointer is None:
+            pointer = self._pointer = _Pointer(self.__array_interface__["data"][0],
+                                               self._device)
+        return pointer
 
     @property
     def __cuda_array_interface__(self) -> dict:
@@ -300,9 +308,7 @@ def array(a, dtype=None, copy=True, order="K"):
 
 
 def empty(shape, dtype=float, order="C"):
-    out = _np.empty(shape, dtype=dtype, order=order).view(ndarray)
-    out._device = _current_device()
-    return out
+    return _np.empty(shape, dtype=dtype, order=order).view(ndarray)  # on the current device
 
 
 def asnumpy(a, stream=None):
