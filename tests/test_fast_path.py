@@ -84,33 +84,55 @@ def _bits(result, any_nan=False):
                                 else a).tobytes()) for a in arrays]
 
 
+def _uncached(call, small: bool = True, gather: bool = True):
+    """``call()`` with no plan kept from before, with the small-input window path and the
+    one-gather path each on or off."""
+    with pytest.MonkeyPatch.context() as m:
+        if not small:
+            m.setattr(numpy_backend, "DIRECT_BYTES", -1)
+        if not gather:
+            m.setattr(reduce, "DIRECT_BYTES", -1)
+        plans.clear()
+        numpy_backend.prepare_window.cache_clear()
+        try:
+            return call()
+        finally:
+            plans.clear()
+            numpy_backend.prepare_window.cache_clear()
+
+
 @settings(max_examples=400)
-@given(calls())
-def test_direct_path_gives_the_general_paths_bits(drawn):
-    """Bit for bit, NaN payloads included where no infinities can make NaNs of their own."""
+@given(calls(), st.booleans())
+def test_direct_paths_give_the_general_paths_bits(drawn, small):
+    """Bit for bit, NaN payloads included where no infinities can make NaNs of their own: the
+    small-input window path (:func:`reduce.reduce_taps`), or with it off the one-gather path
+    (:func:`reduce.gather_reduce`), against neither."""
     call, infinite = drawn
     try:
-        fast = call()
+        fast = _uncached(call, small=small)
     except ValueError:  # an output size below 1
         return
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(reduce, "DIRECT_BYTES", 0)
-        general = call()
+    general = _uncached(call, small=False, gather=False)
     assert _bits(fast, infinite) == _bits(general, infinite)
 
 
-def test_small_blocks_take_the_direct_path_and_large_ones_do_not(monkeypatch):
+def test_small_inputs_take_the_direct_paths_and_large_ones_do_not(monkeypatch):
     seen = []
-    gather = reduce.gather_reduce
-    for module in (reduce, numpy_backend):  # the window ops' and the adaptive ops' callers
-        monkeypatch.setattr(module, "gather_reduce",
-                            lambda *a: seen.append(a[0].nbytes) or gather(*a))
+    for module, name in ((reduce, "gather_reduce"), (numpy_backend, "gather_reduce"),
+                         (numpy_backend, "reduce_taps")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, name=name, f=original:
+                            seen.append((name, a[0].nbytes)) or f(*a))
+    plans.clear()
+    numpy_backend.prepare_window.cache_clear()
     gpupool.max_pool(np.ones((1, 4, 8, 8), np.float32), 2)
+    gpupool.avg_pool(np.ones((1, 4, 8, 8), np.float32), 3, 2, 1)
     gpupool.adaptive_avg_pool(np.ones((1, 4, 8, 8), np.float32), (3, 3))
-    assert seen == [1024, 1024]
+    assert seen == [("reduce_taps", 1024), ("reduce_taps", 1024), ("gather_reduce", 1024)]
     gpupool.avg_pool(np.ones((1, 64, 64, 64), np.float32), 2)  # too many bytes
-    gpupool.max_pool(np.ones((1, 1, 40, 40), np.float32), 20, 1)  # too many taps
-    assert len(seen) == 2
+    gpupool.max_pool(np.ones((1, 1, 40, 40), np.float32), 20, 1)  # many taps: small all the same
+    gpupool.lp_pool(np.ones((1, 4, 8, 8), np.float32), 2, 2)  # Lp: the gather
+    assert seen[3:] == [("reduce_taps", 6400), ("gather_reduce", 1024)]
 
 
 def test_cached_call_matches_a_fresh_one_and_keeps_its_errors():

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import threads
-from .reduce import (LITTLE_ENDIAN, canonical, expand, fits_one_gather, gather_plan,
-                     gather_reduce, half_as_float32, in_blocks, scratch, separable_window,
-                     widened, window_taps)
+from .reduce import (DIRECT_BYTES, LITTLE_ENDIAN, canonical, expand, fits_one_gather,
+                     gather_plan, gather_reduce, half_as_float32, in_blocks, reduce_taps,
+                     scratch, separable_window, tap_views, widened, window_taps)
 from ..registry import register
 from ..spec import AdaptiveSpec, UnpoolSpec, WindowSpec
 from ..windows import (accumulator, adaptive_argmax, adaptive_bounds, adaptive_counts,
@@ -238,6 +238,9 @@ def prepare_window(spec: WindowSpec):
     in_shape = (geom.batch,) + geom.shape[len(geom.lead):]
     out_shape = (geom.batch,) + spec.out_shape[len(geom.lead):]
     arithmetic = spec.op != "max"
+    small = math.prod(geom.shape) * dtype.itemsize <= DIRECT_BYTES
+    if spec.return_indices and small and _windows_inside(spec):
+        return _small_argmax_run(spec, in_shape, out_shape)
     if (spec.return_indices and dtype in KEYED_INDEX_DTYPES and LITTLE_ENDIAN
             and math.prod(geom.spatial) < 2**31):
         def blocks(xc, oc, ic):
@@ -260,6 +263,8 @@ def prepare_window(spec: WindowSpec):
                 keys = separable_window(_half_keys(xc[b0:b1]), spec, np.dtype(np.int16))
                 _half_from_keys(keys, oc[b0:b1])
             return block
+    elif spec.op != "lp" and accumulator(dtype) == dtype and small:
+        return _small_run(spec, in_shape, out_shape)
     else:
         acc = accumulator(dtype)
         direct = dtype == acc
@@ -285,6 +290,60 @@ def prepare_window(spec: WindowSpec):
         block = blocks(x.reshape(in_shape), out.reshape(out_shape),
                        None if indices is None else indices.reshape(out_shape))
         in_blocks(block, geom.batch, plane_bytes, arithmetic)
+    return run
+
+
+def _windows_inside(spec: WindowSpec) -> bool:
+    """Whether every window lies inside the input: no tap in the padding or past the end."""
+    return all(pb == 0 and (o - 1) * s + (k - 1) * d < size for size, o, k, s, (pb, _), d in zip(
+        spec.geom.spatial, spec.out_spatial, spec.kernel, spec.stride, spec.pads, spec.dilation))
+
+
+def _small_argmax_run(spec: WindowSpec, in_shape, out_shape):
+    """Max with indices of an input of at most DIRECT_BYTES whose windows all lie inside it:
+    every tap's view stacked in row-major window order, ``argmax`` over them (the first
+    maximum; where the maximum is NaN, ``argmax`` over the taps reversed: the last NaN), tap
+    numbers to flat positions, then the winning elements themselves."""
+    plan = _argmax_plan(spec)
+    sources = tuple((slice(None),) + tuple(src for _, src in tap) for tap in plan.taps)
+    count = len(sources)
+    nan_possible = np.dtype(spec.geom.dtype).kind == "f"
+
+    def run(x, _spec, out, indices) -> None:
+        xb, values, where = x.reshape(in_shape), out.reshape(out_shape), indices.reshape(out_shape)
+        taps = np.stack([xb[src] for src in sources])
+        tap = taps.argmax(axis=0)
+        np.add(plan.offsets[tap], plan.starts, out=where)
+        _take_winners(xb, spec.geom, where, values, None)
+        if nan_possible:
+            nan = np.isnan(values)
+            if nan.any():
+                last = (count - 1) - taps[::-1].argmax(axis=0)
+                np.add(plan.offsets[last], plan.starts, out=where, where=nan)
+                _take_winners(xb, spec.geom, where, values, None)
+    return run
+
+
+def _small_run(spec: WindowSpec, in_shape, out_shape):
+    """The max or average of an input of at most DIRECT_BYTES, values only, in the working
+    dtype: :func:`reduce_taps`, then the divisor, with nothing around them."""
+    views = tap_views(spec, in_shape)
+    if spec.op == "max":
+        init = lowest(np.dtype(spec.geom.dtype))
+
+        def run(x, _spec, out, indices) -> None:
+            reduce_taps(x.reshape(in_shape), views, np.maximum, init, out.reshape(out_shape))
+        return run
+    divisor, empty = _avg_divisor(spec)
+    init = np.dtype(spec.geom.dtype).type(-0.0)
+
+    def run(x, _spec, out, indices) -> None:
+        res = out.reshape(out_shape)
+        with np.errstate(all="ignore"):  # inf - inf gives NaN, as on the GPU
+            reduce_taps(x.reshape(in_shape), views, np.add, init, res)
+            np.divide(res, divisor, out=res)
+        if empty is not None:
+            np.copyto(res, 0, where=empty)
     return run
 
 

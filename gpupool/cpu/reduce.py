@@ -378,6 +378,48 @@ def gather_reduce(cur, nd: int, gather, combine, sentinel, dest):
     return dest
 
 
+@functools.lru_cache(maxsize=256)
+def tap_views(spec: WindowSpec, in_shape: tuple) -> tuple:
+    """For :func:`reduce_taps` on a canonical block of ``in_shape``: per spatial dim, the shape
+    of its result and per tap that hits the input, in window order, ``(dst, src)``: the index
+    of the outputs it reaches (None: all of them) and of its input positions."""
+    shape = list(in_shape)
+    per_axis = []
+    for a, (size, out, k, s, (pb, _), d) in enumerate(zip(
+            spec.geom.spatial, spec.out_spatial, spec.kernel, spec.stride, spec.pads,
+            spec.dilation)):
+        shape[a + 1] = out
+        taps = tuple((None if dst.stop - dst.start == out else _slice_along(a + 1, dst),
+                      _slice_along(a + 1, src))
+                     for _, dst, src in window_taps(size, out, k, s, pb, d))
+        per_axis.append((tuple(shape), taps))
+    return tuple(per_axis)
+
+
+def reduce_taps(cur, views: tuple, combine, init, dest):
+    """:func:`separable_window` of a small block into ``dest`` with nothing else around it
+    (no scratch, blocks or threads): per spatial dim, first dim first, the taps of
+    :func:`tap_views` combined in window order, started as :func:`_reduce_axis` starts them,
+    so the same bits."""
+    last = len(views) - 1
+    for a, (shape, taps) in enumerate(views):
+        res = dest if a == last else np.empty(shape, cur.dtype)
+        full = 0
+        while full < min(2, len(taps)) and taps[full][0] is None:
+            full += 1
+        if full == 2:
+            combine(cur[taps[0][1]], cur[taps[1][1]], out=res)
+        elif full == 1:
+            np.copyto(res, cur[taps[0][1]])
+        else:
+            res.fill(init)
+        for dst, src in taps[full:]:
+            view = res if dst is None else res[dst]
+            combine(view, cur[src], out=view)
+        cur = res
+    return dest
+
+
 def separable_window(xb, spec: WindowSpec, dtype, dest=None):
     """Values-only window reduction of a block, one spatial axis at a time; the last axis is
     written into ``dest`` when given, else into scratch (consume it before the next call)."""
