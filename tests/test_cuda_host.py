@@ -79,6 +79,32 @@ def test_a_new_process_loads_compiled_kernels_from_disk(cupy, monkeypatch):
     assert len(cupy.calls) == before
 
 
+def test_warm_calls_run_on_the_input_device_whichever_is_current(cupy):
+    """The plan cache is not keyed by device: a warm call with an input on another device than
+    the current one (and than the first call's) still runs there and returns its result there,
+    for the float ops (values and indices) and the quantized ones; the current device is
+    left as it was."""
+    _two_devices(cupy)
+    x = np.arange(2 * 4 * 8 * 8, dtype=np.float32).reshape(2, 4, 8, 8) % 13
+    q = np.arange(2 * 4 * 8 * 8).reshape(2, 4, 8, 8).astype(np.int8)
+    expected = [gpupool.max_pool(x, 2, return_indices=True), gpupool.avg_pool(x, 3, 2, 1),
+                Q.max_pool(Q.QArray(q, 0.5), 2).data, Q.avg_pool(Q.QArray(q, 0.5), 2).data,
+                Q.adaptive_avg_pool(Q.QArray(q, 0.5), 3).data]
+    for home, current in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        with cupy.cuda.Device(home):
+            xg, qg = cupy.asarray(x), Q.QArray(cupy.asarray(q), 0.5)
+        with cupy.cuda.Device(current):
+            got = [gpupool.max_pool(xg, 2, return_indices=True), gpupool.avg_pool(xg, 3, 2, 1),
+                   Q.max_pool(qg, 2).data, Q.avg_pool(qg, 2).data,
+                   Q.adaptive_avg_pool(qg, 3).data]
+            assert cupy.cuda.runtime.getDevice() == current
+        flat = [a for r in got for a in (r if isinstance(r, tuple) else (r,))]
+        assert all(a.device.id == home for a in flat), (home, current)
+        want = [a for r in expected for a in (r if isinstance(r, tuple) else (r,))]
+        for a, e in zip(flat, want):
+            assert_array_equal(a.get(), e)
+
+
 def test_max_unpool_runs_on_the_input_device(cupy):
     """Regression: max_unpool checked the index range on the current device, before entering
     the input's device, and never checked that indices lives on the input's device."""
