@@ -8,7 +8,8 @@ Each case of gpupool/bench/cases.py is traced at a smaller shape with the same l
 sectors (tests/cudacpu/traffic.py, where every constant of the time model is, with its
 source), and the counts scaled to the full shape. Per launch it reports sectors per request
 (actual / ideal), DRAM bytes against the ideal (input read once, output written once),
-registers (ptxas, through CuPy's NVRTC when installed) and occupancy, the modeled time's
+registers (ptxas, through CuPy's NVRTC when installed) and occupancy, the compiled code's
+global loads per run (nvdisasm of the same compile, tests/cudacpu/sass.py), the modeled time's
 bound (dram, l2, l1, latency) and the bandwidth the op shows as a percentage of DRAM peak.
 
 Results go to bench/results/model-h100-large-<date>.{json,md} (-partial with --ops); an
@@ -60,6 +61,8 @@ def launch_row(model, la) -> dict:
     return {
         "kernel": la.name, "grid": list(la.grid), "block": list(la.block),
         "registers": la.registers, "shared_bytes": la.shared,
+        "compiled_load_blocks": [list(b) for b in la.batching.blocks] if la.batching else None,
+        "compiled_loads_per_run": la.traffic.batch,
         "blocks_per_sm": la.occupancy.blocks_per_sm, "occupancy": la.occupancy.fraction,
         "occupancy_limiter": la.occupancy.limiter,
         "traced": {"load_requests": t.load_requests, "load_sectors": t.load_sectors,
@@ -69,7 +72,8 @@ def launch_row(model, la) -> dict:
                    "dram_write_sectors": t.dram_write_sectors,
                    "l2_read_sectors": t.l2_read_sectors, "l2_write_sectors": t.l2_write_sectors,
                    "l1_wavefronts": t.l1_wavefronts, "rounds": t.rounds,
-                   "block_rounds": t.block_rounds},
+                   "block_rounds": t.block_rounds,
+                   "most_main_input_loads_per_thread_and_epoch": t.epoch_loads},
         "dram_bytes": la.dram_bytes,
         "seconds": {"dram": la.time.dram, "l2": la.time.l2, "l1": la.time.l1,
                     "latency": la.time.latency},
@@ -97,13 +101,28 @@ def case_row(model) -> dict:
 def constants() -> dict:
     from cudacpu import traffic
     names = ("DRAM_PEAK", "DRAM_EFFICIENCY", "L2_BANDWIDTH", "SM_COUNT", "SM_CLOCK",
-             "L1_WAVEFRONTS_PER_CLOCK", "DRAM_LATENCY", "LOOP_LOADS_IN_FLIGHT")
+             "L1_WAVEFRONTS_PER_CLOCK", "DRAM_LATENCY", "LOOP_LOADS_IN_FLIGHT",
+             "COMPILED_BATCH")
     return {n: getattr(traffic, n) for n in names}
 
 
-TABLE_HEAD = ("| case | kernel | grid x block (full size) | regs | occupancy | load sectors/req "
+TABLE_HEAD = ("| case | kernel | grid x block (full size) | regs | occupancy | compiled loads/run "
+              "used (whole code: LDG / runs, longest) | load sectors/req "
               "(actual / ideal) | store sectors/req (actual / ideal) | DRAM / ideal bytes | "
               "bound | modeled us | % of DRAM peak |")
+
+
+def compiled_batch(la) -> str:
+    """A launch's compiled global loads per run as the rounds used them, and the kernel's
+    loads, runs and longest run over its whole code."""
+    b = la.batching
+    if b is None:
+        return "?"
+    if not b.runs:
+        return "no loads"
+    used = la.traffic.batch
+    return (f"{used if used is not None else b.batch:.2f} "
+            f"({b.loads} / {len(b.runs)}, {max(b.runs)})")
 
 
 def table_rows(models) -> list[str]:
@@ -116,6 +135,7 @@ def table_rows(models) -> list[str]:
                 f"| {m.case.name if first else ''} | `{short(la.name)}` | "
                 f"{tuple(la.grid)} x {tuple(la.block)} | {la.registers or '?'} | "
                 f"{la.occupancy.fraction:.2f} ({la.occupancy.limiter}) | "
+                f"{compiled_batch(la)} | "
                 f"{per_request(t.load_sectors, t.load_requests)} / "
                 f"{per_request(t.load_ideal, t.load_requests)} | "
                 f"{per_request(t.store_sectors, t.store_requests)} / "
@@ -138,7 +158,10 @@ def markdown(models, meta: dict) -> str:
         f" TB/s (assumption); L1 one 128-byte wavefront per SM per clock at "
         f"{c['SM_CLOCK'] / 1e9:.3f} GHz (assumption); latency {c['DRAM_LATENCY'] * 1e9:.0f} ns "
         f"(assumption) per round of independent loads of a block's slowest warp, over the "
-        f"resident blocks. L2 assumption: "
+        f"resident blocks; an epoch (one output stored) of m main-input loads per thread takes "
+        f"at least ceil(m / compiled loads per run) rounds, loads per run = "
+        f"{c['COMPILED_BATCH']} ({meta['batching']}; every code path counts once, "
+        f"see traffic.py). L2 assumption: "
         f"each distinct sector is read from DRAM once per launch and each written sector written "
         f"once. Time = the largest of the four limits per launch, summed over launches; launch "
         f"overhead and the last wave's tail are left out. Registers: "
@@ -189,6 +212,13 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     nvrtc = cudacpu.real_nvrtc()
+    if nvrtc is not None:
+        from cudacpu import sass
+        try:
+            sass.nvdisasm()
+        except FileNotFoundError as e:
+            print(f"bench/model.py: {e}", file=sys.stderr)
+            return 1
     cudacpu.install()
     start = time.perf_counter()
     models = benchmodel.model_suite(cases, nvrtc, sites=args.sites)
@@ -197,7 +227,11 @@ def main(argv: list[str] | None = None) -> int:
             "host": f"{os.cpu_count()} CPU cores ({platform.machine()})",
             "registers": ("ptxas -v for sm_90 through CuPy's NVRTC" if nvrtc is not None else
                           "unknown (CuPy's NVRTC not importable): occupancy from threads "
-                          "and blocks only")}
+                          "and blocks only"),
+            "batching": ("nvdisasm of the same compile: global loads (LDG) in runs that end "
+                         "at the first wait for one" if nvrtc is not None else
+                         "unknown (CuPy's NVRTC not importable): rounds from the trace only, "
+                         "as if every load were batched")}
     text = markdown(models, meta)
     print(text)
     with open(stem + ".json", "w") as f:

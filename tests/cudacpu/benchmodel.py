@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import executor, installed_cupy, trace, traffic
+from . import executor, installed_cupy, sass, trace, traffic
 
 
 def modeled_cases(ops=None) -> list:
@@ -251,6 +251,7 @@ class LaunchModel:
     dram_bytes: float  # full size
     registers: int | None
     shared: int
+    batching: sass.LoadBatching | None  # the compiled code's global loads in runs
     occupancy: traffic.Occupancy
     time: traffic.LaunchTime
     sites: dict  # site -> "file:line: text" of its source line
@@ -332,9 +333,11 @@ def _tracing(names_by_file: dict[str, list[str]]):
 def model_suite(cases, nvrtc=None, sites: bool = False,
                 min_planes: int = 1) -> list[CaseModel]:
     """The model of each case (see the module docstring). ``nvrtc``: CuPy's NVRTC pieces
-    (:func:`cudacpu.real_nvrtc`) for register counts; None: registers unknown (occupancy
-    from threads and blocks only). ``sites``: name each load and store site by its source
-    line (``LaunchModel.sites``). ``min_planes``: trace at least this many planes."""
+    (:func:`cudacpu.real_nvrtc`) for register counts and the compiled load batching
+    (:mod:`cudacpu.sass`; nvdisasm missing: ``FileNotFoundError``); None: both unknown
+    (occupancy from threads and blocks only, rounds from the trace only). ``sites``: name each
+    load and store site by its source line (``LaunchModel.sites``). ``min_planes``: trace at
+    least this many planes."""
     from gpupool import bench as benchmark
     scales = {case.name: matching_scale(case, min_planes) for case in cases}
     names_by_file: dict[str, list[str]] = {}
@@ -342,13 +345,15 @@ def model_suite(cases, nvrtc=None, sites: bool = False,
         planes, sms, _ = scales[case.name]
         for la in sum(planned_with_setup(case, scaled_shape(case, planes), sms), []):
             names_by_file.setdefault(la.source_file, []).append(la.name)
-    registers = {}
+    registers, batching = {}, {}
     if nvrtc is not None:
         from gpupool.cuda import backend as cuda_backend
+        sass.nvdisasm()  # before compiling: fail at once when it is missing
         with installed_cupy():
             for source_file, names in names_by_file.items():
-                registers.update(traffic.registers(
-                    nvrtc, cuda_backend.source(source_file), names))
+                compiled = sass.compile_kernels(nvrtc, cuda_backend.source(source_file), names)
+                registers.update(traffic.register_usage(compiled))
+                batching.update(sass.load_batching(compiled))
     rng = np.random.default_rng(0)
     models = []
     with _tracing(names_by_file) as recorder:
@@ -367,7 +372,8 @@ def model_suite(cases, nvrtc=None, sites: bool = False,
             ideal = scale * (read + benchmark.output_bytes(result))
             launches = []
             for la, plan in zip(traced, full):
-                t = traffic.analyze(la)
+                runs = batching[la.name] if nvrtc is not None else None
+                t = traffic.analyze(la, runs)
                 dram = t.dram_bytes_scaled([f / a.nbytes for f, a in zip(plan.arrays,
                                                                           la.arrays)])
                 regs, shared = registers.get(la.name, (None, 0))
@@ -376,7 +382,7 @@ def model_suite(cases, nvrtc=None, sites: bool = False,
                                            la.threads_per_block, occ)
                 lines = _site_labels(la, t, plan.source_file) if sites else {}
                 launches.append(LaunchModel(la.name, plan.grid, la.block, t, dram, regs, shared,
-                                            occ, time, lines))
+                                            runs, occ, time, lines))
             models.append(CaseModel(case, full_shape(case), shape, sms, scale, ideal,
                                     launches))
     return models

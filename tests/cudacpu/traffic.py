@@ -18,12 +18,15 @@ Counts (:func:`analyze`, at the traced size):
   input footprint fits the SM's share of L1); loads cross L2 -> SM once per (block, sector);
   stores go to L2 sector by sector as requested. L1 serves one wavefront (128-byte line) per
   SM per clock; a request takes one wavefront per distinct line it touches.
-* rounds: per warp and epoch, loads of the main input (the largest array the kernel only
-  reads) are sent together and waited for together: one round per epoch, or
-  ``ceil(n / LOOP_LOADS_IN_FLIGHT)`` for a site a loop runs ``n`` times. ``rounds`` sums them
-  over warps; ``block_rounds`` sums, over blocks, the rounds of the block's slowest warp (a
-  block holds its SM slot until its last warp ends; a warp with fewer rounds, or none, keeps
-  nothing in flight for the rest of that time).
+* rounds: per warp and epoch, the waits for the main input (the largest array the kernel only
+  reads). From the trace: its loads are sent together and waited for together, one round per
+  epoch, or ``ceil(n / LOOP_LOADS_IN_FLIGHT)`` for a site a loop runs ``n`` times. From the
+  compiled code (:mod:`cudacpu.sass`, given as ``batching``): at least ``ceil(m / batch)``,
+  for ``m`` the most main-input loads a thread of the warp made in the epoch and ``batch`` the
+  kernel's compiled global loads per run (COMPILED_BATCH below). ``rounds`` sums them over warps;
+  ``block_rounds`` sums, over blocks, the rounds of the block's slowest warp (a block holds its
+  SM slot until its last warp ends; a warp with fewer rounds, or none, keeps nothing in flight
+  for the rest of that time).
 
 Time (:func:`launch_time`, at full size): the largest of the DRAM, L2, L1 and latency limits.
 Latency, by Little's law: a resident block holds its slot for its slowest warp's rounds x a
@@ -35,11 +38,13 @@ block below, with its source; ``assumption`` marks a judgement, not a datasheet 
 """
 from __future__ import annotations
 
-import io
+import math
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from . import sass
 
 # ------------------------------------------------------------------ H100 SXM5 model constants
 #: DRAM peak, bytes/s: HBM3 at 2 x 2619 MHz x 5120 bit / 8 (the planner's H100 dram_gbps;
@@ -65,6 +70,27 @@ DRAM_LATENCY = 700e-9
 #: Iterations of a run-time loop whose loads are in flight together (assumption: NVCC unrolls
 #: such loops by 4; ``#pragma unroll 4`` says so).
 LOOP_LOADS_IN_FLIGHT = 4
+#: How the compiled code's load runs (:mod:`cudacpu.sass`: global loads started before the
+#: first instruction that waits for one, per straight-line block) become rounds (assumption):
+#: an epoch of ``m`` main-input loads per thread takes at least ``ceil(m / batch)`` rounds.
+#: ``batch`` is global loads / runs over the blocks of the fewest loads that are at least
+#: ``M``, the most main-input loads a thread makes in an epoch anywhere in the trace (a full
+#: window: the code that ran it straight through, e.g. a fixed-K window's unrolled taps; at
+#: least, not exactly, since the trace has no record of a load predicated off, as a padding
+#: tap's or that of a group's absent second output), or over the whole code when no block
+#: holds ``M`` (the window's loads are spread over loop iterations or branches). Loads / runs
+#: is the harmonic mean of the run lengths weighted by their loads: the waits per load, as if
+#: each executed load were any of the chosen compiled ones alike; an arithmetic mean or the
+#: longest run would let one long run hide many waits of one load each. Why blocks: the scan
+#: is linear, so without them every code path would count once whatever its share of the work
+#: (a kernel whose unrolled 18-load window sits beside 36 general-K loops of 4 would count as
+#: batching about 4). What remains: several blocks of the chosen size (variants chosen at run
+#: time) count alike; a window spread over loops or branches is judged by the whole code,
+#: remainders and cold paths included. The runs count loads of every array, ``m`` only the
+#: main input's: the other arrays' loads are taken to ride in the same runs. Every round costs
+#: DRAM_LATENCY, even one whose loads hit L1 (a re-read of what the warp just loaded).
+COMPILED_BATCH = ("global loads / runs of the blocks holding a full epoch's loads, else of the "
+                  "whole code")
 #: Per-SM limits of sm_90 (CUDA occupancy calculator): threads, warps, blocks, 32-bit
 #: registers (allocated per warp in units of 256), shared memory (1 KB reserved per block).
 MAX_THREADS_PER_SM = 2048
@@ -111,6 +137,8 @@ class Traffic:
     l1_wavefronts: int
     rounds: int  # summed over warps
     block_rounds: int  # summed over blocks: the rounds of each block's slowest warp
+    epoch_loads: int  # the most main-input loads a thread made in one epoch
+    batch: float | None  # the compiled loads per run the rounds used (None: trace only)
     sites: list[Site] = field(default_factory=list)
 
     @property
@@ -194,8 +222,10 @@ def virtual_addresses(launch, addr):
     return arr, base[arr] + (addr - lo[arr])
 
 
-def analyze(launch) -> Traffic:
-    """The counts of ``launch`` (a :class:`cudacpu.trace.Launch`)."""
+def analyze(launch, batching=None) -> Traffic:
+    """The counts of ``launch`` (a :class:`cudacpu.trace.Launch`); ``batching``: the kernel's
+    compiled loads (:class:`cudacpu.sass.LoadBatching`), None: the trace's rounds only (loads
+    as batched as the trace allows)."""
     c = launch.columns()
     n = len(c["addr"])
     arr, vaddr = virtual_addresses(launch, c["addr"])
@@ -245,7 +275,8 @@ def analyze(launch) -> Traffic:
         dram_write_sectors=_distinct_per_array(written_sectors, written_arrays, narrays),
         l2_read_sectors=_ids(read_blocks, read_sectors)[1],
         l2_write_sectors=int(sectors[stores].sum()), l1_wavefronts=int(lines.sum()),
-        **_rounds(launch, arr, write, block, warp, epoch, site_ids, occurrence),
+        **_rounds(launch, arr, write, block, c["thread"], epoch, site_ids, occurrence,
+                  batching),
         sites=_sites(c["site"], req, req_write, arr, sectors, ideal, lanes))
 
 
@@ -279,11 +310,14 @@ def _distinct_per_array(sectors, arrays, narrays) -> list[int]:
     return np.bincount(arrays[distinct], minlength=narrays).tolist()
 
 
-def _rounds(launch, arr, write, block, warp, epoch, site_ids, occurrence) -> dict:
+def _rounds(launch, arr, write, block, thread, epoch, site_ids, occurrence,
+            batching) -> dict:
     """Waits for the main input: ``rounds``, summed over warps and epochs, per epoch the most,
-    over its sites, of ceil(runs of the site / LOOP_LOADS_IN_FLIGHT); ``block_rounds``, summed
-    over blocks, the most of any warp of the block (its warps' sums)."""
-    none = {"rounds": 0, "block_rounds": 0}
+    over its sites, of ceil(runs of the site / LOOP_LOADS_IN_FLIGHT), and with ``batching`` at
+    least ceil(a thread's loads in the epoch / the compiled batch, COMPILED_BATCH);
+    ``block_rounds``, summed over blocks, the most of any warp of the block (its warps' sums);
+    ``batch``: the compiled batch used (None: none given, or no main-input load)."""
+    none = {"rounds": 0, "block_rounds": 0, "epoch_loads": 0, "batch": None}
     const = [i for i, a in enumerate(launch.arrays) if a.const]
     if not const:
         return none
@@ -291,6 +325,7 @@ def _rounds(launch, arr, write, block, warp, epoch, site_ids, occurrence) -> dic
     m = (arr == main) & (write == 0)
     if not m.any():
         return none
+    warp = thread // WARP
     warp_epoch, n_epochs = _ids(block[m], warp[m], epoch[m])
     group, n_groups = _ids(warp_epoch, site_ids[m])
     runs = np.zeros(n_groups, np.int64)
@@ -299,6 +334,18 @@ def _rounds(launch, arr, write, block, warp, epoch, site_ids, occurrence) -> dic
     epoch_of_group[group] = warp_epoch
     waits = np.zeros(n_epochs, np.int64)
     np.maximum.at(waits, epoch_of_group, -(-runs // LOOP_LOADS_IN_FLIGHT))
+    # a thread's loads of the epoch: the compiled code sends them batch at a time
+    thread_epoch, n_thread_epochs = _ids(block[m], thread[m], epoch[m])
+    loads = np.bincount(thread_epoch, minlength=n_thread_epochs)
+    epoch_of_thread = np.zeros(n_thread_epochs, np.int64)
+    epoch_of_thread[thread_epoch] = warp_epoch
+    most = np.zeros(n_epochs, np.int64)
+    np.maximum.at(most, epoch_of_thread, loads)
+    batch = None
+    if batching is not None:
+        batch = batching.batch_for(int(most.max()))
+        if math.isfinite(batch):
+            waits = np.maximum(waits, np.ceil(most / batch - 1e-9).astype(np.int64))
     # per warp, then per block its slowest warp
     warp_id, n_warps = _ids(block[m], warp[m])
     warp_of_epoch = np.zeros(n_epochs, np.int64)
@@ -309,7 +356,8 @@ def _rounds(launch, arr, write, block, warp, epoch, site_ids, occurrence) -> dic
     block_id, n_blocks = _ids(block_of_warp)
     slowest = np.zeros(n_blocks, np.int64)
     np.maximum.at(slowest, block_id, per_warp)
-    return {"rounds": int(waits.sum()), "block_rounds": int(slowest.sum())}
+    return {"rounds": int(waits.sum()), "block_rounds": int(slowest.sum()),
+            "epoch_loads": int(most.max()), "batch": batch}
 
 
 def _sites(site, req, req_write, arr, sectors, ideal, lanes) -> list[Site]:
@@ -399,21 +447,19 @@ def percent_of_peak(ideal_bytes: float, seconds: float) -> float:
 
 
 # ------------------------------------------------------------------ registers (ptxas)
-def registers(nvrtc, source: str, names, arch: str = "90") -> dict[str, tuple[int, int]]:
+def registers(nvrtc, source: str, names, arch: str = sass.ARCH) -> dict[str, tuple[int, int]]:
     """Name expression -> (registers per thread, static shared bytes) from ptxas
     (``-Xptxas=-v``) through CuPy's NVRTC with the backend's options; no GPU needed.
     ``nvrtc``: :func:`cudacpu.real_nvrtc`'s namespace, used inside
     :func:`cudacpu.installed_cupy`."""
-    from gpupool.cuda import backend as cuda_backend
-    names = list(dict.fromkeys(names))
-    program = nvrtc.compiler._NVRTCProgram(source, "kernel.cu", name_expressions=names,
-                                           method="cubin")
-    options = tuple(nvrtc.core.assemble_cupy_compiler_options(cuda_backend.OPTIONS)) + (
-        f"-arch=sm_{arch}", "--device-as-default-execution-space", "-Xptxas=-v")
-    log = io.StringIO()
-    _, mapping = program.compile(options, log)
+    return register_usage(sass.compile_kernels(nvrtc, source, names, arch))
+
+
+def register_usage(compiled: sass.Compiled) -> dict[str, tuple[int, int]]:
+    """Name expression -> (registers per thread, static shared bytes) from the ptxas report
+    of a :func:`cudacpu.sass.compile_kernels` compile."""
     used, current = {}, None
-    for line in log.getvalue().replace("\0", "").splitlines():
+    for line in compiled.log.splitlines():
         m = re.search(r"Compiling entry function '(\S+)'", line)
         if m:
             current = m.group(1)
@@ -421,4 +467,4 @@ def registers(nvrtc, source: str, names, arch: str = "90") -> dict[str, tuple[in
         if m and current:
             shared = re.search(r"(\d+) bytes smem", line)
             used[current] = (int(m.group(1)), int(shared.group(1)) if shared else 0)
-    return {n: used[mapping[n]] for n in names}
+    return {n: used[mangled] for n, mangled in compiled.mangled.items()}
