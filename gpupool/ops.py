@@ -11,6 +11,7 @@ from . import plans
 from . import spec as S
 from .arrays import Array, ArrayLike, as_array, backend_of, dtype_name
 from .backends import device_scope, foreign_handler, implementation, prepared
+from .windows import index_span
 
 Size = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]
@@ -238,7 +239,10 @@ def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_size: Size, stride: Size
     indices pooled from another size would land at wrong positions. An index -1 (max_pool's
     index of a window with no valid tap) is skipped: its value is not written. Any other index
     outside the plane raises ``ValueError``; on the GPU that check costs one device-to-host
-    sync. Where indices repeat, which value lands is unspecified.
+    sync, which also tells whether every index lies in its own window (as max_pool's do):
+    where windows do not overlap and they all do, the GPU gathers, writing each output once;
+    otherwise it zero-fills and scatters. Where indices repeat, which value lands is
+    unspecified.
 
     >>> y, i = max_pool(np.arange(4.).reshape(1, 1, 2, 2), 2, return_indices=True)
     >>> max_unpool(y, i, 2)
@@ -253,12 +257,19 @@ def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_size: Size, stride: Size
                          kernel_size, stride, padding, output_size, layout, dilation=dilation)
     if getattr(indices, "device", None) != getattr(x, "device", None):
         raise ValueError(f"gpupool.{func}: indices is on device {indices.device}, x on {x.device}")
+    impl = implementation("unpool", backend)
+    # a backend that can gather where every index lies in its own window (``gathers``) learns
+    # whether they do from the same host transfer as the range check
+    gathers = getattr(impl, "gathers", None)
+    pooling = spec.pooling if gathers is not None and gathers(spec) else None
     with device_scope(x, backend):
+        inside = True
         if indices.size:
-            S.check_unpool_indices(func, int(indices.min()), int(indices.max()), spec)
+            low, high, inside = index_span(indices, xp, pooling)
+            S.check_unpool_indices(func, low, high, spec)
         result = output_array(func, out, spec.out_shape, x.dtype, x, backend, xp)
         if out is not None and xp.may_share_memory(out, indices):
             raise ValueError(f"gpupool.{func}: out must not overlap indices")
         if result.size:
-            implementation("unpool", backend)(x, spec, result, indices)
+            impl(x, spec, result, indices, **({} if pooling is None else {"in_windows": inside}))
     return result if out is None else out

@@ -462,6 +462,22 @@ class UnpoolSpec:
     def plane_size(self) -> int:
         return math.prod(self.out_spatial)
 
+    @functools.cached_property
+    def pooling(self) -> WindowSpec:
+        """The max pooling whose indices this unpools: input the unpooled shape, output the
+        pooled one (its ceil_mode, not known here, changes neither)."""
+        g = self.geom
+        geom = Geometry(g.func, self.out_shape, g.dtype, g.layout, g.nd)
+        return WindowSpec(geom, "max", self.kernel, self.stride, self.dilation, self.pads,
+                          False, g.spatial, return_indices=True)
+
+    @functools.cached_property
+    def disjoint(self) -> bool:
+        """Whether no two windows share a position: each window's extent d*(k-1)+1 is at
+        most the stride, per dim."""
+        return all(d * (k - 1) + 1 <= s for k, s, d in zip(self.kernel, self.stride,
+                                                           self.dilation))
+
 
 def unpool_sizes(spatial, kernel, stride, pads, dilation) -> tuple[tuple[int, int], ...]:
     """Per dim, the range ``[lo, hi]`` of sizes ``O`` that max_unpool accepts as output_size

@@ -134,7 +134,25 @@ def indices_in_windows(indices, spec, xp=np) -> bool:
     """Whether every index of a max (shape of the output of ``spec``, a WindowSpec or an
     AdaptiveSpec; flat positions in an input plane, each already in ``[-1, plane)``) names a
     tap of its own window, or is -1. ``indices`` is NumPy or CuPy (``xp``); one host sync on
-    CuPy. Runs in int32 where every position and window start fits."""
+    CuPy."""
+    return bool(_in_windows(indices, spec, xp).all())
+
+
+def index_span(indices, xp=np, pooling=None) -> tuple[int, int, bool | None]:
+    """``(smallest, largest, inside)`` of non-empty ``indices`` (NumPy or CuPy, ``xp``) in
+    one host transfer: ``inside`` is :func:`indices_in_windows` of ``pooling`` (a WindowSpec
+    or AdaptiveSpec; meaningful only where the span lies in ``[-1, plane)``), None without
+    one."""
+    parts = [indices.min().astype(np.int64), indices.max().astype(np.int64)]
+    if pooling is not None:
+        parts.append(_in_windows(indices, pooling, xp).all().astype(np.int64))
+    low, high, *inside = (int(v) for v in xp.stack(parts).tolist())
+    return low, high, bool(inside[0]) if inside else None
+
+
+def _in_windows(indices, spec, xp):
+    """Per index, whether it is -1 or names a tap of its own window (see
+    :func:`indices_in_windows`). Runs in int32 where every position and window start fits."""
     geom = spec.geom
     first, nd = len(geom.lead), geom.nd
     bounds = []  # per dim: the windows' first position, and their end (adaptive) or None
@@ -165,4 +183,4 @@ def indices_in_windows(indices, spec, xp=np) -> bool:
         else:
             ok = (coord >= starts) & (coord < ends)
         inside = ok if inside is None else inside & ok
-    return bool((inside | (indices < 0)).all())
+    return inside | (indices < 0)

@@ -23,6 +23,7 @@ Test hooks (monkeypatched, memoized plans cleared on both sides):
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import zlib
 from dataclasses import dataclass, field
@@ -196,6 +197,10 @@ def window_cases():
 
 @dataclass(frozen=True)
 class Unpool:
+    """A max_unpool of max_pool's indices. ``gather``: the kernel expected where every index
+    lies in its own window (windows that do not overlap); ``stray``: one in-plane index
+    moved outside its window (the scatter then runs instead of the gather)."""
+
     id: str
     lead: tuple
     spatial: tuple
@@ -203,38 +208,70 @@ class Unpool:
     stride: object = None
     padding: object = 0
     output_size: object = None  # "spatial" | "full": the input's size in that form
+    dilation: object = 1
+    ceil: bool = False
+    gather: bool = False
+    stray: bool = False
+    tags: frozenset = frozenset({"idx64"})
 
 
 UNPOOLS = [
-    Unpool("2d-k2", (2, 3), (6, 8), 2),
+    Unpool("2d-k2", (2, 3), (6, 8), 2, gather=True),
     Unpool("2d-k3-s2-p1-outsize", (2, 3), (9, 10), 3, 2, 1, "spatial"),
     Unpool("2d-k23-pairs-fullsize", (2, 3), (7, 9), (2, 3), 2, ((1, 0), (0, 1)), "full"),
     Unpool("1d-k3-s1-overlap", (2, 3), (12,), (3,), (1,)),
-    Unpool("3d-k2", (1, 2), (4, 6, 6), (2, 2, 2)),
+    Unpool("3d-k2", (1, 2), (4, 6, 6), (2, 2, 2), gather=True),
+    # windows that do not overlap: padding, ceil mode, dilation, strides past the window,
+    # positions no window covers (output_size above the default), empty windows (-1)
+    Unpool("1d-k3-s3-p1-ceil", (2, 5), (13,), (3,), (3,), 1, "spatial", ceil=True, gather=True),
+    Unpool("2d-k2-d2-s3-outsize", (2, 3), (10, 11), 2, 3, 0, "spatial", 2, gather=True),
+    Unpool("2d-k2-s3-p1-ceil", (2, 3), (8, 10), 2, 3, 1, "full", ceil=True, gather=True),
+    Unpool("2d-k2-empty-windows", (2, 3), (6, 8), 2, 2, ((2, 0), (0, 3)), "spatial",
+           gather=True),
+    Unpool("3d-k122-p011-ceil", (1, 2), (3, 5, 7), (1, 2, 2), (1, 2, 2), (0, 1, 1), "spatial",
+           ceil=True, gather=True),
+    Unpool("2d-k2-stray", (2, 3), (6, 8), 2, stray=True),
+    Unpool("3d-k2-stray", (1, 2), (4, 6, 6), (2, 2, 2), output_size="spatial", stray=True),
+    # small planes packed in blocks, more plane groups than the hooked grid y holds
+    Unpool("2d-k2-many-planes", (1, 40000), (2, 2), 2, gather=True,
+           tags=frozenset({"grid64"})),
 ]
 
 
+def unpool_case(u: Unpool, layout: str, dtype: str, idt: str, paths=frozenset()) -> Case:
+    shape = shaped(u.lead, u.spatial, layout)
+
+    def make(rng):
+        x = make_input(rng, shape, dtype, "max")
+        y, idx = gpupool.max_pool(x, u.kernel, u.stride, u.padding, u.dilation, u.ceil,
+                                  return_indices=True, layout=layout)
+        if u.stray:  # the first pooled element's index (its plane's) moves outside its
+            # window, to the last position of the plane no index names (no repeat: the
+            # order of repeated indices is unspecified)
+            rows = int(np.prod(u.lead[:-1] if layout == "NHWC" else u.lead))
+            plane = idx.reshape(rows, -1, idx.shape[-1] if layout == "NHWC" else 1)[0, :, 0]
+            named = set(plane.tolist())
+            idx.reshape(-1)[0] = max(set(range(int(np.prod(u.spatial)))) - named)
+        return y, idx.astype(idt)
+
+    size = {None: None, "spatial": u.spatial, "full": shape}[u.output_size]
+    run = lambda y, idx: gpupool.max_unpool(y, idx, u.kernel, u.stride, u.padding,  # noqa: E731
+                                            size, dilation=u.dilation, layout=layout)
+    return Case(f"unpool-{dtype}-idx_{idt}-{layout}-{u.id}", make, run, True,
+                requests=("max_unpool_gather" if u.gather else "max_unpool",), tags=u.tags,
+                paths=paths)
+
+
 def unpool_cases():
-    def inputs(u, shape, layout, dtype, idt):
-        def make(rng):
-            x = make_input(rng, shape, dtype, "max")
-            y, idx = gpupool.max_pool(x, u.kernel, u.stride, u.padding, return_indices=True,
-                                      layout=layout)
-            return y, idx.astype(idt)
-        return make
-
-    def run(u, shape, layout):
-        size = {None: None, "spatial": u.spatial, "full": shape}[u.output_size]
-        return lambda y, idx: gpupool.max_unpool(y, idx, u.kernel, u.stride, u.padding, size,
-                                                 layout=layout)
-
     for u, layout, dtype in itertools.product(UNPOOLS, ("NCHW", "NHWC"), FLOATS + INTS):
-        shape = shaped(u.lead, u.spatial, layout)
-        # every index dtype for the 2D k2 planes (48 positions: int8 holds them), else int64
-        for idt in (INTS if u.id == "2d-k2" else ("int64",)):
-            yield Case(f"unpool-{dtype}-idx_{idt}-{layout}-{u.id}",
-                       inputs(u, shape, layout, dtype, idt), run(u, shape, layout), True,
-                       requests=("max_unpool",), tags=frozenset({"idx64"}))
+        if "many-planes" in u.id:
+            if dtype not in ("float32", "int8"):
+                continue
+            u = u if layout == "NCHW" else dataclasses.replace(u, lead=u.lead[::-1])
+        # every index dtype for the 2D k2 planes (48 positions: int8 holds them) and the 1D
+        # overlapping ones (the gather's and the scatter's instantiations), else int64
+        for idt in (INTS if u.id in ("2d-k2", "1d-k3-s1-overlap") else ("int64",)):
+            yield unpool_case(u, layout, dtype, idt)
 
 
 # ----------------------------------------------------------------------------- adaptive
@@ -570,6 +607,9 @@ def small_device_cases():
     yield Case("qmax-int8-NHWC-vmax4-8x4x4x64", qinputs((8, 4, 4, 64), "int8"),
                quantized("int8", lambda q: Q.max_pool(q, 2, 1, 1, layout="NHWC")), True,
                paths=frozenset({"rows"}))
+    for layout, lead, spatial in (("NCHW", (8,), (8, 100)), ("NHWC", (8, 64), (4, 4))):
+        yield unpool_case(Unpool("2d-k2-rows", lead, spatial, 2, gather=True), layout,
+                          "float32", "int64", frozenset({"rows"}))
 
 
 # ----------------------------------------------------------------------------- the tables
@@ -623,8 +663,8 @@ def record(mp, kernel=None) -> Record:
     from gpupool.cuda import backend as CB
     rec, real_kernel = Record(), CB.kernel
 
-    def plan_spy(spec, device=None):
-        p = PLAN(spec, device)
+    def plan_spy(spec, device=None, **options):
+        p = PLAN(spec, device, **options)
         rec.plans.append((spec, p))
         return p
 

@@ -261,6 +261,26 @@ def test_unpool_plan():
     assert pl.family == "unpool" and pl.launches[0].grid[0] >= 1
 
 
+def test_unpool_gathers_where_windows_do_not_overlap():
+    """2x2 s2 (and k2 d2 s3: extent 3 = stride): one gather pass that reads x and the indices
+    and writes each output once; 3x3 s2 windows overlap, and more than 3 spatial dims have
+    no gather: zero fill + scatter, which writes the output twice. ``scatter=True`` asks for
+    the scatter where the gather applies (indices outside their windows)."""
+    def unpool(shape, k, s, d=1):
+        return S.unpool_spec("max_unpool", shape, "float32", shape, "int32", k, s, 0, None,
+                             "NCHW", dilation=d)
+    x = 2 * 3 * 8 * 8  # pooled elements (and int32 indices)
+    for sp in (unpool((2, 3, 8, 8), 2, 2), unpool((2, 3, 8, 8), 2, 3, 2)):
+        (la,) = plan(sp, H100).launches
+        out = math.prod(sp.out_shape)
+        assert la.kernel == "max_unpool_gather" and la.outputs == out
+        assert (la.bytes_read, la.bytes_written) == (x * 4 + x * 4, out * 4)
+        (sc,) = plan(sp, H100, scatter=True).launches
+        assert sc.kernel == "max_unpool" and sc.bytes_written == 2 * out * 4
+    for sp in (unpool((2, 3, 8, 8), 3, 2), unpool((2, 2, 3, 3, 3, 3), (2,) * 4, 2)):
+        assert [la.kernel for la in plan(sp, H100).launches] == ["max_unpool"]
+
+
 def test_explain_reads_like_the_op():
     text = explain("max_pool", (64, 64, 112, 112), kernel_size=3, stride=2, padding=1)
     assert text.startswith("max_pool: output (64, 64, 56, 56)")

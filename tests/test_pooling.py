@@ -647,6 +647,58 @@ def test_max_unpool_minus_one_does_not_write_over_a_value(backend):
           exact=True)
 
 
+# id, kernel, stride, padding, dilation, ceil_mode, pooled input's spatial size (= output_size),
+# layout: windows that do not overlap (the CUDA backend gathers: one pass writes every output
+# once) with padding, ceil mode, empty windows (index -1), positions no window covers
+# (output_size beyond the default), 1-D and 3-D; and overlapping windows (zero fill + scatter)
+UNPOOL_GEOMETRIES = [
+    ("2d-k2", 2, None, 0, 1, False, (6, 8), "NCHW"),
+    ("2d-k2-s3-p1-ceil", 2, 3, 1, 1, True, (8, 10), "NHWC"),
+    ("2d-k2-empty-windows", 2, 2, ((2, 0), (0, 3)), 1, False, (6, 8), "NCHW"),
+    ("2d-k2-d2-s3-beyond-default", 2, 3, 0, 2, False, (10, 11), "NCHW"),  # default (9, 9)
+    ("1d-k3-s3-p1-ceil", (3,), (3,), 1, 1, True, (13,), "NCHW"),
+    ("3d-k122-p011-ceil", (1, 2, 2), (1, 2, 2), (0, 1, 1), 1, True, (3, 5, 7), "NHWC"),
+    ("2d-k3-s2-p1-overlapping", 3, 2, 1, 1, False, (9, 10), "NCHW"),
+]
+
+
+@pytest.mark.parametrize("stray", [False, True], ids=["own-windows", "stray-index"])
+@pytest.mark.parametrize("geometry", UNPOOL_GEOMETRIES, ids=lambda g: g[0])
+def test_max_unpool_gather_and_scatter_paths(backend, monkeypatch, geometry, stray):
+    """Every output written once by the gather where windows do not overlap and every index
+    lies in its own window (as max_pool's do); an in-plane index outside its window (PyTorch
+    accepts any) or overlapping windows take the zero fill + scatter. Same values either way,
+    those of a direct loop (scatter_reference); on CuPy, the kernel asked for says which."""
+    name, kernel, stride, padding, dilation, ceil, spatial, layout = geometry
+    rng = np.random.default_rng(5)
+    lead = (2, 3)
+    shape = lead + spatial if layout == "NCHW" else lead[:1] + spatial + lead[1:]
+    x = make_input(rng, shape, "int16" if stray else "float32")
+    y, i = gpupool.max_pool(backend.to_backend(x), kernel, stride, padding, dilation, ceil,
+                            return_indices=True, layout=layout)
+    yn, inn = backend.to_numpy(y), backend.to_numpy(i).astype(np.int32)
+    if "empty" in name:
+        assert (inn == -1).any()
+    if stray:  # plane 0's first index moves to the last position no index of its plane names
+        plane = np.moveaxis(inn, -1, 1) if layout == "NHWC" else inn
+        named = set(plane.reshape(6, -1)[0].tolist())
+        inn.reshape(-1)[0] = max(set(range(int(np.prod(spatial)))) - named)
+    names = []
+    if backend.name == "cupy":
+        from gpupool.cuda import backend as cuda_backend
+        real = cuda_backend.kernel
+        monkeypatch.setattr(cuda_backend, "kernel",
+                            lambda f, n: (names.append(n.split("<")[0]), real(f, n))[1])
+        cuda_backend.clear_launches()
+    up = gpupool.max_unpool(y, backend.to_backend(inn), kernel, stride, padding,
+                            output_size=spatial, dilation=dilation, layout=layout)
+    check(backend, up, scatter_reference(yn, inn, spatial, layout), yn.dtype, exact=True)
+    if backend.name == "cupy":
+        gather = not stray and "overlapping" not in name
+        assert names == ["max_unpool_gather" if gather else "max_unpool"]
+        cuda_backend.clear_launches()
+
+
 SWAPPED_OPS = {
     "max_pool": lambda x: gpupool.max_pool(x, 3, 2, 1),
     "max_pool_indices": lambda x: gpupool.max_pool(x, 3, 1, 1, return_indices=True),

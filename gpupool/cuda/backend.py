@@ -61,6 +61,7 @@ OPTIONS = ("--std=c++17", "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "--
 
 FAMILY_FILES = {
     "max_pool": "max_pool.cu", "max_pool_indices": "max_pool.cu", "max_unpool": "max_pool.cu",
+    "max_unpool_gather": "max_pool.cu",
     "avg_pool": "avg_pool.cu", "lp_pool": "avg_pool.cu",
     "adaptive_max": "adaptive_pool.cu", "adaptive_max_indices": "adaptive_pool.cu",
     "adaptive_avg": "adaptive_pool.cu",
@@ -204,8 +205,12 @@ def global_name(kernel_base: str, is_max: bool, tin: str, tout: str, itype: str,
     return f"{kernel_base}<{cbool(is_max)}, {ctype(tin)}, {ctype(tout)}, {itype}{tail}>"
 
 
-def unpool_name(itemsize: int, indices_dtype: str, itype: str) -> str:
-    return f"max_unpool<{WORDS[itemsize]}, {ctype(indices_dtype)}, {itype}>"
+def unpool_name(itemsize: int, indices_dtype: str, itype: str, nhwc: bool | None = None) -> str:
+    """The scatter's name expression, or with ``nhwc`` (a bool) the gather's."""
+    if nhwc is None:
+        return f"max_unpool<{WORDS[itemsize]}, {ctype(indices_dtype)}, {itype}>"
+    return (f"max_unpool_gather<{WORDS[itemsize]}, {ctype(indices_dtype)}, {itype}, "
+            f"{cbool(nhwc)}>")
 
 
 def instantiations() -> list[tuple[str, str]]:
@@ -240,7 +245,8 @@ def instantiations() -> list[tuple[str, str]]:
                             global_name("global_lanes", op == "max", *second, itype, 32)))
         for size in WORDS:
             for idt in INT_DTYPES:
-                out.append((FAMILY_FILES["max_unpool"], unpool_name(size, idt, itype)))
+                out += [(FAMILY_FILES["max_unpool"], unpool_name(size, idt, itype, nhwc))
+                        for nhwc in (None, False, True)]
     return list(dict.fromkeys(out))
 
 
@@ -369,12 +375,13 @@ def clear_launches() -> None:
 
 
 @launch_cache
-def prepared(spec, device_id: int, indices_dtype: str = "int64"
+def prepared(spec, device_id: int, indices_dtype: str = "int64", scatter: bool = False
              ) -> tuple[tuple[Step, ...], tuple | None]:
     """Launch steps of ``spec`` on ``device_id`` and the (size, dtype) of scratch partials
     (None when a single pass). Compiles the kernels it needs (once per device).
-    ``indices_dtype``: dtype of an unpool's indices (not part of UnpoolSpec)."""
-    pl = planner.plan(spec, device_info(device_id))
+    ``indices_dtype``: dtype of an unpool's indices; ``scatter``: an unpool's scatter plan
+    even where its gather applies (:func:`gpupool.cuda.planner.plan`)."""
+    pl = planner.plan(spec, device_info(device_id), scatter=scatter)
     itype = pl.index_type
     it = itype_scalar(itype)
     g = spec.geom
@@ -412,12 +419,19 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64"
             scratch = (g.planes * pl.launches[0].get("nchunks"), part)
     else:  # unpool
         la = pl.launches[0]
-        n = math.prod(g.shape)
-        sin = math.prod(g.spatial)
-        name = unpool_name(np.dtype(g.dtype).itemsize, indices_dtype, itype)
-        steps.append(Step(kernel(FAMILY_FILES["max_unpool"], name), la.grid, la.block,
-                           ("x", "indices", "out"),
-                           (it(n), it(sin), it(spec.plane_size), it(g.channels))))
+        gather = la.kernel == "max_unpool_gather"
+        name = unpool_name(np.dtype(g.dtype).itemsize, indices_dtype, itype,
+                           nhwc if gather else None)
+        if gather:  # the geometry of the pooling that the indices come from
+            pool = spec.pooling
+            scalars = geo_args(pool, it, True) + (np.int32(la.rows),) + tuple(
+                np.int32(math.gcd(s, d)) for s, d in zip(planner.canonical3(pool.stride, 1),
+                                                         planner.canonical3(pool.dilation, 1)))
+        else:
+            scalars = (it(math.prod(g.shape)), it(math.prod(g.spatial)), it(spec.plane_size),
+                       it(g.channels))
+        steps.append(Step(kernel(FAMILY_FILES[la.kernel], name), la.grid, la.block,
+                           ("x", "indices", "out"), scalars))
     return tuple(steps), scratch
 
 
@@ -469,6 +483,17 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
 
 
 @register("unpool", "cupy")
-def unpool(x, spec: UnpoolSpec, out, indices) -> None:
-    out.fill(0)
-    _run(x, spec, out, contiguous(indices), dtype_name(indices.dtype))
+def unpool(x, spec: UnpoolSpec, out, indices, in_windows: bool = False) -> None:
+    """The gather (one pass, each output written once) where it applies
+    (:func:`gpupool.cuda.planner.unpool_gathers`) and ``in_windows`` says that every index
+    lies in its own window or is -1; else zero fill + scatter."""
+    gather = in_windows and planner.unpool_gathers(spec)
+    if not gather:
+        out.fill(0)
+    steps, scratch = prepared(spec, cupy.cuda.runtime.getDevice(), dtype_name(indices.dtype),
+                              not gather)
+    launch(steps, scratch, {"x": contiguous(x), "out": out, "indices": contiguous(indices)})
+
+
+#: the specs for which the caller passes ``in_windows`` (:func:`gpupool.windows.index_span`)
+unpool.gathers = planner.unpool_gathers

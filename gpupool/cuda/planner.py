@@ -18,7 +18,9 @@ Rules, in order (the tiling plan this project started from):
 The backward ops (a :class:`~gpupool.grad_spec.GradSpec`) gather: one thread per input element
 sums the gradients of the windows that cover it, so the launch tiles the input's positions
 as rules 1-2 tile a forward's outputs (:func:`gather_view`); a global average's backward is a
-broadcast over groups of whole planes instead (:func:`_broadcast`).
+broadcast over groups of whole planes instead (:func:`_broadcast`). Max unpooling gathers the
+same way, over the positions of the pooling its indices come from, where windows do not overlap
+(:func:`unpool_gathers`), else it zero-fills and scatters.
 
 Global pooling (float, and the quantized averages) is a segmented reduction instead: several
 tiny planes per warp (a group of ``L`` lanes per plane, e.g. 16 lanes for 7x7), one block per
@@ -370,7 +372,23 @@ def _global(spec: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
     return Plan("global", index_type(spec), tuple(launches), tuple(words))
 
 
-def _unpool(spec: S.UnpoolSpec, device: DeviceInfo, words: list) -> Plan:
+def unpool_gathers(spec: S.UnpoolSpec) -> bool:
+    """Whether an unpool has a gather plan: windows that do not overlap, 1-3 spatial dims."""
+    return spec.disjoint and spec.geom.nd <= 3
+
+
+def _unpool(spec: S.UnpoolSpec, device: DeviceInfo, words: list, scatter: bool) -> Plan:
+    """The gather where it applies (one thread per output position, as the backward's
+    gather of the pooling; it needs every index in its own window, which the host checks),
+    else zero fill + scatter."""
+    if unpool_gathers(spec) and not scatter:
+        pool = spec.pooling
+        words.append("gather: windows do not overlap; each output position takes the value of "
+                     "the window that covers it if that window's index names it, else 0 (no "
+                     "fill; indices outside their windows fall back to the scatter)")
+        return dataclasses.replace(_tiled(_Positions(pool.geom, pool.geom.spatial), device,
+                                          "gather", "max_unpool_gather", words,
+                                          index_type(pool)), family="unpool")
     n = math.prod(spec.geom.shape)
     blocks = max(1, min(_cdiv(n, BLOCK_THREADS), device.sm_count * 32))
     words.append(f"scatter: zero-fill the output, then {n} elements in a grid-stride loop "
@@ -440,9 +458,10 @@ def _broadcast(view: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
 
 
 @functools.lru_cache(maxsize=1024)
-def plan(spec, device: DeviceInfo | None = None) -> Plan:
+def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False) -> Plan:
     """The launch plan of ``spec`` (a WindowSpec, AdaptiveSpec, UnpoolSpec or GradSpec) on
-    ``device`` (default: an H100's properties)."""
+    ``device`` (default: an H100's properties); ``scatter``: an UnpoolSpec's zero fill +
+    scatter even where its gather applies."""
     device = device or H100
     g = spec.forward.geom if isinstance(spec, GradSpec) else spec.geom
     words = [f"device: {device.name} ({device.sm_count} SMs)",
@@ -451,7 +470,7 @@ def plan(spec, device: DeviceInfo | None = None) -> Plan:
     if isinstance(spec, GradSpec):
         p = _gather(spec, device, words)
     elif isinstance(spec, S.UnpoolSpec):
-        p = _unpool(spec, device, words)
+        p = _unpool(spec, device, words, scatter)
     elif isinstance(spec, S.AdaptiveSpec) and spec.is_global and not spec.return_indices:
         p = _global(spec, device, words)
     elif g.nd > 3:
@@ -487,16 +506,18 @@ def _mb(nbytes: int) -> str:
 
 def _with_traffic(spec, launches: tuple[Launch, ...]) -> tuple[Launch, ...]:
     """The launches with the bytes each must move: its input once, its output once (with
-    int64 indices; unpool also zero-fills its output first)."""
+    int64 indices; unpool reads its indices, and its scatter zero-fills the output first)."""
     g = spec.geom
     item = S.ITEMSIZE[g.dtype]
     x_bytes = math.prod(g.shape) * item
     out_elems = math.prod(spec.out_shape)
-    if isinstance(spec, S.UnpoolSpec):
+    if isinstance(spec, S.UnpoolSpec):  # the scatter also zero-fills, the gather does not
         (la,) = launches
         n = math.prod(g.shape)
-        return (dataclasses.replace(la, outputs=n, bytes_read=x_bytes + 8 * n,
-                                    bytes_written=2 * out_elems * item),)
+        fills = la.kernel == "max_unpool"
+        return (dataclasses.replace(
+            la, outputs=n if fills else out_elems, bytes_written=(1 + fills) * out_elems * item,
+            bytes_read=x_bytes + S.ITEMSIZE[spec.index_dtype] * n),)
     indices = 8 * out_elems if getattr(spec, "return_indices", False) else 0
     if len(launches) == 1:
         return (dataclasses.replace(launches[0], outputs=out_elems, bytes_read=x_bytes,

@@ -1,9 +1,11 @@
-// Max pooling (values only, and values + int64 indices) and max unpooling.
+// Max pooling (values only, and values + int64 indices) and max unpooling (a gather, or a
+// scatter after a zero fill).
 //
 // Template parameters: T element type; I index type (int when every offset fits in 32 bits,
 // long long otherwise: chosen on the host); K the window size along H and W when both equal K
 // and the host specialised it (0: read kh/kw at run time); NHWC the layout.
 #include "accumulate.cuh"
+#include "gather.cuh"
 #include "geometry.cuh"
 #include "walk.cuh"
 
@@ -30,7 +32,26 @@ __global__ void GP_WINDOW_BOUNDS(T, I, 5)
   gp::max_outputs<T, I, true, NHWC>(x, out, indices, gp::WindowTaps<K, I>{g}, g);
 }
 
-// Max unpooling scatter into an `out` the host has already zero-filled. Elements move as
+// Max unpooling where windows do not overlap and every index lies in its own window (or is
+// -1; the host checks both), one pass that writes each output once: an output position
+// takes x of the one window that covers it (gp::WindowCovers) when that window's index names
+// it, else 0 (also where no window covers it). Elements move as unsigned words V of their
+// size; J is the dtype of `indices`. Geometry: the max pooling the indices come from
+// (GP_GEO_PARAMS: id/ih/iw the unpooled dims, written; od/oh/ow the pooled ones, read; gd, gh,
+// gw gcd(stride, dilation) per dim). Grid, block, thread: gp::input_groups over the unpooled
+// positions, as the backward kernels of pool_backward.cu.
+template <typename V, typename J, typename I, bool NHWC>
+__global__ void max_unpool_gather(const V* __restrict__ x, const J* __restrict__ indices,
+                                  V* __restrict__ out, GP_GEO_PARAMS(I), int gd, int gh,
+                                  int gw) {
+  GP_GEO(I);
+  gp::named_gather<V, I, NHWC>(x, indices, out, gp::WindowCovers<I>{g, gd, gh, gw}, g, (V)0,
+                               [](V acc, bool named, V v) { return named ? v : acc; },
+                               [](V acc) { return acc; });
+}
+
+// Max unpooling scatter into an `out` the host has already zero-filled (windows that
+// overlap, or an index outside its window). Elements move as
 // same-sized unsigned words V, so one instantiation serves every dtype of that size; J is the
 // dtype of `indices` (already checked by the host to lie in [0, sout) or be -1, max_pool's
 // index of a window with no valid tap, which writes nothing).
