@@ -588,4 +588,4 @@ def test_without_gpu_or_compiler_gpu_tests_are_left_out_with_one_line():
     out = done.stdout
     assert done.returncode == 5, out  # no test left to run
     assert out.count("gpu tests not run") == 1 and "SKIPPED" not in out, out
-    assert "6 gpu tests not run: executor requested; false --version failed" in out, out
+    assert "7 gpu tests not run: executor requested; false --version failed" in out, out

@@ -52,16 +52,16 @@ def seen(monkeypatch):
     """Every call of a backend implementation, as ``(x, result, indices)``: the arrays the
     backend really read and wrote."""
     calls = []
-    real = gpupool.ops.implementation
+    real = gpupool.ops.prepared
 
-    def spy(family, backend):
-        impl = real(family, backend)
+    def spy(family, backend, spec):
+        impl = real(family, backend, spec)
 
         def run(x, spec, result, indices):
             calls.append((x, result, indices))
             return impl(x, spec, result, indices)
         return run
-    monkeypatch.setattr(gpupool.ops, "implementation", spy)
+    monkeypatch.setattr(gpupool.ops, "prepared", spy)
     # a fresh plan cache: a plan cached before would bypass the spy
     monkeypatch.setattr(gpupool.plans, "_plans", type(gpupool.plans._plans)())
     return calls
