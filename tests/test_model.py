@@ -360,8 +360,8 @@ def test_strided_reads_cost_dram_time_in_proportion(lib):
 # ------------------------------------------------------------------ the benchmark suite
 #: Modeled % of DRAM peak of every benchmark case (bench/model.py) times 0.97, rounded down:
 #: a change that models below its floor lost bandwidth. Raise a floor when a change gains.
-#: The float16 and NHWC max, float16 global average, adaptive, 1d average and backward floors
-#: are low because their compiled code waits between loads (traffic.COMPILED_BATCH).
+#: The float16 and NHWC max and backward floors are low because their compiled code waits
+#: between loads (traffic.COMPILED_BATCH).
 FLOORS = {
     "resnet stem max 3x3 s2 p1": 87.3,
     "resnet stem max f16": 8.1,
@@ -372,14 +372,14 @@ FLOORS = {
     "inception avg 3x3 s1 p1": 86.2,
     "inception avg NHWC": 84.4,
     "resnet50 head global avg": 87.3,
-    "resnet50 head global avg f16": 46.5,
+    "resnet50 head global avg f16": 87.3,
     "global avg N=64": 87.3,
-    "global avg N=64 f16": 46.5,
+    "global avg N=64 f16": 87.3,
     "global avg NHWC": 87.3,
-    "adaptive avg 14->7": 37.4,
+    "adaptive avg 14->7": 87.3,
     "3d max 2x2x2": 87.3,
     "1d max 3 s2 p1": 87.3,
-    "1d avg 4 s4": 27.9,
+    "1d avg 4 s4": 87.3,
     "int8 max 2x2 s2": 87.3,
     "int8 avg 2x2 s2": 85.5,
     "seed [64,56,56] max 2x2 s2": 41.4,

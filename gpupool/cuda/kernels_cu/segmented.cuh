@@ -12,25 +12,39 @@
 #pragma once
 #include "geometry.cuh"
 #include "reduce.cuh"
+#include "traits.cuh"
 
 namespace gp {
 
-// Two 2-byte elements read as one 4-byte word.
-template <typename T>
-struct alignas(2 * sizeof(T)) Pair {
-  T lo, hi;
-};
+// The two 2-byte elements of a 4-byte word (little-endian: the low half first).
+__device__ __forceinline__ void split_word(unsigned w, __half& lo, __half& hi) {
+  lo = __ushort_as_half((unsigned short)(w & 0xffffu));
+  hi = __ushort_as_half((unsigned short)(w >> 16));
+}
+__device__ __forceinline__ void split_word(unsigned w, short& lo, short& hi) {
+  lo = (short)(unsigned short)(w & 0xffffu);
+  hi = (short)(unsigned short)(w >> 16);
+}
 
 // Many small contiguous segments (NCHW planes up to about 32 * L elements, e.g. 7x7).
 // grid: x = ceil(nseg / (blockDim.x / L)). block: 256 threads (a multiple of 32). thread: lane
 // `threadIdx.x % L` of an aligned group of L lanes that reduces segment
 // (blockIdx.x * blockDim.x + threadIdx.x) / L, reading elements lane, lane + L, ... (so one
 // warp-wide load covers 32 / L segments' runs, contiguous), then a shuffle tree of width L.
-// 2-byte elements go in pairs (Pair) from the segment's first 4-byte aligned element: lane
-// takes pairs lane, lane + L, ... (low, then high element), lane 0 also an unaligned first
-// element and lane L - 1 an unpaired last one.
+// 2-byte elements go in pairs, one 4-byte word (split_word), from the segment's first 4-byte
+// aligned element: lane takes pairs lane, lane + L, ... (low, then high element), lane 0 also
+// an unaligned first element and lane L - 1 an unpaired last one (both loaded before the
+// pairs, combined after them).
+// A lane's loads go in batches of LANE_BATCH elements (predicated past the end), all started
+// before any is combined; a slot past the end combines r.identity(), which leaves the lane's
+// value as it is (a sum starts from +0 and so is never -0; max never takes the lowest value),
+// so the combines are those of a loop over the lane's elements, in its order.
 // Groups past the last segment still take part in the shuffles (full-warp masks) and write
 // nothing.
+// Elements per lane per batch: below 32 lanes the planner gives a lane at most 8 2-byte or
+// 4 wider elements, so one batch covers them.
+constexpr int LANE_BATCH = 8;
+
 template <int L, typename R, typename I>
 __device__ __forceinline__ void reduce_lanes(const R& r, const typename R::In* __restrict__ x,
                                              typename R::Out* __restrict__ out, I nseg,
@@ -43,21 +57,49 @@ __device__ __forceinline__ void reduce_lanes(const R& r, const typename R::In* _
   if (seg < nseg) {
     const In* __restrict__ xs = x + seg * seglen;
     if constexpr (sizeof(In) == 2) {
+      constexpr int B = LANE_BATCH / 2;
       const I head = ((unsigned long long)xs & 2) ? 1 : 0;
       const I npairs = (seglen - head) / 2;
-      const Pair<In>* __restrict__ xp = reinterpret_cast<const Pair<In>*>(xs + head);
-#pragma unroll 4
-      for (I i = lane; i < npairs; i += L) {
-        const Pair<In> v = xp[i];
-        acc = r.combine(r.combine(acc, r.load(v.lo)), r.load(v.hi));
+      const unsigned* __restrict__ xw = reinterpret_cast<const unsigned*>(xs + head);
+      const bool first = head && lane == 0;
+      const bool last = head + 2 * npairs < seglen && lane == L - 1;
+      In ends[2] = {In(), In()};
+      if (first) ends[0] = xs[0];
+      if (last) ends[1] = xs[seglen - 1];
+#pragma unroll 1
+      for (I i0 = lane; i0 < npairs; i0 += (I)(B * L)) {
+        unsigned w[B];
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+          w[b] = 0;
+          if (i0 + (I)(b * L) < npairs) w[b] = xw[i0 + (I)(b * L)];
+        }
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+          const bool ok = i0 + (I)(b * L) < npairs;
+          In lo, hi;
+          split_word(w[b], lo, hi);
+          acc = r.combine(r.combine(acc, ok ? r.load(lo) : r.identity()),
+                          ok ? r.load(hi) : r.identity());
+        }
       }
-      if (head && lane == 0) acc = r.combine(acc, r.load(xs[0]));
-      if (head + 2 * npairs < seglen && lane == L - 1) {
-        acc = r.combine(acc, r.load(xs[seglen - 1]));
-      }
+      if (first) acc = r.combine(acc, r.load(ends[0]));
+      if (last) acc = r.combine(acc, r.load(ends[1]));
     } else {
-#pragma unroll 4
-      for (I i = lane; i < seglen; i += L) acc = r.combine(acc, r.load(xs[i]));
+      constexpr int B = LANE_BATCH;
+#pragma unroll 1
+      for (I i0 = lane; i0 < seglen; i0 += (I)(B * L)) {
+        In v[B];
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+          v[b] = In();
+          if (i0 + (I)(b * L) < seglen) v[b] = xs[i0 + (I)(b * L)];
+        }
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+          acc = r.combine(acc, i0 + (I)(b * L) < seglen ? r.load(v[b]) : r.identity());
+        }
+      }
     }
   }
   acc = group_reduce<L>(acc, r);

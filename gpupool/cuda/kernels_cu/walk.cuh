@@ -158,9 +158,12 @@ __device__ __forceinline__ void walk_row_major_batched(const TapLine<I>* d, cons
 //
 // Loads start in batches before any is summed: with one D tap (d.n == 1), every tap slot of
 // BH H taps x BW W taps of every output (BH, BW: NH and NW when compiled in, else 1 and 4);
-// with several, the D taps of one (W, H) pair of one output, 4 at a time. Each output's
-// additions are those of sum_nested(w, h, d), in its order, with the zero added where
-// sum_nested skips a tap (no change to any sum: x + zero is x for every sum of these terms).
+// with several and run-time W taps (NW 0), per D tap the BW W taps of one H tap of one
+// output, each W tap summed over the D taps in a sum of its own (a batch's loads feed separate
+// sums, so all start before the first add); with compiled-in W taps, the D taps of one (W, H)
+// pair of one output, 4 at a time. Each output's additions are those of sum_nested(w, h, d), in its order, with the
+// zero added where sum_nested skips a tap (no change to any sum: x + zero is x for every sum
+// of these terms).
 template <int G, int NH, int NW, typename A, typename I, typename F>
 __device__ __forceinline__ void sum_separable_batched(const TapLine<I>* d, const TapLine<I>* h,
                                                       const TapLine<I>* w, const F& term,
@@ -226,31 +229,56 @@ __device__ __forceinline__ void sum_separable_batched(const TapLine<I>* d, const
           for (int j = 0; j < BH; ++j) {
             I ph;
             if (!tap_valid(h[o], b0 + (I)j, ph)) continue;
+            if constexpr (NW == 0) {
+              A sum2[BW];
 #pragma unroll
-            for (int k = 0; k < BW; ++k) {
-              I pw;
-              if (!tap_valid(w[o], c0 + (I)k, pw)) continue;
-              const I at = ph * w[o].size + pw;
-              const I dstep = h[o].size * w[o].size;
-              A sum2 = zero;
-              for (I a0 = 0; a0 < d[o].n; a0 += 4) {
-                V v[4];
-                bool ok[4];
+              for (int k = 0; k < BW; ++k) sum2[k] = zero;
+#pragma unroll 1
+              for (I a = 0; a < d[o].n; ++a) {
+                I pd;
+                const bool dok = tap_valid(d[o], a, pd);
+                V v[BW];
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                  I pd;
-                  ok[i] = tap_valid(d[o], a0 + (I)i, pd);
-                  v[i] = term.load(ok[i] ? pd * dstep + at : (I)0, ok[i]);
+                for (int k = 0; k < BW; ++k) {
+                  I pw;
+                  const bool ok = dok && tap_valid(w[o], c0 + (I)k, pw);
+                  v[k] = term.load(ok ? (pd * h[o].size + ph) * w[o].size + pw : (I)0, ok);
+                  taps[o] += ok ? 1 : 0;
                 }
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                  if (ok[i]) {
-                    sum2 += term.apply(v[i]);
-                    ++taps[o];
+                for (int k = 0; k < BW; ++k) sum2[k] += term.apply(v[k]);
+              }
+#pragma unroll
+              for (int k = 0; k < BW; ++k) sum1[o][k] += sum2[k];
+            } else {
+              // compiled-in W taps: one W tap at a time, its D taps 4 at a time (the W taps
+              // side by side would hold the kernel over its register bound)
+#pragma unroll
+              for (int k = 0; k < BW; ++k) {
+                I pw;
+                if (!tap_valid(w[o], c0 + (I)k, pw)) continue;
+                const I at = ph * w[o].size + pw;
+                const I dstep = h[o].size * w[o].size;
+                A sum2 = zero;
+                for (I a0 = 0; a0 < d[o].n; a0 += 4) {
+                  V v[4];
+                  bool ok[4];
+#pragma unroll
+                  for (int i = 0; i < 4; ++i) {
+                    I pd;
+                    ok[i] = tap_valid(d[o], a0 + (I)i, pd);
+                    v[i] = term.load(ok[i] ? pd * dstep + at : (I)0, ok[i]);
+                  }
+#pragma unroll
+                  for (int i = 0; i < 4; ++i) {
+                    if (ok[i]) {
+                      sum2 += term.apply(v[i]);
+                      ++taps[o];
+                    }
                   }
                 }
+                sum1[o][k] += sum2;
               }
-              sum1[o][k] += sum2;
             }
           }
         }
