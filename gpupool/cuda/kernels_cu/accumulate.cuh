@@ -48,10 +48,12 @@ __device__ __forceinline__ T tap_load(const T* __restrict__ xp, I cs, I pos, boo
 // valid (IDX: the position is kept). A tap that is not ok loads nothing and gives the lowest
 // value, which never replaces the max: values only, every slot is taken (skips false); with
 // IDX only the valid taps (skips true: the first valid tap always sets the position).
+// load returns the element as stored and take converts it to A: a conversion next to its load
+// would make the compiler wait for each half tap before it starts the next.
 template <typename T, typename I, bool IDX>
 struct MaxOfTaps {
   typedef typename Num<T>::acc A;
-  typedef A value;
+  typedef T value;
   static constexpr bool skips = IDX;
   const T* __restrict__ xp;
   I cs;
@@ -60,11 +62,12 @@ struct MaxOfTaps {
   MaxOfTaps() = default;
   __device__ __forceinline__ MaxOfTaps(const T* __restrict__ xp_, I cs_)
       : xp(xp_), cs(cs_), m(Num<T>::lowest()), best(-1) {}
-  __device__ __forceinline__ A load(I pos, bool ok) const {
-    const T raw = tap_load(xp, cs, pos, ok);
-    return ok ? Num<T>::load(raw) : Num<T>::lowest();
+  // the lowest value as stored (half -inf converts to float -inf)
+  __device__ __forceinline__ T load(I pos, bool ok) const {
+    return tap_load(xp, cs, pos, ok, Num<T>::store(Num<T>::lowest()));
   }
-  __device__ __forceinline__ void take(A v, I pos) {
+  __device__ __forceinline__ void take(T raw, I pos) {
+    const A v = Num<T>::load(raw);
     if (IDX) {
       if (best < 0 || max_takes(v, m)) {
         m = v;
