@@ -204,7 +204,7 @@ struct alignas(V * sizeof(T)) Pack {
 // (the last may hold fewer planes). block: (TX, 1, 1). thread: a pack of V = 16 / sizeof(T)
 // consecutive elements of its group, packs counted from the V-aligned element at or below the
 // group's first, pack blockIdx.x * TX + threadIdx.x; every element of the pack is loaded before
-// any is stored, and a pack inside the group whose address is 16-byte aligned is stored as one
+// any is divided or stored, and a pack inside the group whose address is 16-byte aligned is stored as one
 // vector.
 template <typename T, typename I, bool NHWC>
 __global__ void avg_global_backward(const T* __restrict__ grad, T* __restrict__ out, I planes,
@@ -220,13 +220,21 @@ __global__ void avg_global_backward(const T* __restrict__ grad, T* __restrict__ 
   const I e0 = first - first % (I)V + ((I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x) * (I)V;
   if (e0 >= end) return;
   const A divisor = (A)(long long)size;
-  gp::Pack<T, V> pack;
+  T gv[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const I e = e0 + (I)j;
     const I inside = e < first ? first : (e < end ? e : end - 1);
     const I k = NHWC ? (inside / plane_len) * chans + inside % chans : inside / size;
-    pack.v[j] = gp::Num<T>::store((A)0 + gp::Num<T>::load(grad[k]) / divisor);
+    gv[j] = grad[k];
+  }
+  // Without this fence the compiler moves each load next to its division, whose slow path is
+  // a branch it does not schedule loads across: the loads would then wait one by one.
+  asm volatile("" ::: "memory");
+  gp::Pack<T, V> pack;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    pack.v[j] = gp::Num<T>::store((A)0 + gp::Num<T>::load(gv[j]) / divisor);
   }
   T* __restrict__ dst = out + e0;
   if (e0 >= first && e0 + (I)V <= end && ((unsigned long long)dst % sizeof(pack)) == 0) {
