@@ -6,8 +6,8 @@
 // * averages and Lp: q(o) per covering window o (the gradient over the window's divisor; Lp:
 //   times y(o)**(1-p)), summed nested, D outermost: acc = sum over o_d of (sum over o_h of
 //   (sum over o_w of q)), windows ascending along each dim and every partial sum starting
-//   from +0 (gp::sum_nested); Lp then multiplies a nonzero sum by sign(x) * |x|**(p-1).
-// * maxima: acc = +0 plus, in row-major order of the covering windows (gp::walk_row_major),
+//   from +0 (gp::NestedSums); Lp then multiplies a nonzero sum by sign(x) * |x|**(p-1).
+// * maxima: acc = +0 plus, in row-major order of the covering windows (gp::MaxGrads),
 //   the gradient of each window whose index names this element (np.add.at's order).
 //
 // Template parameters: T element type (half sums in float, as Num<T>::acc); I index type (int
@@ -15,8 +15,10 @@
 // geometry (GP_GEO_PARAMS: id/ih/iw the forward input's dims, whose gradient `out` is written;
 // od/oh/ow the forward output's, whose gradient `grad` is read; window fields 0 for adaptive).
 // Grid, block and thread: the thread maps of thread_map.cuh over the input positions
-// (gp::input_groups), kGroup positions of a thread at a time; the global average's backward
+// (gp::input_groups), kGroup positions of a thread at a time, the loads of their covering
+// windows started in joint batches (gp::walk_lines_batched); the global average's backward
 // (avg_global_backward) stores 16-byte packs over groups of whole planes instead.
+#include "accumulate.cuh"
 #include "gather.cuh"
 #include "traits.cuh"
 
@@ -36,22 +38,88 @@ struct AdaptiveCovers {
   }
 };
 
-// The max gradient over any covering windows (WindowCovers, AdaptiveCovers): +0 plus the
-// gradient of each window whose index names this position; a gradient whose index names
-// another position adds +0 (the sum, from +0, is never -0, so that leaves it as it is).
+// W taps per batch of the covering windows' loads (walk_lines_batched), so that a batch holds
+// kGroup * k windows: 2 for the max gradients (ptxas on sm_90: about as many registers as 1,
+// the same blocks per SM), 1 for the sums (2 would cost a block per SM).
+constexpr int kMaxBatchW = 2;
+constexpr int kSumBatchW = 1;
+
+// The lines of the covering windows of a group's positions e[0..G) (covers.lines).
+template <int G, typename I, typename Covers>
+__device__ __forceinline__ void cover_lines(const Covers& covers, const Output<I>* e,
+                                            TapLine<I>* d, TapLine<I>* h, TapLine<I>* w) {
+#pragma unroll
+  for (int j = 0; j < G; ++j) covers.lines(e[j].o_d, e[j].o_h, e[j].o_w, d[j], h[j], w[j]);
+}
+
+// A group's results v[0..n), stored to out[e[j].oi] once all are computed.
+template <int G, typename T, typename I>
+__device__ __forceinline__ void store_values(T* __restrict__ out, const Output<I>* e, int n,
+                                            const T* v) {
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    if (j < n) out[e[j].oi] = v[j];
+  }
+}
+
+// A covering window's index and gradient.
+template <typename T>
+struct NamedGrad {
+  long long named;
+  T grad;
+};
+
+// The max gradients of G positions (walk_lines_batched's visitor): acc[j] = +0 plus, in
+// row-major order of position j's covering windows, each window's gradient where its index
+// names pos[j], else +0 (the sum, from +0, is never -0, so that leaves it as it is). Every
+// slot is taken: one that is not ok names -1, no position.
+template <int G, typename T, typename I>
+struct MaxGrads {
+  typedef NamedGrad<T> value;
+  static constexpr bool skips = false;
+  typedef typename Num<T>::acc A;
+  const T* __restrict__ grad;
+  const long long* __restrict__ indices;
+  I base, cs, oh, ow;
+  I pos[G];
+  A acc[G];
+  __device__ __forceinline__ value load(int, I pd, I ph, I pw, bool ok) const {
+    const I at = base + ((pd * oh + ph) * ow + pw) * cs;
+    return {tap_load(indices, (I)1, at, ok, -1LL), tap_load(grad, (I)1, at, ok)};
+  }
+  __device__ __forceinline__ void take(int j, const value& v, I, I, I) {
+    const A gv = Num<T>::load(v.grad);
+    acc[j] += v.named == (long long)pos[j] ? gv : (A)0;
+  }
+  __device__ __forceinline__ void plane(int) {}
+  __device__ __forceinline__ void plane_end(int) {}
+  __device__ __forceinline__ void row(int) {}
+  __device__ __forceinline__ void row_end(int) {}
+};
+
+// The max gradient over any covering windows (WindowCovers, AdaptiveCovers), kGroup positions
+// of a thread at once, the loads of their covering windows in joint batches.
 template <typename T, typename I, bool NHWC, typename Covers>
 __device__ __forceinline__ void max_gather(const T* __restrict__ grad,
                                            const long long* __restrict__ indices,
                                            T* __restrict__ out, const Covers& covers,
                                            const Geo<I>& g) {
-  typedef typename Num<T>::acc A;
-  named_gather<T, I, NHWC>(
-      grad, indices, out, covers, g, (A)0,
-      [](A acc, bool named, T v) {
-        const A gv = Num<T>::load(v);
-        return acc + (named ? gv : (A)0);
-      },
-      [](A acc) { return Num<T>::store(acc); });
+  constexpr int G = kGroup;
+  input_groups<G, NHWC>(g, grad, [&](I base, I cs, const Output<I>* e, int n) {
+    TapLine<I> d[G], h[G], w[G];
+    cover_lines<G>(covers, e, d, h, w);
+    MaxGrads<G, T, I> f{grad, indices, base, cs, g.oh, g.ow};
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      f.pos[j] = (e[j].o_d * g.ih + e[j].o_h) * g.iw + e[j].o_w;
+      f.acc[j] = (typename MaxGrads<G, T, I>::A)0;
+    }
+    walk_lines_batched<G, kMaxBatchW>(d, h, w, n, f);
+    T v[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) v[j] = Num<T>::store(f.acc[j]);
+    store_values<G>(out, e, n, v);
+  });
 }
 
 // A covering window: its coordinates and its offset `at` in grad (and y).
@@ -60,31 +128,72 @@ struct Window {
   I o_d, o_h, o_w, at;
 };
 
-// The Window of coordinates (o_d, o_h, o_w) in the plane at `base` (element step cs).
-template <typename I>
-struct WindowAt {
+// The nested sums of G positions (walk_lines_batched's visitor): per position, the sum over
+// its covering windows' D lines of the sums over H of the sums over W of q(load(window, ok),
+// window), each sum from +0 (the order of the NumPy backend). load(window, ok) loads what q
+// needs of a window (nothing when !ok), of type V.
+template <int G, typename V, typename A, typename I, typename Load, typename Q>
+struct NestedSums {
+  typedef V value;
+  static constexpr bool skips = true;
+  const Load& ld;
+  const Q& q;
   I base, cs, oh, ow;
-  __device__ __forceinline__ Window<I> operator()(I o_d, I o_h, I o_w) const {
-    return {o_d, o_h, o_w, base + ((o_d * oh + o_h) * ow + o_w) * cs};
+  A sum0[G], sum1[G], sum2[G];
+  __device__ __forceinline__ Window<I> window(I pd, I ph, I pw) const {
+    return {pd, ph, pw, base + ((pd * oh + ph) * ow + pw) * cs};
   }
+  __device__ __forceinline__ V load(int, I pd, I ph, I pw, bool ok) const {
+    return ld(window(pd, ph, pw), ok);
+  }
+  __device__ __forceinline__ void take(int j, const V& v, I pd, I ph, I pw) {
+    sum2[j] += q(v, window(pd, ph, pw));
+  }
+  __device__ __forceinline__ void plane(int j) { sum1[j] = (A)0; }
+  __device__ __forceinline__ void plane_end(int j) { sum0[j] += sum1[j]; }
+  __device__ __forceinline__ void row(int j) { sum2[j] = (A)0; }
+  __device__ __forceinline__ void row_end(int j) { sum1[j] += sum2[j]; }
 };
 
-// The nested sum over the covering windows of q(window), stored as finish(sum, ii).
-template <typename T, typename I, bool NHWC, typename Covers, typename Q, typename Finish>
+// The nested sum over the covering windows of q(load(window, ok), window), stored as
+// finish(sum, ii); kGroup positions of a thread at once, the loads of their covering windows
+// in joint batches.
+template <typename T, typename I, bool NHWC, typename Covers, typename Load, typename Q,
+          typename Finish>
 __device__ __forceinline__ void sum_gather(const T* __restrict__ grad, T* __restrict__ out,
-                                           const Covers& covers, const Geo<I>& g, const Q& q,
-                                           const Finish& finish) {
+                                           const Covers& covers, const Geo<I>& g,
+                                           const Load& ld, const Q& q, const Finish& finish) {
   typedef typename Num<T>::acc A;
-  input_groups<kGroup, NHWC>(g, grad, [&](I base, I cs, const Output<I>* e, int n) {
-    store_group<kGroup, T>(out, e, n, [&](auto, const Output<I>& p) {
-      TapLine<I> d, h, w;
-      covers.lines(p.o_d, p.o_h, p.o_w, d, h, w);
-      long long count;
-      const A s = sum_nested<0, 0>(d, h, w, WindowAt<I>{base, cs, g.oh, g.ow}, q, (A)0, count);
-      return Num<T>::store(finish(s, p.oi));
-    });
+  typedef decltype(ld(Window<I>(), false)) V;
+  constexpr int G = kGroup;
+  input_groups<G, NHWC>(g, grad, [&](I base, I cs, const Output<I>* e, int n) {
+    TapLine<I> d[G], h[G], w[G];
+    cover_lines<G>(covers, e, d, h, w);
+    NestedSums<G, V, A, I, Load, Q> f{ld, q, base, cs, g.oh, g.ow};
+#pragma unroll
+    for (int j = 0; j < G; ++j) f.sum0[j] = (A)0;
+    walk_lines_batched<G, kSumBatchW>(d, h, w, n, f);
+    T v[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) v[j] = Num<T>::store(finish(f.sum0[j], e[j].oi));
+    store_values<G>(out, e, n, v);
   });
 }
+
+// A covering window's gradient and forward output.
+template <typename T>
+struct GradY {
+  T grad, y;
+};
+
+// A gradient, loaded for q (none when !ok).
+template <typename T, typename I>
+struct GradAt {
+  const T* __restrict__ grad;
+  __device__ __forceinline__ T operator()(const Window<I>& o, bool ok) const {
+    return tap_load(grad, (I)1, o.at, ok);
+  }
+};
 
 // The sum as it is.
 struct Unchanged {
@@ -128,17 +237,17 @@ __global__ void avg_window_backward(const T* __restrict__ grad, T* __restrict__ 
   const I lo_d = include_pad ? -(I)g.pd : (I)0, hi_d = include_pad ? g.id + (I)ped : g.id;
   const I lo_h = include_pad ? -(I)g.ph : (I)0, hi_h = include_pad ? g.ih + (I)peh : g.ih;
   const I lo_w = include_pad ? -(I)g.pw : (I)0, hi_w = include_pad ? g.iw + (I)pew : g.iw;
-  const auto q = [&](const gp::Window<I>& o) {
+  const auto q = [&](T gv, const gp::Window<I>& o) {
     long long divisor = divisor_override;
     if (divisor_override <= 0) {
       divisor = (long long)gp::count_taps<I>(o.o_d, g.sd, g.pd, g.kd, g.dd, lo_d, hi_d) *
                 gp::count_taps<I>(o.o_h, g.sh, g.ph, g.kh, g.dh, lo_h, hi_h) *
                 gp::count_taps<I>(o.o_w, g.sw, g.pw, g.kw, g.dw, lo_w, hi_w);
     }
-    return gp::Num<T>::load(grad[o.at]) / (A)divisor;
+    return gp::Num<T>::load(gv) / (A)divisor;
   };
-  gp::sum_gather<T, I, NHWC>(grad, out, gp::WindowCovers<I>{g, gd, gh, gw}, g, q,
-                             gp::Unchanged());
+  gp::sum_gather<T, I, NHWC>(grad, out, gp::WindowCovers<I>{g, gd, gh, gw}, g,
+                             gp::GradAt<T, I>{grad}, q, gp::Unchanged());
 }
 
 // lp_pool's backward (p > 0 finite, as A): q = grad (p == 1), grad / y (p == 2) or
@@ -151,10 +260,15 @@ __global__ void lp_window_backward(const T* __restrict__ grad, const T* __restri
                                    typename gp::Num<T>::acc p) {
   GP_GEO(I);
   typedef typename gp::Num<T>::acc A;
-  const auto q = [&](const gp::Window<I>& o) {
-    const A gv = gp::Num<T>::load(grad[o.at]);
+  // y only where q reads it (p != 1)
+  const auto ld = [&](const gp::Window<I>& o, bool ok) {
+    return gp::GradY<T>{gp::tap_load(grad, (I)1, o.at, ok),
+                        gp::tap_load(y, (I)1, o.at, ok && p != (A)1)};
+  };
+  const auto q = [&](const gp::GradY<T>& v, const gp::Window<I>&) {
+    const A gv = gp::Num<T>::load(v.grad);
     if (p == (A)1) return gv;
-    const A yv = gp::Num<T>::load(y[o.at]);
+    const A yv = gp::Num<T>::load(v.y);
     if (yv == (A)0) return (A)0;
     return p == (A)2 ? gv / yv : gv * (A)pow(yv, (A)1 - p);
   };
@@ -168,7 +282,7 @@ __global__ void lp_window_backward(const T* __restrict__ grad, const T* __restri
     }
     return s == (A)0 ? (A)0 : s * inner;  // +0 for a zero sum: no 0 * inf, no -0
   };
-  gp::sum_gather<T, I, NHWC>(grad, out, gp::WindowCovers<I>{g, gd, gh, gw}, g, q, finish);
+  gp::sum_gather<T, I, NHWC>(grad, out, gp::WindowCovers<I>{g, gd, gh, gw}, g, ld, q, finish);
 }
 
 // adaptive_avg_pool's (and global_avg_pool's) backward: q = grad / the window's tap count.
@@ -177,13 +291,14 @@ __global__ void avg_adaptive_backward(const T* __restrict__ grad, T* __restrict_
                                       GP_GEO_PARAMS(I)) {
   GP_GEO(I);
   typedef typename gp::Num<T>::acc A;
-  const auto q = [&](const gp::Window<I>& o) {
+  const auto q = [&](T gv, const gp::Window<I>& o) {
     const long long count = (long long)gp::adaptive_line<I>(o.o_d, g.id, g.od).n *
                             gp::adaptive_line<I>(o.o_h, g.ih, g.oh).n *
                             gp::adaptive_line<I>(o.o_w, g.iw, g.ow).n;
-    return gp::Num<T>::load(grad[o.at]) / (A)count;
+    return gp::Num<T>::load(gv) / (A)count;
   };
-  gp::sum_gather<T, I, NHWC>(grad, out, gp::AdaptiveCovers<I>{g}, g, q, gp::Unchanged());
+  gp::sum_gather<T, I, NHWC>(grad, out, gp::AdaptiveCovers<I>{g}, g, gp::GradAt<T, I>{grad}, q,
+                             gp::Unchanged());
 }
 
 namespace gp {

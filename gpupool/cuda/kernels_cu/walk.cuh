@@ -43,47 +43,85 @@ __device__ __forceinline__ void walk_row_major(const TapLine<I>& d, const TapLin
   }
 }
 
-// Nested sums over three lines, the shape of every float sum of the NumPy backend: the sum
-// over l0's positions of the sums over l1's of the sums over l2's of term(at(p0, p1, p2)),
-// each sum starting from `zero`; positions outside a line's [0, size) are skipped and `count`
-// gets the number of terms. N0, N1: the trip counts of l0 and l1 when compiled in (0: l0.n,
-// l1.n).
-template <int N0, int N1, typename A, typename I, typename At, typename F>
-__device__ __forceinline__ A sum_nested(const TapLine<I>& l0, const TapLine<I>& l1,
-                                        const TapLine<I>& l2, const At& at, const F& term,
-                                        A zero, long long& count) {
-  const I n0 = N0 ? (I)N0 : l0.n;
-  const I n1 = N1 ? (I)N1 : l1.n;
-  A sum0 = zero;
-  count = 0;
-#pragma unroll
-  for (I a = 0; a < n0; ++a) {
-    const I p0 = l0.first + a * l0.step;
-    if (p0 < 0 || p0 >= l0.size) continue;
-    A sum1 = zero;
-#pragma unroll
-    for (I b = 0; b < n1; ++b) {
-      const I p1 = l1.first + b * l1.step;
-      if (p1 < 0 || p1 >= l1.size) continue;
-      A sum2 = zero;
-      for (I c = 0; c < l2.n; ++c) {
-        const I p2 = l2.first + c * l2.step;
-        if (p2 < 0 || p2 >= l2.size) continue;
-        sum2 += term(at(p0, p1, p2));
-        ++count;
-      }
-      sum1 += sum2;
-    }
-    sum0 += sum1;
-  }
-  return sum0;
-}
-
 // Whether tap t of a line lies inside it (t < n) and at a valid position; its position.
 template <typename I>
 __device__ __forceinline__ bool tap_valid(const TapLine<I>& l, I t, I& p) {
   p = l.first + t * l.step;
   return t < l.n && p >= 0 && p < l.size;
+}
+
+// Row-major order over the lines of G positions at once (d[o], h[o], w[o] of position o < n,
+// each with counts of its own), the loads of a batch of taps started before any is used. Per
+// batch -- one (D, H) pair and BW W taps of every position -- v = f.load(o, pd, ph, pw, ok)
+// for every slot (ok false: a position o >= n, a tap past its line's end or outside [0, size),
+// which loads nothing), then, per position, f.take(o, v, pd, ph, pw) for its valid taps in
+// order (F::skips), or for every slot (a slot that is not ok then loads a value take leaves
+// without effect). Around them, per position, in the nesting of a walk over its own lines: f.plane(o)
+// before the taps of each valid D tap and f.plane_end(o) after them, f.row(o) / f.row_end(o)
+// the same around each valid (D, H) pair; so each position sees exactly the calls, in the
+// order, of a walk over its lines alone (walk_row_major).
+template <int G, int BW, typename I, typename F>
+__device__ __forceinline__ void walk_lines_batched(const TapLine<I>* d, const TapLine<I>* h,
+                                                   const TapLine<I>* w, int n, F& f) {
+  I nd = d[0].n, nh = h[0].n, nw = w[0].n;
+#pragma unroll
+  for (int o = 1; o < G; ++o) {
+    if (o < n) {
+      nd = d[o].n > nd ? d[o].n : nd;
+      nh = h[o].n > nh ? h[o].n : nh;
+      nw = w[o].n > nw ? w[o].n : nw;
+    }
+  }
+  typedef typename F::value V;
+  for (I a = 0; a < nd; ++a) {
+    I pd[G];
+    bool dok[G];
+#pragma unroll
+    for (int o = 0; o < G; ++o) {
+      dok[o] = o < n && tap_valid(d[o], a, pd[o]);
+      if (dok[o]) f.plane(o);
+    }
+    for (I b = 0; b < nh; ++b) {
+      I ph[G];
+      bool hok[G];
+#pragma unroll
+      for (int o = 0; o < G; ++o) {
+        hok[o] = dok[o] && tap_valid(h[o], b, ph[o]);
+        if (hok[o]) f.row(o);
+      }
+      for (I c0 = 0; c0 < nw; c0 += BW) {
+        V v[G][BW];
+        I pw[G][BW];
+        bool ok[G][BW];
+#pragma unroll
+        for (int o = 0; o < G; ++o) {
+#pragma unroll
+          for (int k = 0; k < BW; ++k) {
+            ok[o][k] = hok[o] && tap_valid(w[o], c0 + (I)k, pw[o][k]);
+            // a slot that is not ok loads at window (0, 0, 0): no offset is computed from a
+            // position outside the lines (or never set)
+            const bool s = ok[o][k];
+            v[o][k] = f.load(o, s ? pd[o] : (I)0, s ? ph[o] : (I)0, s ? pw[o][k] : (I)0, s);
+          }
+        }
+#pragma unroll
+        for (int o = 0; o < G; ++o) {
+#pragma unroll
+          for (int k = 0; k < BW; ++k) {
+            if (!F::skips || ok[o][k]) f.take(o, v[o][k], pd[o], ph[o], pw[o][k]);
+          }
+        }
+      }
+#pragma unroll
+      for (int o = 0; o < G; ++o) {
+        if (hok[o]) f.row_end(o);
+      }
+    }
+#pragma unroll
+    for (int o = 0; o < G; ++o) {
+      if (dok[o]) f.plane_end(o);
+    }
+  }
 }
 
 // Row-major order (D, then H, then W) as walk_row_major, for the windows of G outputs at
@@ -161,9 +199,10 @@ __device__ __forceinline__ void walk_row_major_batched(const TapLine<I>* d, cons
 // with several and run-time W taps (NW 0), per D tap the BW W taps of one H tap of one
 // output, each W tap summed over the D taps in a sum of its own (a batch's loads feed separate
 // sums, so all start before the first add); with compiled-in W taps, the D taps of one (W, H)
-// pair of one output, 4 at a time. Each output's additions are those of sum_nested(w, h, d), in its order, with the
-// zero added where sum_nested skips a tap (no change to any sum: x + zero is x for every sum
-// of these terms).
+// pair of one output, 4 at a time. Each output's additions are those of the nested sums (W
+// outermost, each partial sum from `zero`, skipping the taps outside the input), in their
+// order, with the zero added where they skip a tap (no change to any sum: x + zero is x for
+// every sum of these terms).
 template <int G, int NH, int NW, typename A, typename I, typename F>
 __device__ __forceinline__ void sum_separable_batched(const TapLine<I>* d, const TapLine<I>* h,
                                                       const TapLine<I>* w, const F& term,
@@ -192,7 +231,7 @@ __device__ __forceinline__ void sum_separable_batched(const TapLine<I>* d, const
     for (I b0 = 0; b0 < h[0].n; b0 += BH) {
       if (one_d) {
         // every slot's term is added: a slot that is not a valid tap adds the zero of its
-        // sums (term.load), which leaves them as sum_nested's
+        // sums (term.load), which leaves them as the nested sums skipping it would
         V v[G][BH][BW];
 #pragma unroll
         for (int o = 0; o < G; ++o) {
