@@ -62,6 +62,12 @@ def foreign_handler(x):
     return None
 
 
+def on_current_device(x, xp) -> bool:
+    """Whether ``x`` needs no device switch: a NumPy array, or a CuPy array on the current
+    device (the common case: an op then skips :func:`device_scope`)."""
+    return xp is np or x.data.device_id == xp.cuda.runtime.getDevice()
+
+
 def device_scope(x, backend: str):
     """Make the input's GPU the current device while an op runs (nothing for NumPy), so
     results and launches land on the input's device."""

@@ -10,7 +10,8 @@ import numpy as np
 from . import plans
 from . import spec as S
 from .arrays import Array, ArrayLike, as_array, backend_of, dtype_name
-from .backends import device_scope, foreign_handler, implementation, prepared
+from .backends import (device_scope, foreign_handler, implementation, on_current_device,
+                       prepared)
 from .windows import index_span
 
 Size = Union[int, Sequence[int]]
@@ -69,7 +70,7 @@ def output_array(func: str, out, shape, dtype, x, backend: str, xp):
 def _run(func: str, x, backend, xp, plan, out, indices_needed: bool = False):
     spec, run = plan
     if out is None:  # the common case: fresh arrays, no checks
-        if backend == "numpy" or x.data.device_id == xp.cuda.runtime.getDevice():
+        if on_current_device(x, xp):
             return _fresh(x, spec, run, xp, indices_needed)
         with x.device:
             return _fresh(x, spec, run, xp, indices_needed)

@@ -54,7 +54,7 @@ from typing import Sequence, Union
 from . import plans
 from . import quantized_spec as QS
 from .arrays import Array, ArrayLike, as_array, backend_of, dtype_name, is_dask_array
-from .backends import device_scope, prepared
+from .backends import device_scope, on_current_device, prepared
 from .quantized_spec import (LEVELS, RANGES, ROUNDINGS, QArray, avg_plan, check_qdtype,
                              check_scale, check_zero_point, out_params, requant_table)
 
@@ -126,13 +126,13 @@ def _average(func: str, q, family: str, arguments: tuple, spec_of, out_scale, ou
     spec, impl, plan, scale = plans.cached(
         f"quantized.{func}", backend, data,
         arguments + (out_scale, out_zero_point, rounding, q.scale, q.zero_point), build)
-    return QS.trusted_qarray(_run(data, backend, xp, spec, impl, plan), scale, plan.zp_out)
+    return QS.trusted_qarray(_run(data, xp, spec, impl, plan), scale, plan.zp_out)
 
 
-def _run(data, backend: str, xp, spec, impl, *extra):
+def _run(data, xp, spec, impl, *extra):
     """The codes of the op: ``impl(data, spec, out, *extra)`` into a fresh array, on the
     input's device."""
-    if backend == "numpy" or data.data.device_id == xp.cuda.runtime.getDevice():
+    if on_current_device(data, xp):
         return _fresh(data, xp, spec, impl, extra)  # no device to enter
     with data.device:
         return _fresh(data, xp, spec, impl, extra)
@@ -180,7 +180,7 @@ def max_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: 
         return spec, prepared("qmax_window", backend, spec)
     spec, impl = plans.cached("quantized.max_pool", backend, data,
                               (kernel_size, stride, padding, dilation, ceil_mode, layout), build)
-    return QS.trusted_qarray(_run(data, backend, xp, spec, impl), q.scale, q.zero_point)
+    return QS.trusted_qarray(_run(data, xp, spec, impl), q.scale, q.zero_point)
 
 
 @_accepts_dask
