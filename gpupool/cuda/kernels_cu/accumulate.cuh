@@ -49,7 +49,10 @@ __device__ __forceinline__ T tap_load(const T* __restrict__ xp, I cs, I pos, boo
 // value, which never replaces the max: values only, every slot is taken (skips false); with
 // IDX only the valid taps (skips true: the first valid tap always sets the position).
 // load returns the element as stored and take converts it to A: a conversion next to its load
-// would make the compiler wait for each half tap before it starts the next.
+// would make the compiler wait for each half tap before it starts the next. Values only, take
+// tests max_takes without its short circuit: with it, ptxas waited for each tap of the NHWC,
+// double and adaptive walks before starting the next load (with indices the short circuit is
+// the form it batches).
 template <typename T, typename I, bool IDX>
 struct MaxOfTaps {
   typedef typename Num<T>::acc A;
@@ -73,7 +76,7 @@ struct MaxOfTaps {
         m = v;
         best = pos;
       }
-    } else if (max_takes(v, m)) {
+    } else if ((v > m) | Num<A>::is_nan(v)) {
       m = v;
     }
   }
