@@ -188,6 +188,22 @@ def test_static_window(k, expected):
     assert planner.static_window(window(shape, k, 1)) == expected
 
 
+@pytest.mark.parametrize("k,s,d,expected", [(3, 2, 1, 2), (2, 2, 1, 1), (3, 1, 1, 0),
+                                            (2, 1, 1, 2), (3, 3, 1, 1), (2, 3, 2, 1),
+                                            (3, 2, 2, 0), (2, 2, 2, 2), (5, 4, 1, 2)])
+def test_gather_covers_bounds_the_covering_windows(k, s, d, expected):
+    """The bound the window backward kernels compile in (1 or 2 windows covering an input
+    position along H and W, else 0) is the most that cover any position, counted by direct
+    loops over the outputs of an input padded at both ends; 64-bit offsets compile none."""
+    n, pad = 40, (k - 1) * d // 2
+    fwd = window((1, 1, n, n), k, s, pad, d, op="avg")
+    out = fwd.out_spatial[-1]
+    most = max(sum(1 for o in range(out) for t in range(k) if o * s - pad + t * d == i)
+               for i in range(n))
+    assert planner.gather_covers(fwd, "int") == (most if most <= 2 else 0) == expected
+    assert planner.gather_covers(fwd, "long long") == 0
+
+
 def test_index_type_32_and_64_bit():
     assert plan(window((2, 3, 100, 100), 2), H100).index_type == "int"
     big = window((1, 1, 2**16, 2**15 + 64), 2, 2, dtype="int8")

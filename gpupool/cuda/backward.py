@@ -39,14 +39,20 @@ OPERANDS = {"max": ("grad", "indices", "out"), "avg": ("grad", "out"),
             "lp": ("grad", "y", "x", "out")}
 
 
-def kernel_name(kernel_base: str, dtype: str, itype: str, nhwc: bool) -> str:
-    return f"{kernel_base}<{CB.ctype(dtype)}, {itype}, {CB.cbool(nhwc)}>"
+#: The window kernels, which take the bound on covering windows (planner.gather_covers).
+WINDOW_KERNELS = ("max_window_backward", "avg_window_backward", "lp_window_backward")
+
+
+def kernel_name(kernel_base: str, dtype: str, itype: str, nhwc: bool, covers: int = 0) -> str:
+    tail = f", {covers}" if kernel_base in WINDOW_KERNELS else ""
+    return f"{kernel_base}<{CB.ctype(dtype)}, {itype}, {CB.cbool(nhwc)}{tail}>"
 
 
 def instantiations() -> list[tuple[str, str]]:
     """Every (source file, name expression) this backend can request."""
-    return [(SOURCE, kernel_name(base, dtype, itype, nhwc)) for base in KERNELS
-            for dtype in FLOAT_DTYPES for itype in CB.INDEX_TYPES for nhwc in (False, True)]
+    return [(SOURCE, kernel_name(base, dtype, itype, nhwc, covers)) for base in KERNELS
+            for dtype in FLOAT_DTYPES for itype in CB.INDEX_TYPES for nhwc in (False, True)
+            for covers in ((0, 1, 2) if base in WINDOW_KERNELS and itype == "int" else (0,))]
 
 
 @CB.launch_cache
@@ -56,7 +62,8 @@ def backward_steps(spec: GradSpec, device_id: int) -> tuple:
     la = pl.launches[0]
     view = planner.gather_view(spec)
     g = view.geom
-    fn = CB.kernel(SOURCE, kernel_name(la.kernel, g.dtype, pl.index_type, g.layout == "NHWC"))
+    fn = CB.kernel(SOURCE, kernel_name(la.kernel, g.dtype, pl.index_type, g.layout == "NHWC",
+                                       dict(la.extra).get("covers", 0)))
     if la.kernel == "avg_global_backward":
         it = CB.itype_scalar(pl.index_type)
         nhwc = g.layout == "NHWC"

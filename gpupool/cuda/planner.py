@@ -144,6 +144,23 @@ def static_window(spec: S.WindowSpec) -> int:
     return kh if kh == kw and kh in SPECIALISED_K else 0
 
 
+#: Positions per thread that a window backward kernel takes together, by (max gradients or
+#: sums, its compiled-in bound on the windows covering a position, :func:`gather_covers`), as
+#: pool_backward.cu's GatherShape.
+GATHER_GROUP = {(True, 0): 4, (True, 1): 8, (True, 2): 3,
+                (False, 0): 4, (False, 1): 8, (False, 2): 4}
+
+
+def gather_covers(spec: S.WindowSpec, itype: str) -> int:
+    """The bound the window backward kernels compile in on the windows that cover an input
+    position along H and along W: ceil(k / (s / gcd(s, d))) per dim, when it is 1 or 2 for both
+    and offsets are 32-bit (``itype`` int); else 0 (counted at run time)."""
+    bound = max(-(-k // (s // math.gcd(s, d))) for k, s, d in zip(
+        canonical3(spec.kernel, 1)[1:], canonical3(spec.stride, 1)[1:],
+        canonical3(spec.dilation, 1)[1:]))
+    return bound if bound <= 2 and itype == "int" else 0
+
+
 def index_type(spec) -> str:
     """``int`` when every offset the kernels form fits in int32, else ``long long``."""
     g = spec.geom
@@ -192,9 +209,11 @@ def _footprint(spec, rows_per_block: int, tx: int, itemsize: int, out_dhw, in_dh
 
 
 def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
-           itype: str | None = None) -> Plan:
+           itype: str | None = None, max_rows: int = MAX_ROWS,
+           extra: tuple[tuple[str, int], ...] = ()) -> Plan:
     """Window and adaptive launches (rules 1-3 of the module docstring); ``itype``: the index
-    type, when not ``spec``'s own (:func:`index_type`)."""
+    type, when not ``spec``'s own (:func:`index_type`); ``max_rows``: the most outputs per
+    thread; ``extra``: the launch's kernel-specific integers."""
     g = spec.geom
     nd = g.nd
     itemsize = S.ITEMSIZE[g.dtype]
@@ -245,13 +264,13 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
         return _cdiv(od * oh, rows_) * _cdiv(ow, ty_) if tiles else _cdiv(units, ty_ * rows_)
 
     rows_whole = od * oh if tiles and ow <= ty else _cdiv(units, ty)
-    if rows_whole <= MAX_ROWS and groups * n_x >= target and fits(rows_whole, ty):
+    if rows_whole <= max_rows and groups * n_x >= target and fits(rows_whole, ty):
         rows, chunks = rows_whole, 1
         words.append(f"split: across the {planes} planes only (grid y/z); one block column "
                      f"covers a whole plane, {rows} {unit_name.split()[-1]} per thread")
     else:
         rows = 1
-        top = min(MAX_ROWS, od * oh if tiles else rows_whole)
+        top = min(max_rows, od * oh if tiles else rows_whole)
         for cand in range(top, 0, -1):
             if groups * n_x * nchunks(cand, ty) >= target and fits(cand, ty):
                 rows = cand
@@ -302,8 +321,8 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
                      "block width, so a warp may cross into the next row)")
     else:
         words.append("threads along W")
-    return Plan(family, itype or index_type(spec), (Launch(kernel, grid, (tx, ty, tz), rows),),
-                tuple(words))
+    return Plan(family, itype or index_type(spec),
+                (Launch(kernel, grid, (tx, ty, tz), rows, extra),), tuple(words))
 
 
 def _global(spec: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
@@ -428,8 +447,16 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
     kind = "window" if isinstance(view, S.WindowSpec) else "adaptive"
     words.append(f"gather: one thread per input element sums the gradients of the {kind} "
                  f"windows that cover it (output {view.out_spatial}; no atomics)")
+    itype = index_type(view)
+    covers = gather_covers(view, itype) if kind == "window" else 0
+    group = GATHER_GROUP[spec.op == "max", covers]
+    if covers:
+        words.append(f"at most {covers} window{'s' if covers > 1 else ''} cover an input "
+                     f"position along H and W (compiled in): {group} positions per thread at "
+                     f"once")
     return _tiled(_Positions(view.geom, view.geom.spatial), device, "gather",
-                  f"{spec.op}_{kind}_backward", words, index_type(view))
+                  f"{spec.op}_{kind}_backward", words, itype, group,
+                  (("covers", covers),) if kind == "window" else ())
 
 
 def _broadcast(view: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:

@@ -11,13 +11,15 @@
 //   the gradient of each window whose index names this element (np.add.at's order).
 //
 // Template parameters: T element type (half sums in float, as Num<T>::acc); I index type (int
-// or long long, chosen on the host); NHWC the layout. Every kernel takes the forward op's
-// geometry (GP_GEO_PARAMS: id/ih/iw the forward input's dims, whose gradient `out` is written;
-// od/oh/ow the forward output's, whose gradient `grad` is read; window fields 0 for adaptive).
-// Grid, block and thread: the thread maps of thread_map.cuh over the input positions
-// (gp::input_groups), kGroup positions of a thread at a time, the loads of their covering
-// windows started in joint batches (gp::walk_lines_batched); the global average's backward
-// (avg_global_backward) stores 16-byte packs over groups of whole planes instead.
+// or long long, chosen on the host); NHWC the layout; C (window kernels) the compiled-in bound
+// on the windows covering a position along H and W (see GatherShape). Every kernel takes the
+// forward op's geometry (GP_GEO_PARAMS: id/ih/iw the forward input's dims, whose gradient
+// `out` is written; od/oh/ow the forward output's, whose gradient `grad` is read; window
+// fields 0 for adaptive). Grid, block and thread: the thread maps of thread_map.cuh over the
+// input positions (gp::input_groups), a group of positions (GatherShape) of a thread at once,
+// the loads of their covering windows started in joint batches (gp::walk_lines_batched); the
+// global average's backward (avg_global_backward) stores 16-byte packs over groups of whole
+// planes instead.
 #include "accumulate.cuh"
 #include "gather.cuh"
 #include "traits.cuh"
@@ -38,11 +40,28 @@ struct AdaptiveCovers {
   }
 };
 
-// W taps per batch of the covering windows' loads (walk_lines_batched), so that a batch holds
-// kGroup * k windows: 2 for the max gradients (ptxas on sm_90: about as many registers as 1,
-// the same blocks per SM), 1 for the sums (2 would cost a block per SM).
+// W taps per batch of the covering windows' loads (walk_lines_batched) where their number is
+// not compiled in, so that a batch holds kGroup * k windows: 2 for the max gradients (ptxas on
+// sm_90: about as many registers as 1, the same blocks per SM), 1 for the sums (2 would cost
+// a block per SM).
 constexpr int kMaxBatchW = 2;
 constexpr int kSumBatchW = 1;
+
+// Positions a thread takes at once (group) and blocks of 256 threads per SM its registers are
+// held to (blocks; with float and half elements, see GP_WINDOW_BOUNDS), for the max gradients
+// (MAX) or the sums, C the compiled-in bound on the windows covering a position along H and W
+// (0: none). One window at most (C == 1): 8 positions, a batch of 8 windows, 2 blocks. Two
+// (C == 2): the sums take 4 positions, all their 16 windows of one D tap in a batch, 2 blocks;
+// the max gradients 3 positions, 12 windows, 4 blocks (64 registers: each window's index is
+// read as a 32-bit word, see MaxGrads). Else kGroup positions, their windows in batches of
+// kMaxBatchW or kSumBatchW W taps. Each holds the most loads in flight per SM that ptxas
+// keeps in one run without spilling more than a few bytes (planner.GATHER_GROUP matches).
+template <bool MAX, int C>
+struct GatherShape {
+  static constexpr int group = C == 1 ? 8 : C == 2 && MAX ? 3 : kGroup;
+  static constexpr int blocks = C == 2 && MAX ? 4 : C ? 2 : 1;
+};
+#define GP_GATHER_BOUNDS(T, I, MAX, C) GP_WINDOW_BOUNDS(T, I, (gp::GatherShape<MAX, C>::blocks))
 
 // The lines of the covering windows of a group's positions e[0..G) (covers.lines).
 template <int G, typename I, typename Covers>
@@ -63,33 +82,37 @@ __device__ __forceinline__ void store_values(T* __restrict__ out, const Output<I
 }
 
 // A covering window's index and gradient.
-template <typename T>
+template <typename T, typename I>
 struct NamedGrad {
-  long long named;
+  I named;
   T grad;
 };
 
 // The max gradients of G positions (walk_lines_batched's visitor): acc[j] = +0 plus, in
 // row-major order of position j's covering windows, each window's gradient where its index
 // names pos[j], else +0 (the sum, from +0, is never -0, so that leaves it as it is). Every
-// slot is taken: one that is not ok names -1, no position.
+// slot is taken: one that is not ok names -1, no position. An index is read as its low
+// sizeof(I) bytes (little-endian, as every CUDA GPU), which hold its value: the host has
+// checked that each is -1 or a position of the plane, which I holds; with int, half the
+// registers a load in flight needs.
 template <int G, typename T, typename I>
 struct MaxGrads {
-  typedef NamedGrad<T> value;
+  typedef NamedGrad<T, I> value;
   static constexpr bool skips = false;
   typedef typename Num<T>::acc A;
   const T* __restrict__ grad;
-  const long long* __restrict__ indices;
+  const I* __restrict__ named;  // indices, as words of I
   I base, cs, oh, ow;
   I pos[G];
   A acc[G];
   __device__ __forceinline__ value load(int, I pd, I ph, I pw, bool ok) const {
     const I at = base + ((pd * oh + ph) * ow + pw) * cs;
-    return {tap_load(indices, (I)1, at, ok, -1LL), tap_load(grad, (I)1, at, ok)};
+    return {tap_load(named, (I)(sizeof(long long) / sizeof(I)), at, ok, (I)-1),
+            tap_load(grad, (I)1, at, ok)};
   }
   __device__ __forceinline__ void take(int j, const value& v, I, I, I) {
     const A gv = Num<T>::load(v.grad);
-    acc[j] += v.named == (long long)pos[j] ? gv : (A)0;
+    acc[j] += v.named == pos[j] ? gv : (A)0;
   }
   __device__ __forceinline__ void plane(int) {}
   __device__ __forceinline__ void plane_end(int) {}
@@ -97,24 +120,25 @@ struct MaxGrads {
   __device__ __forceinline__ void row_end(int) {}
 };
 
-// The max gradient over any covering windows (WindowCovers, AdaptiveCovers), kGroup positions
-// of a thread at once, the loads of their covering windows in joint batches.
-template <typename T, typename I, bool NHWC, typename Covers>
+// The max gradient over any covering windows (WindowCovers, AdaptiveCovers; C: at most C
+// along H and W, 0 any number), a group of positions (GatherShape) of a thread at once, the
+// loads of their covering windows in joint batches.
+template <typename T, typename I, bool NHWC, int C, typename Covers>
 __device__ __forceinline__ void max_gather(const T* __restrict__ grad,
                                            const long long* __restrict__ indices,
                                            T* __restrict__ out, const Covers& covers,
                                            const Geo<I>& g) {
-  constexpr int G = kGroup;
+  constexpr int G = GatherShape<true, C>::group;
   input_groups<G, NHWC>(g, grad, [&](I base, I cs, const Output<I>* e, int n) {
     TapLine<I> d[G], h[G], w[G];
     cover_lines<G>(covers, e, d, h, w);
-    MaxGrads<G, T, I> f{grad, indices, base, cs, g.oh, g.ow};
+    MaxGrads<G, T, I> f{grad, reinterpret_cast<const I*>(indices), base, cs, g.oh, g.ow};
 #pragma unroll
     for (int j = 0; j < G; ++j) {
       f.pos[j] = (e[j].o_d * g.ih + e[j].o_h) * g.iw + e[j].o_w;
       f.acc[j] = (typename MaxGrads<G, T, I>::A)0;
     }
-    walk_lines_batched<G, kMaxBatchW>(d, h, w, n, f);
+    walk_lines_batched<G, kMaxBatchW, C>(d, h, w, n, f);
     T v[G];
 #pragma unroll
     for (int j = 0; j < G; ++j) v[j] = Num<T>::store(f.acc[j]);
@@ -156,23 +180,22 @@ struct NestedSums {
 };
 
 // The nested sum over the covering windows of q(load(window, ok), window), stored as
-// finish(sum, ii); kGroup positions of a thread at once, the loads of their covering windows
-// in joint batches.
-template <typename T, typename I, bool NHWC, typename Covers, typename Load, typename Q,
+// finish(sum, ii); positions and covering windows as max_gather.
+template <typename T, typename I, bool NHWC, int C, typename Covers, typename Load, typename Q,
           typename Finish>
 __device__ __forceinline__ void sum_gather(const T* __restrict__ grad, T* __restrict__ out,
                                            const Covers& covers, const Geo<I>& g,
                                            const Load& ld, const Q& q, const Finish& finish) {
   typedef typename Num<T>::acc A;
   typedef decltype(ld(Window<I>(), false)) V;
-  constexpr int G = kGroup;
+  constexpr int G = GatherShape<false, C>::group;
   input_groups<G, NHWC>(g, grad, [&](I base, I cs, const Output<I>* e, int n) {
     TapLine<I> d[G], h[G], w[G];
     cover_lines<G>(covers, e, d, h, w);
     NestedSums<G, V, A, I, Load, Q> f{ld, q, base, cs, g.oh, g.ow};
 #pragma unroll
     for (int j = 0; j < G; ++j) f.sum0[j] = (A)0;
-    walk_lines_batched<G, kSumBatchW>(d, h, w, n, f);
+    walk_lines_batched<G, kSumBatchW, C>(d, h, w, n, f);
     T v[G];
 #pragma unroll
     for (int j = 0; j < G; ++j) v[j] = Num<T>::store(finish(f.sum0[j], e[j].oi));
@@ -206,13 +229,14 @@ struct Unchanged {
 }  // namespace gp
 
 // max_pool's backward from its int64 indices (the host widens other index dtypes). gd, gh,
-// gw: gcd(stride, dilation) per dim.
-template <typename T, typename I, bool NHWC>
-__global__ void max_window_backward(const T* __restrict__ grad,
-                                    const long long* __restrict__ indices, T* __restrict__ out,
-                                    GP_GEO_PARAMS(I), int gd, int gh, int gw) {
+// gw: gcd(stride, dilation) per dim. C (the window kernels'): at most C windows cover an
+// input position along H and along W (the host's bound, 1 or 2), 0 when not compiled in.
+template <typename T, typename I, bool NHWC, int C>
+__global__ void GP_GATHER_BOUNDS(T, I, true, C)
+    max_window_backward(const T* __restrict__ grad, const long long* __restrict__ indices,
+                        T* __restrict__ out, GP_GEO_PARAMS(I), int gd, int gh, int gw) {
   GP_GEO(I);
-  gp::max_gather<T, I, NHWC>(grad, indices, out, gp::WindowCovers<I>{g, gd, gh, gw}, g);
+  gp::max_gather<T, I, NHWC, C>(grad, indices, out, gp::WindowCovers<I>{g, gd, gh, gw}, g);
 }
 
 // adaptive_max_pool's (and global_max_pool's) backward from its int64 indices.
@@ -221,17 +245,18 @@ __global__ void max_adaptive_backward(const T* __restrict__ grad,
                                       const long long* __restrict__ indices, T* __restrict__ out,
                                       GP_GEO_PARAMS(I)) {
   GP_GEO(I);
-  gp::max_gather<T, I, NHWC>(grad, indices, out, gp::AdaptiveCovers<I>{g}, g);
+  gp::max_gather<T, I, NHWC, 0>(grad, indices, out, gp::AdaptiveCovers<I>{g}, g);
 }
 
 // avg_pool's backward: q = grad / divisor, the divisor as the forward's (divisor_override when
 // > 0, else the product over dims of the taps inside [-pad_begin, size + pad_end) with
 // include_pad, or of the valid taps; ped/peh/pew the end pads). A covering window has a valid
 // tap, so its divisor is never 0.
-template <typename T, typename I, bool NHWC>
-__global__ void avg_window_backward(const T* __restrict__ grad, T* __restrict__ out,
-                                    GP_GEO_PARAMS(I), int gd, int gh, int gw, int ped, int peh,
-                                    int pew, int include_pad, int divisor_override) {
+template <typename T, typename I, bool NHWC, int C>
+__global__ void GP_GATHER_BOUNDS(T, I, false, C)
+    avg_window_backward(const T* __restrict__ grad, T* __restrict__ out, GP_GEO_PARAMS(I), int gd,
+                        int gh, int gw, int ped, int peh, int pew, int include_pad,
+                        int divisor_override) {
   GP_GEO(I);
   typedef typename gp::Num<T>::acc A;
   const I lo_d = include_pad ? -(I)g.pd : (I)0, hi_d = include_pad ? g.id + (I)ped : g.id;
@@ -246,18 +271,18 @@ __global__ void avg_window_backward(const T* __restrict__ grad, T* __restrict__ 
     }
     return gp::Num<T>::load(gv) / (A)divisor;
   };
-  gp::sum_gather<T, I, NHWC>(grad, out, gp::WindowCovers<I>{g, gd, gh, gw}, g,
-                             gp::GradAt<T, I>{grad}, q, gp::Unchanged());
+  gp::sum_gather<T, I, NHWC, C>(grad, out, gp::WindowCovers<I>{g, gd, gh, gw}, g,
+                                gp::GradAt<T, I>{grad}, q, gp::Unchanged());
 }
 
 // lp_pool's backward (p > 0 finite, as A): q = grad (p == 1), grad / y (p == 2) or
 // grad * y**(1-p), 0 where y is 0 (p != 1); a nonzero sum times sign(x) (p == 1), x (p == 2)
 // or sign(x) * |x|**(p-1), 0 where x is 0; a zero sum gives +0. y: the forward's output.
-template <typename T, typename I, bool NHWC>
-__global__ void lp_window_backward(const T* __restrict__ grad, const T* __restrict__ y,
-                                   const T* __restrict__ x, T* __restrict__ out,
-                                   GP_GEO_PARAMS(I), int gd, int gh, int gw,
-                                   typename gp::Num<T>::acc p) {
+template <typename T, typename I, bool NHWC, int C>
+__global__ void GP_GATHER_BOUNDS(T, I, false, C)
+    lp_window_backward(const T* __restrict__ grad, const T* __restrict__ y,
+                       const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I), int gd,
+                       int gh, int gw, typename gp::Num<T>::acc p) {
   GP_GEO(I);
   typedef typename gp::Num<T>::acc A;
   // y only where q reads it (p != 1)
@@ -282,7 +307,7 @@ __global__ void lp_window_backward(const T* __restrict__ grad, const T* __restri
     }
     return s == (A)0 ? (A)0 : s * inner;  // +0 for a zero sum: no 0 * inf, no -0
   };
-  gp::sum_gather<T, I, NHWC>(grad, out, gp::WindowCovers<I>{g, gd, gh, gw}, g, ld, q, finish);
+  gp::sum_gather<T, I, NHWC, C>(grad, out, gp::WindowCovers<I>{g, gd, gh, gw}, g, ld, q, finish);
 }
 
 // adaptive_avg_pool's (and global_avg_pool's) backward: q = grad / the window's tap count.
@@ -297,8 +322,8 @@ __global__ void avg_adaptive_backward(const T* __restrict__ grad, T* __restrict_
                             gp::adaptive_line<I>(o.o_w, g.iw, g.ow).n;
     return gp::Num<T>::load(gv) / (A)count;
   };
-  gp::sum_gather<T, I, NHWC>(grad, out, gp::AdaptiveCovers<I>{g}, g, gp::GradAt<T, I>{grad}, q,
-                             gp::Unchanged());
+  gp::sum_gather<T, I, NHWC, 0>(grad, out, gp::AdaptiveCovers<I>{g}, g, gp::GradAt<T, I>{grad},
+                                q, gp::Unchanged());
 }
 
 namespace gp {

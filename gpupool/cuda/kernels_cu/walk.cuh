@@ -52,15 +52,17 @@ __device__ __forceinline__ bool tap_valid(const TapLine<I>& l, I t, I& p) {
 
 // Row-major order over the lines of G positions at once (d[o], h[o], w[o] of position o < n,
 // each with counts of its own), the loads of a batch of taps started before any is used. Per
-// batch -- one (D, H) pair and BW W taps of every position -- v = f.load(o, pd, ph, pw, ok)
-// for every slot (ok false: a position o >= n, a tap past its line's end or outside [0, size),
-// which loads nothing), then, per position, f.take(o, v, pd, ph, pw) for its valid taps in
-// order (F::skips), or for every slot (a slot that is not ok then loads a value take leaves
-// without effect). Around them, per position, in the nesting of a walk over its own lines: f.plane(o)
+// batch -- one (D, H) pair and BW W taps of every position; with NC > 0 (every H and W line
+// has at most NC taps), one D tap and all the (H, W) taps of every position -- v =
+// f.load(o, pd, ph, pw, ok) for every slot (ok false: a position o >= n, a tap past its line's
+// end or outside [0, size), which loads nothing), then, per position, f.take(o, v, pd, ph, pw)
+// for its valid taps in order (F::skips), or for every slot of its valid (D, H) pairs (a slot
+// that is not ok then loads a value take leaves without effect; with NC 0 those of the other
+// pairs too). Around them, per position, in the nesting of a walk over its own lines: f.plane(o)
 // before the taps of each valid D tap and f.plane_end(o) after them, f.row(o) / f.row_end(o)
 // the same around each valid (D, H) pair; so each position sees exactly the calls, in the
 // order, of a walk over its lines alone (walk_row_major).
-template <int G, int BW, typename I, typename F>
+template <int G, int BW, int NC, typename I, typename F>
 __device__ __forceinline__ void walk_lines_batched(const TapLine<I>* d, const TapLine<I>* h,
                                                    const TapLine<I>* w, int n, F& f) {
   I nd = d[0].n, nh = h[0].n, nw = w[0].n;
@@ -73,6 +75,44 @@ __device__ __forceinline__ void walk_lines_batched(const TapLine<I>* d, const Ta
     }
   }
   typedef typename F::value V;
+  if constexpr (NC > 0) {
+    for (I a = 0; a < nd; ++a) {
+      I pd[G], ph[G][NC], pw[G][NC];
+      bool dok[G], hok[G][NC], ok[G][NC][NC];
+      V v[G][NC][NC];
+#pragma unroll
+      for (int o = 0; o < G; ++o) {
+        dok[o] = o < n && tap_valid(d[o], a, pd[o]);
+#pragma unroll
+        for (int b = 0; b < NC; ++b) hok[o][b] = dok[o] && tap_valid(h[o], (I)b, ph[o][b]);
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          const bool wok = tap_valid(w[o], (I)c, pw[o][c]);
+#pragma unroll
+          for (int b = 0; b < NC; ++b) {
+            const bool s = ok[o][b][c] = hok[o][b] && wok;
+            v[o][b][c] = f.load(o, s ? pd[o] : (I)0, s ? ph[o][b] : (I)0, s ? pw[o][c] : (I)0, s);
+          }
+        }
+      }
+#pragma unroll
+      for (int o = 0; o < G; ++o) {
+        if (dok[o]) f.plane(o);
+#pragma unroll
+        for (int b = 0; b < NC; ++b) {
+          if (!hok[o][b]) continue;
+          f.row(o);
+#pragma unroll
+          for (int c = 0; c < NC; ++c) {
+            if (!F::skips || ok[o][b][c]) f.take(o, v[o][b][c], pd[o], ph[o][b], pw[o][c]);
+          }
+          f.row_end(o);
+        }
+        if (dok[o]) f.plane_end(o);
+      }
+    }
+    return;
+  }
   for (I a = 0; a < nd; ++a) {
     I pd[G];
     bool dok[G];
