@@ -22,7 +22,7 @@ Counts (:func:`analyze`, at the traced size):
   reads). From the trace: its loads are sent together and waited for together, one round per
   epoch, or ``ceil(n / LOOP_LOADS_IN_FLIGHT)`` for a site a loop runs ``n`` times. From the
   compiled code (:mod:`cudacpu.sass`, given as ``batching``): at least ``ceil(m / batch)``,
-  for ``m`` the most main-input loads a thread of the warp made in the epoch and ``batch`` the
+  for ``m`` the most loads (of every array) a thread of the warp made in the epoch and ``batch`` the
   kernel's compiled global loads per run (COMPILED_BATCH below). ``rounds`` sums them over warps;
   ``block_rounds`` sums, over blocks, the rounds of the block's slowest warp (a block holds its
   SM slot until its last warp ends; a warp with fewer rounds, or none, keeps nothing in flight
@@ -72,9 +72,9 @@ DRAM_LATENCY = 700e-9
 LOOP_LOADS_IN_FLIGHT = 4
 #: How the compiled code's load runs (:mod:`cudacpu.sass`: global loads started before the
 #: first instruction that waits for one, per straight-line block) become rounds (assumption):
-#: an epoch of ``m`` main-input loads per thread takes at least ``ceil(m / batch)`` rounds.
+#: an epoch of ``m`` loads per thread (of every array) takes at least ``ceil(m / batch)`` rounds.
 #: ``batch`` is global loads / runs over the blocks of the fewest loads that are at least
-#: ``M``, the most main-input loads a thread makes in an epoch anywhere in the trace (a full
+#: ``M``, the most loads a thread makes in an epoch anywhere in the trace (a full
 #: window: the code that ran it straight through, e.g. a fixed-K window's unrolled taps; at
 #: least, not exactly, since the trace has no record of a load predicated off, as a padding
 #: tap's or that of a group's absent second output), or over the whole code when no block
@@ -86,9 +86,10 @@ LOOP_LOADS_IN_FLIGHT = 4
 #: (a kernel whose unrolled 18-load window sits beside 36 general-K loops of 4 would count as
 #: batching about 4). What remains: several blocks of the chosen size (variants chosen at run
 #: time) count alike; a window spread over loops or branches is judged by the whole code,
-#: remainders and cold paths included. The runs count loads of every array, ``m`` only the
-#: main input's: the other arrays' loads are taken to ride in the same runs. Every round costs
-#: DRAM_LATENCY, even one whose loads hit L1 (a re-read of what the warp just loaded).
+#: remainders and cold paths included. The runs and ``m`` count loads of every array (a
+#: gradient and its window's index are two loads of one run), the trace's own rounds only the
+#: main input's. Every round costs DRAM_LATENCY, even one whose loads hit L1 (a re-read of what
+#: the warp just loaded).
 COMPILED_BATCH = ("global loads / runs of the blocks holding a full epoch's loads, else of the "
                   "whole code")
 #: Per-SM limits of sm_90 (CUDA occupancy calculator): threads, warps, blocks, 32-bit
@@ -137,7 +138,7 @@ class Traffic:
     l1_wavefronts: int
     rounds: int  # summed over warps
     block_rounds: int  # summed over blocks: the rounds of each block's slowest warp
-    epoch_loads: int  # the most main-input loads a thread made in one epoch
+    epoch_loads: int  # the most loads (every array's) a thread made in one epoch
     batch: float | None  # the compiled loads per run the rounds used (None: trace only)
     sites: list[Site] = field(default_factory=list)
 
@@ -334,13 +335,13 @@ def _rounds(launch, arr, write, block, thread, epoch, site_ids, occurrence,
     epoch_of_group[group] = warp_epoch
     waits = np.zeros(n_epochs, np.int64)
     np.maximum.at(waits, epoch_of_group, -(-runs // LOOP_LOADS_IN_FLIGHT))
-    # a thread's loads of the epoch: the compiled code sends them batch at a time
-    thread_epoch, n_thread_epochs = _ids(block[m], thread[m], epoch[m])
-    loads = np.bincount(thread_epoch, minlength=n_thread_epochs)
-    epoch_of_thread = np.zeros(n_thread_epochs, np.int64)
-    epoch_of_thread[thread_epoch] = warp_epoch
+    # a thread's loads of the epoch, of every array (the compiled runs hold them all): the
+    # compiled code sends them batch at a time
+    read = write == 0
+    thread_epoch, n_thread_epochs = _ids(block[read], thread[read], epoch[read])
+    loads = np.bincount(thread_epoch, minlength=n_thread_epochs)[thread_epoch[m[read]]]
     most = np.zeros(n_epochs, np.int64)
-    np.maximum.at(most, epoch_of_thread, loads)
+    np.maximum.at(most, warp_epoch, loads)
     batch = None
     if batching is not None:
         batch = batching.batch_for(int(most.max()))
