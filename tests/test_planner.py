@@ -200,8 +200,13 @@ def test_gather_covers_bounds_the_covering_windows(k, s, d, expected):
     out = fwd.out_spatial[-1]
     most = max(sum(1 for o in range(out) for t in range(k) if o * s - pad + t * d == i)
                for i in range(n))
-    assert planner.gather_covers(fwd, "int") == (most if most <= 2 else 0) == expected
-    assert planner.gather_covers(fwd, "long long") == 0
+    assert planner.gather_covers(fwd, "int", "avg") == (most if most <= 2 else 0) == expected
+    assert planner.gather_covers(fwd, "long long", "avg") == 0
+    # the max gradients' packs of MAX_PACK positions along W: the windows reaching any of them
+    pack = max(sum(1 for o in range(out) if any(
+        o * s - pad + t * d == i for t in range(k) for i in range(w0, w0 + planner.MAX_PACK)))
+        for w0 in range(0, n, planner.MAX_PACK))
+    assert planner.gather_covers(fwd, "int", "max") == (3 if max(most, pack) <= 3 else 0)
 
 
 def test_index_type_32_and_64_bit():

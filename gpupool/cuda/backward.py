@@ -52,7 +52,14 @@ def instantiations() -> list[tuple[str, str]]:
     """Every (source file, name expression) this backend can request."""
     return [(SOURCE, kernel_name(base, dtype, itype, nhwc, covers)) for base in KERNELS
             for dtype in FLOAT_DTYPES for itype in CB.INDEX_TYPES for nhwc in (False, True)
-            for covers in ((0, 1, 2) if base in WINDOW_KERNELS and itype == "int" else (0,))]
+            for covers in _covers(base, itype)]
+
+
+def _covers(kernel_base: str, itype: str) -> tuple[int, ...]:
+    """The covering-window bounds a kernel is compiled with (planner.gather_covers)."""
+    if kernel_base not in WINDOW_KERNELS or itype != "int":
+        return (0,)
+    return (0, 3) if kernel_base == "max_window_backward" else (0, 1, 2)
 
 
 @CB.launch_cache

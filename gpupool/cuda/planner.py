@@ -144,21 +144,32 @@ def static_window(spec: S.WindowSpec) -> int:
     return kh if kh == kw and kh in SPECIALISED_K else 0
 
 
-#: Positions per thread that a window backward kernel takes together, by (max gradients or
-#: sums, its compiled-in bound on the windows covering a position, :func:`gather_covers`), as
-#: pool_backward.cu's GatherShape.
-GATHER_GROUP = {(True, 0): 4, (True, 1): 8, (True, 2): 3,
-                (False, 0): 4, (False, 1): 8, (False, 2): 4}
+#: Positions along W of one slot of the max gradients' walk when its windows are compiled in
+#: (pool_backward.cu kMaxPack).
+MAX_PACK = 4
+#: Slots per thread that a window backward kernel takes together, by (max gradients or sums,
+#: the compiled-in bound of :func:`gather_covers`), as pool_backward.cu's GatherShape.
+GATHER_GROUP = {(True, 0): 4, (True, 3): 2, (False, 0): 4, (False, 1): 8, (False, 2): 4}
 
 
-def gather_covers(spec: S.WindowSpec, itype: str) -> int:
-    """The bound the window backward kernels compile in on the windows that cover an input
-    position along H and along W: ceil(k / (s / gcd(s, d))) per dim, when it is 1 or 2 for both
-    and offsets are 32-bit (``itype`` int); else 0 (counted at run time)."""
-    bound = max(-(-k // (s // math.gcd(s, d))) for k, s, d in zip(
-        canonical3(spec.kernel, 1)[1:], canonical3(spec.stride, 1)[1:],
-        canonical3(spec.dilation, 1)[1:]))
-    return bound if bound <= 2 and itype == "int" else 0
+def gather_covers(spec: S.WindowSpec, itype: str, op: str) -> int:
+    """The bound the window backward kernels compile in on the windows of a slot along H and
+    along W; 0 (counted at run time) where none applies, and with 64-bit offsets (``itype`` not
+    int). For the sums a slot is a position, covered by ceil(k / (s / gcd(s, d))) windows per
+    dim: the bound is that when it is 1 or 2 for both. For the max gradients (``op`` "max") a
+    slot is a pack of MAX_PACK positions along W: 3, when at most 3 windows cover a position
+    along H and at most 3 reach any position of a pack along W ((MAX_PACK - 1 + (k - 1) * d)
+    // s + 1)."""
+    if itype != "int":
+        return 0
+    (kh, kw), (sh, sw), (dh, dw) = (canonical3(v, 1)[1:] for v in (
+        spec.kernel, spec.stride, spec.dilation))
+    per_position = [-(-k // (s // math.gcd(s, d))) for k, s, d in ((kh, sh, dh), (kw, sw, dw))]
+    if op == "max":
+        pack = (MAX_PACK - 1 + (kw - 1) * dw) // sw + 1
+        return 3 if max(per_position[0], pack) <= 3 else 0
+    bound = max(per_position)
+    return bound if bound <= 2 else 0
 
 
 def index_type(spec) -> str:
@@ -448,13 +459,19 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
     words.append(f"gather: one thread per input element sums the gradients of the {kind} "
                  f"windows that cover it (output {view.out_spatial}; no atomics)")
     itype = index_type(view)
-    covers = gather_covers(view, itype) if kind == "window" else 0
+    covers = gather_covers(view, itype, spec.op) if kind == "window" else 0
     group = GATHER_GROUP[spec.op == "max", covers]
-    if covers:
+    positions = view.geom.spatial
+    if covers and spec.op == "max":
+        positions = positions[:-1] + (-(-positions[-1] // MAX_PACK),)
+        words.append(f"packs of {MAX_PACK} positions along W, each walking the at most 3 x 3 "
+                     f"windows that cover any of them (compiled in), {group} packs per thread "
+                     f"at once")
+    elif covers:
         words.append(f"at most {covers} window{'s' if covers > 1 else ''} cover an input "
                      f"position along H and W (compiled in): {group} positions per thread at "
                      f"once")
-    return _tiled(_Positions(view.geom, view.geom.spatial), device, "gather",
+    return _tiled(_Positions(view.geom, positions), device, "gather",
                   f"{spec.op}_{kind}_backward", words, itype, group,
                   (("covers", covers),) if kind == "window" else ())
 

@@ -46,8 +46,10 @@ constexpr int kGroup = 4;
 // positions (e[j].o_d, .o_h, .o_w its coordinates, e[j].oi its flat index into `out`, and x),
 // e[n..G) repeating e[0]; base the offset of their plane (NHWC: and channel) in `grad` (and
 // indices, y), cs the element step between spatial neighbours there. The maps of
-// thread_map.cuh (output_groups) with the forward's input and output dims swapped.
-template <int G, bool NHWC, typename I, typename T, typename H>
+// thread_map.cuh (output_groups) with the forward's input and output dims swapped. With
+// V > 1, an e[j] is a pack of V positions along W instead: o_w the pack, its positions
+// o_w * V + u, u < V, inside the row; e[j].oi then counts packs.
+template <int G, bool NHWC, int V = 1, typename I, typename T, typename H>
 __device__ __forceinline__ void input_groups(const Geo<I>& g, const T* __restrict__ grad, H h) {
   Geo<I> t = g;
   t.id = g.od;
@@ -55,7 +57,7 @@ __device__ __forceinline__ void input_groups(const Geo<I>& g, const T* __restric
   t.iw = g.ow;
   t.od = g.id;
   t.oh = g.ih;
-  t.ow = g.iw;
+  t.ow = (g.iw + (I)(V - 1)) / (I)V;
   output_groups<G, NHWC>(t, grad, [&](const T* __restrict__ plane, I cs, const Output<I>* e,
                                       int n) { h((I)(plane - grad), cs, e, n); });
 }

@@ -47,19 +47,23 @@ struct AdaptiveCovers {
 constexpr int kMaxBatchW = 2;
 constexpr int kSumBatchW = 1;
 
-// Positions a thread takes at once (group) and blocks of 256 threads per SM its registers are
-// held to (blocks; with float and half elements, see GP_WINDOW_BOUNDS), for the max gradients
-// (MAX) or the sums, C the compiled-in bound on the windows covering a position along H and W
-// (0: none). One window at most (C == 1): 8 positions, a batch of 8 windows, 2 blocks. Two
-// (C == 2): the sums take 4 positions, all their 16 windows of one D tap in a batch, 2 blocks;
-// the max gradients 3 positions, 12 windows, 4 blocks (64 registers: each window's index is
-// read as a 32-bit word, see MaxGrads). Else kGroup positions, their windows in batches of
-// kMaxBatchW or kSumBatchW W taps. Each holds the most loads in flight per SM that ptxas
-// keeps in one run without spilling more than a few bytes (planner.GATHER_GROUP matches).
+// Positions along W of one slot of the max gradients' walk where its covering windows are
+// compiled in (a pack: see max_window_packs).
+constexpr int kMaxPack = 4;
+
+// Slots a thread takes at once (group) and blocks of 256 threads per SM its registers are held
+// to (blocks; with float and half elements, see GP_WINDOW_BOUNDS), for the max gradients (MAX)
+// or the sums, C the compiled-in bound on a slot's windows along H and along W (0: none). The
+// sums' slot is a position: one window at most (C == 1), 8 positions, a batch of 8 windows;
+// two (C == 2), 4 positions, all their 16 windows of one D tap in a batch. The max gradients'
+// slot is a pack of kMaxPack positions (C == 3, the windows covering any of them): 2 packs, 18
+// windows in a batch. Else kGroup positions, their windows in batches of kMaxBatchW or
+// kSumBatchW W taps. Each holds as many loads in flight per SM as ptxas keeps in one run
+// without spilling (planner.GATHER_GROUP matches).
 template <bool MAX, int C>
 struct GatherShape {
-  static constexpr int group = C == 1 ? 8 : C == 2 && MAX ? 3 : kGroup;
-  static constexpr int blocks = C == 2 && MAX ? 4 : C ? 2 : 1;
+  static constexpr int group = C == 1 ? 8 : C == 3 ? 2 : kGroup;
+  static constexpr int blocks = C ? 2 : 1;
 };
 #define GP_GATHER_BOUNDS(T, I, MAX, C) GP_WINDOW_BOUNDS(T, I, (gp::GatherShape<MAX, C>::blocks))
 
@@ -88,14 +92,15 @@ struct NamedGrad {
   T grad;
 };
 
-// The max gradients of G positions (walk_lines_batched's visitor): acc[j] = +0 plus, in
-// row-major order of position j's covering windows, each window's gradient where its index
-// names pos[j], else +0 (the sum, from +0, is never -0, so that leaves it as it is). Every
-// slot is taken: one that is not ok names -1, no position. An index is read as its low
-// sizeof(I) bytes (little-endian, as every CUDA GPU), which hold its value: the host has
-// checked that each is -1 or a position of the plane, which I holds; with int, half the
-// registers a load in flight needs.
-template <int G, typename T, typename I>
+// The max gradients of G slots of V positions along W (walk_lines_batched's visitor):
+// acc[j][u] = +0 plus, in row-major order of the covering windows, each window's gradient
+// where its index names position pos[j] + u, else +0 (the sum, from +0, is never -0, so that
+// leaves it as it is). Every slot is taken: one that is not ok names -1, no position. The
+// walk may visit windows that do not cover a position (a pack's windows): their indices never
+// name it. An index is read as its low sizeof(I) bytes (little-endian, as every CUDA GPU),
+// which hold its value: the host has checked that each is -1 or a position of its window,
+// which I holds; with int, half the registers a load in flight needs.
+template <int G, int V, typename T, typename I>
 struct MaxGrads {
   typedef NamedGrad<T, I> value;
   static constexpr bool skips = false;
@@ -104,7 +109,7 @@ struct MaxGrads {
   const I* __restrict__ named;  // indices, as words of I
   I base, cs, oh, ow;
   I pos[G];
-  A acc[G];
+  A acc[G][V];
   __device__ __forceinline__ value load(int, I pd, I ph, I pw, bool ok) const {
     const I at = base + ((pd * oh + ph) * ow + pw) * cs;
     return {tap_load(named, (I)(sizeof(long long) / sizeof(I)), at, ok, (I)-1),
@@ -112,7 +117,8 @@ struct MaxGrads {
   }
   __device__ __forceinline__ void take(int j, const value& v, I, I, I) {
     const A gv = Num<T>::load(v.grad);
-    acc[j] += v.named == pos[j] ? gv : (A)0;
+#pragma unroll
+    for (int u = 0; u < V; ++u) acc[j][u] += v.named == pos[j] + (I)u ? gv : (A)0;
   }
   __device__ __forceinline__ void plane(int) {}
   __device__ __forceinline__ void plane_end(int) {}
@@ -121,28 +127,95 @@ struct MaxGrads {
 };
 
 // The max gradient over any covering windows (WindowCovers, AdaptiveCovers; C: at most C
-// along H and W, 0 any number), a group of positions (GatherShape) of a thread at once, the
-// loads of their covering windows in joint batches.
-template <typename T, typename I, bool NHWC, int C, typename Covers>
+// along H and W, 0 any number), kGroup positions of a thread at once, the loads of their
+// covering windows in joint batches.
+template <typename T, typename I, bool NHWC, typename Covers>
 __device__ __forceinline__ void max_gather(const T* __restrict__ grad,
                                            const long long* __restrict__ indices,
                                            T* __restrict__ out, const Covers& covers,
                                            const Geo<I>& g) {
-  constexpr int G = GatherShape<true, C>::group;
+  constexpr int G = kGroup;
   input_groups<G, NHWC>(g, grad, [&](I base, I cs, const Output<I>* e, int n) {
     TapLine<I> d[G], h[G], w[G];
     cover_lines<G>(covers, e, d, h, w);
-    MaxGrads<G, T, I> f{grad, reinterpret_cast<const I*>(indices), base, cs, g.oh, g.ow};
+    MaxGrads<G, 1, T, I> f{grad, reinterpret_cast<const I*>(indices), base, cs, g.oh, g.ow};
 #pragma unroll
     for (int j = 0; j < G; ++j) {
       f.pos[j] = (e[j].o_d * g.ih + e[j].o_h) * g.iw + e[j].o_w;
-      f.acc[j] = (typename MaxGrads<G, T, I>::A)0;
+      f.acc[j][0] = (typename MaxGrads<G, 1, T, I>::A)0;
     }
-    walk_lines_batched<G, kMaxBatchW, C>(d, h, w, n, f);
+    walk_lines_batched<G, kMaxBatchW, 0>(d, h, w, n, f);
     T v[G];
 #pragma unroll
-    for (int j = 0; j < G; ++j) v[j] = Num<T>::store(f.acc[j]);
+    for (int j = 0; j < G; ++j) v[j] = Num<T>::store(f.acc[j][0]);
     store_values<G>(out, e, n, v);
+  });
+}
+
+// V elements of T stored as one aligned vector.
+template <typename T, int V>
+struct alignas(V * sizeof(T)) Pack {
+  T v[V];
+};
+
+// The max gradients of sliding windows in packs of kMaxPack positions along W (C == 3: the
+// host has checked that at most 3 windows cover a position along H, and 3 any of a pack's
+// positions along W): a thread takes 2 packs (input_groups with V = kMaxPack), walking for
+// each the windows that cover any of its positions -- per dim the covering windows of the
+// position along D and H, along W windows lo..hi, those whose taps reach the pack's first to
+// its last position -- all 18 of one D tap in a batch. A window loads once for the pack, not
+// once per position it covers. A whole pack of an NCHW row on a pack-aligned address is
+// stored as one vector.
+template <typename T, typename I, bool NHWC>
+__device__ __forceinline__ void max_window_packs(const T* __restrict__ grad,
+                                                 const long long* __restrict__ indices,
+                                                 T* __restrict__ out, const Geo<I>& g,
+                                                 const WindowCovers<I>& covers) {
+  constexpr int G = GatherShape<true, 3>::group, V = kMaxPack;
+  typedef typename MaxGrads<G, V, T, I>::A A;
+  input_groups<G, NHWC, V>(g, grad, [&](I base, I cs, const Output<I>* e, int n) {
+    TapLine<I> d[G], h[G], w[G];
+    I w0[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      w0[j] = e[j].o_w * (I)V;
+      covers.lines(e[j].o_d, e[j].o_h, w0[j], d[j], h[j], w[j]);
+      const I w1 = (w0[j] + (I)V < g.iw ? w0[j] + (I)V : g.iw) - (I)1;
+      const I reach = w0[j] + (I)g.pw - (I)((g.kw - 1) * g.dw);  // lo * sw >= reach
+      const I lo = reach <= 0 ? (I)0 : (reach + (I)g.sw - (I)1) / (I)g.sw;
+      const I top = (w1 + (I)g.pw) / (I)g.sw;
+      const I hi = top < g.ow - (I)1 ? top : g.ow - (I)1;
+      w[j] = {lo, hi >= lo ? hi - lo + (I)1 : (I)0, (I)1, g.ow};
+    }
+    MaxGrads<G, V, T, I> f{grad, reinterpret_cast<const I*>(indices), base, cs, g.oh, g.ow};
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      f.pos[j] = (e[j].o_d * g.ih + e[j].o_h) * g.iw + w0[j];
+#pragma unroll
+      for (int u = 0; u < V; ++u) f.acc[j][u] = (A)0;
+    }
+    walk_lines_batched<G, kMaxBatchW, 3>(d, h, w, n, f);
+    // the plane (and channel) from base: grad's plane holds od * oh * ow positions
+    const I gplane = g.od * g.oh * g.ow * cs;
+    const I p = base / gplane;
+    const I c = base - p * gplane;
+    const I iplane = g.id * g.ih * g.iw;
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      if (j >= n) continue;
+      Pack<T, V> v;
+#pragma unroll
+      for (int u = 0; u < V; ++u) v.v[u] = Num<T>::store(f.acc[j][u]);
+      T* __restrict__ dst = out + (p * iplane + f.pos[j]) * cs + c;
+      if (!NHWC && w0[j] + (I)V <= g.iw && (unsigned long long)dst % sizeof(v) == 0) {
+        *reinterpret_cast<Pack<T, V>*>(dst) = v;
+      } else {
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+          if (w0[j] + (I)u < g.iw) dst[(I)u * cs] = v.v[u];
+        }
+      }
+    }
   });
 }
 
@@ -236,7 +309,11 @@ __global__ void GP_GATHER_BOUNDS(T, I, true, C)
     max_window_backward(const T* __restrict__ grad, const long long* __restrict__ indices,
                         T* __restrict__ out, GP_GEO_PARAMS(I), int gd, int gh, int gw) {
   GP_GEO(I);
-  gp::max_gather<T, I, NHWC, C>(grad, indices, out, gp::WindowCovers<I>{g, gd, gh, gw}, g);
+  if constexpr (C == 3) {
+    gp::max_window_packs<T, I, NHWC>(grad, indices, out, g, gp::WindowCovers<I>{g, gd, gh, gw});
+  } else {
+    gp::max_gather<T, I, NHWC>(grad, indices, out, gp::WindowCovers<I>{g, gd, gh, gw}, g);
+  }
 }
 
 // adaptive_max_pool's (and global_max_pool's) backward from its int64 indices.
@@ -245,7 +322,7 @@ __global__ void max_adaptive_backward(const T* __restrict__ grad,
                                       const long long* __restrict__ indices, T* __restrict__ out,
                                       GP_GEO_PARAMS(I)) {
   GP_GEO(I);
-  gp::max_gather<T, I, NHWC, 0>(grad, indices, out, gp::AdaptiveCovers<I>{g}, g);
+  gp::max_gather<T, I, NHWC>(grad, indices, out, gp::AdaptiveCovers<I>{g}, g);
 }
 
 // avg_pool's backward: q = grad / divisor, the divisor as the forward's (divisor_override when
@@ -325,16 +402,6 @@ __global__ void avg_adaptive_backward(const T* __restrict__ grad, T* __restrict_
   gp::sum_gather<T, I, NHWC, 0>(grad, out, gp::AdaptiveCovers<I>{g}, g, gp::GradAt<T, I>{grad},
                                 q, gp::Unchanged());
 }
-
-namespace gp {
-
-// V elements of T stored as one aligned vector (16 bytes).
-template <typename T, int V>
-struct alignas(V * sizeof(T)) Pack {
-  T v[V];
-};
-
-}  // namespace gp
 
 // The backward of a global average (an adaptive average to size 1 in every dim), a broadcast:
 // element e of `out` (planes x plane_len elements, plane_len = size * chans; chans 1 for NCHW)
