@@ -12,11 +12,12 @@ registers (ptxas, through CuPy's NVRTC when installed) and occupancy, the compil
 global loads per run (nvdisasm of the same compile, tests/cudacpu/sass.py), the modeled time's
 bound (dram, l2, l1, latency) and the bandwidth the op shows as a percentage of DRAM peak.
 
-Results go to bench/results/model-h100-large-<date>.{json,md} (-partial with --ops); an
-existing file is not overwritten without --force.
+Results go to bench/results/model-h100-large-<date>.{json,md} (-partial with --ops, -beyond
+with --beyond: cases outside the suite); an existing file is not overwritten without --force.
 
   python bench/model.py
   python bench/model.py --ops max --sites
+  python bench/model.py --beyond
 """
 from __future__ import annotations
 
@@ -36,11 +37,10 @@ HEADER = ("MODELED, NOT MEASURED: an H100 SXM memory-traffic model of gpupool's 
           "from traces on the CPU executor (tests/cudacpu); no GPU ran these figures.")
 
 
-def output_stem(results_dir: str, partial: bool, date: datetime.date | None = None) -> str:
-    """The results path without extension."""
+def output_stem(results_dir: str, suffix: str = "", date: datetime.date | None = None) -> str:
+    """The results path without extension (``suffix``: "-partial", "-beyond" or none)."""
     date = date or datetime.date.today()
-    return os.path.join(results_dir, f"model-h100-large-{date.isoformat()}"
-                                     f"{'-partial' if partial else ''}")
+    return os.path.join(results_dir, f"model-h100-large-{date.isoformat()}{suffix}")
 
 
 def short(name: str) -> str:
@@ -73,7 +73,7 @@ def launch_row(model, la) -> dict:
                    "l2_read_sectors": t.l2_read_sectors, "l2_write_sectors": t.l2_write_sectors,
                    "l1_wavefronts": t.l1_wavefronts, "rounds": t.rounds,
                    "block_rounds": t.block_rounds,
-                   "most_main_input_loads_per_thread_and_epoch": t.epoch_loads},
+                   "most_loads_per_thread_and_epoch": t.epoch_loads},
         "dram_bytes": la.dram_bytes,
         "seconds": {"dram": la.time.dram, "l2": la.time.l2, "l1": la.time.l1,
                     "latency": la.time.latency},
@@ -158,7 +158,7 @@ def markdown(models, meta: dict) -> str:
         f" TB/s (assumption); L1 one 128-byte wavefront per SM per clock at "
         f"{c['SM_CLOCK'] / 1e9:.3f} GHz (assumption); latency {c['DRAM_LATENCY'] * 1e9:.0f} ns "
         f"(assumption) per round of independent loads of a block's slowest warp, over the "
-        f"resident blocks; an epoch (one output stored) of m main-input loads per thread takes "
+        f"resident blocks; an epoch (one output stored) of m loads per thread (every array's) takes "
         f"at least ceil(m / compiled loads per run) rounds, loads per run = "
         f"{c['COMPILED_BATCH']} ({meta['batching']}; every code path counts once, "
         f"see traffic.py). L2 assumption: "
@@ -183,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", nargs="+", default=None, metavar="OP_OR_NAME",
                         help="only these ops or cases (as gpupool bench); the files are then "
                              "named ...-partial")
+    parser.add_argument("--beyond", action="store_true",
+                        help="the cases beyond the suite (other layouts, dtypes and windows of "
+                             "its ops) instead; the files are then named ...-beyond")
     parser.add_argument("--sites", action="store_true",
                         help="name every load and store site by its source line (JSON)")
     parser.add_argument("--force", action="store_true",
@@ -195,8 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     import cudacpu
     from cudacpu import benchmodel, executor
 
-    cases = benchmodel.modeled_cases(args.ops)
-    stem = output_stem(args.results_dir, bool(args.ops))
+    if args.beyond:
+        cases, suffix = benchmodel.beyond_suite_cases(), "-beyond"
+    else:
+        cases, suffix = benchmodel.modeled_cases(args.ops), "-partial" if args.ops else ""
+    stem = output_stem(args.results_dir, suffix)
     existing = [stem + ext for ext in (".json", ".md") if os.path.exists(stem + ext)]
     if existing and not args.force:
         print(f"bench/model.py: not overwriting {', '.join(existing)}; pass --force to replace "

@@ -38,6 +38,27 @@ def modeled_cases(ops=None) -> list:
     return cases.select_cases(ops, cases.SUITE + cases.BACKWARD)
 
 
+def beyond_suite_cases() -> list:
+    """Cases outside the suite the model is also run on (``bench/model.py --beyond``): the
+    suite's ops in other layouts, dtypes and window shapes."""
+    from gpupool.bench.cases import Case
+    stem, stem_nhwc = (64, 112, 112), (112, 112, 64)
+    k3 = {"kernel": (3, 3), "stride": (2, 2), "padding": 1}
+    return [
+        Case("max 2x2 s2 NHWC", "max", stem_nhwc, layout="NHWC"),
+        Case("max 3x3 s2 p1 f64", "max", stem, "float64", **k3),
+        Case("max 3x3 s2 p1 NHWC f16", "max", stem_nhwc, "float16", layout="NHWC", **k3),
+        Case("adaptive max 14->7", "amax", (512, 14, 14), output_size=(7, 7)),
+        Case("max 2x2 s2 backward", "max_bwd", stem),
+        Case("max 3x3 s2 p1 backward f16", "max_bwd", stem, "float16", **k3),
+        Case("max 3x3 s2 p1 backward NHWC", "max_bwd", stem_nhwc, layout="NHWC", **k3),
+        Case("avg 2x2 s2 backward NHWC", "avg_bwd", (56, 56, 256), layout="NHWC"),
+        Case("avg 3x3 s2 p1 backward", "avg_bwd", stem, **k3),
+        Case("avg 3x3 s1 p1 backward", "avg_bwd", (64, 56, 56), kernel=(3, 3), stride=(1, 1),
+             padding=1),
+    ]
+
+
 @dataclass(frozen=True)
 class PlannedLaunch:
     """A launch as gpupool makes it: kernel source file, name expression, grid, block, its
