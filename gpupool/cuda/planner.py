@@ -144,6 +144,9 @@ def static_window(spec: S.WindowSpec) -> int:
     return kh if kh == kw and kh in SPECIALISED_K else 0
 
 
+#: Positions per thread of the max unpooling gather, all their windows' loads in one batch
+#: (gather.cuh kNamedGroup).
+NAMED_GROUP = 8
 #: Positions along W of one slot of the max gradients' walk when its windows are compiled in
 #: (pool_backward.cu kMaxPack).
 MAX_PACK = 4
@@ -418,7 +421,7 @@ def _unpool(spec: S.UnpoolSpec, device: DeviceInfo, words: list, scatter: bool) 
                      "fill; indices outside their windows fall back to the scatter)")
         return dataclasses.replace(_tiled(_Positions(pool.geom, pool.geom.spatial), device,
                                           "gather", "max_unpool_gather", words,
-                                          index_type(pool)), family="unpool")
+                                          index_type(pool), NAMED_GROUP), family="unpool")
     n = math.prod(spec.geom.shape)
     blocks = max(1, min(_cdiv(n, BLOCK_THREADS), device.sm_count * 32))
     words.append(f"scatter: zero-fill the output, then {n} elements in a grid-stride loop "

@@ -2,6 +2,7 @@
 // windows that cover it (no atomics): the backward kernels (pool_backward.cu) and max
 // unpooling where windows do not overlap (max_pool.cu).
 #pragma once
+#include "accumulate.cuh"
 #include "geometry.cuh"
 #include "thread_map.cuh"
 #include "walk.cuh"
@@ -62,60 +63,95 @@ __device__ __forceinline__ void input_groups(const Geo<I>& g, const T* __restric
                                       int n) { h((I)(plane - grad), cs, e, n); });
 }
 
-// v[J] = f(Slot<J>(), e[J]) for each slot J < n of a group, in slot order; Slot<J> gives each
-// slot its own instance of f, so that the loads of every slot are instructions of their own.
-template <int J, int G>
-struct EachSlot {
-  template <typename V, typename E, typename F>
-  static __device__ __forceinline__ void run(V* v, const E* e, int n, const F& f) {
-    if (J < n) v[J] = f(Slot<J>(), e[J]);
-    EachSlot<J + 1, G>::run(v, e, n, f);
-  }
-};
-
-template <int G>
-struct EachSlot<G, G> {
-  template <typename V, typename E, typename F>
-  static __device__ __forceinline__ void run(V*, const E*, int, const F&) {}
-};
-
-// The value f(Slot<J>(), e[J]) of every position of a group, all computed before the first is
-// stored to out[e[J].oi].
-template <int G, typename T, typename I, typename F>
-__device__ __forceinline__ void store_group(T* __restrict__ out, const Output<I>* e, int n,
-                                            const F& f) {
-  T v[G];
-  EachSlot<0, G>::run(v, e, n, f);
+// A group's results v[0..n), stored to out[e[j].oi] once all are computed.
+template <int G, typename T, typename I>
+__device__ __forceinline__ void store_values(T* __restrict__ out, const Output<I>* e, int n,
+                                            const T* v) {
 #pragma unroll
   for (int j = 0; j < G; ++j) {
     if (j < n) out[e[j].oi] = v[j];
   }
 }
 
-// For each input position of this thread (input_groups): acc = take(acc, named, v) from
-// `zero` per covering window (Covers) in row-major order, named whether the window's index
-// names this position and v its value in src; out at the position = done(acc). Each covering
-// window's index and value load unconditionally. J: the index dtype.
+// The type an index of dtype J is read as where I holds every index: I when J is wider (its
+// low bytes, little-endian as every CUDA GPU, hold the value), else J.
+template <typename J, typename I, bool WIDER = (sizeof(J) > sizeof(I))>
+struct IndexWord {
+  typedef J type;
+};
+template <typename J, typename I>
+struct IndexWord<J, I, true> {
+  typedef I type;
+};
+
+// A covering window's index and value.
+template <typename J, typename T>
+struct NamedValue {
+  J named;
+  T value;
+};
+
+// walk_lines_batched's visitor for G positions: acc[j] = take(acc[j], named, v) per covering
+// window slot in row-major order, named whether the window's index names pos[j] and v its
+// value in src; a slot that is not a valid window loads neither and names no position (take
+// with named false must leave acc as it is: every slot is taken, so that no take waits behind
+// a branch).
+template <int G, typename T, typename J, typename I, typename A, typename Take>
+struct NamedTakes {
+  typedef typename IndexWord<J, I>::type W;
+  typedef NamedValue<W, T> value;
+  static constexpr bool skips = false;
+  const T* __restrict__ src;
+  const W* __restrict__ indices;  // as words of W
+  I base, cs, oh, ow;
+  const Take& combine;
+  I pos[G];
+  A acc[G];
+  __device__ __forceinline__ value load(int, I pd, I ph, I pw, bool ok) const {
+    const I at = base + ((pd * oh + ph) * ow + pw) * cs;
+    return {tap_load(indices, (I)(sizeof(J) / sizeof(W)), at, ok, (W)-1),
+            tap_load(src, (I)1, at, ok)};
+  }
+  __device__ __forceinline__ void take(int j, const value& v, I, I, I) {
+    acc[j] = combine(acc[j], (long long)v.named == (long long)pos[j], v.value);  // signed J
+  }
+  __device__ __forceinline__ void plane(int) {}
+  __device__ __forceinline__ void plane_end(int) {}
+  __device__ __forceinline__ void row(int) {}
+  __device__ __forceinline__ void row_end(int) {}
+};
+
+// Positions per thread of named_gather, whose windows do not overlap (one covers a position
+// per dim at most): all their windows' loads in one batch.
+constexpr int kNamedGroup = 8;
+
+// For each input position of this thread (input_groups, kNamedGroup at once), where at most
+// one window covers a position along each dim (Covers; the host checks): acc = take(acc,
+// named, v) from `zero` per covering window in row-major order, named whether the window's
+// index names this position and v its value in src; out at the position = done(acc). J: the
+// index dtype.
 template <typename T, typename I, bool NHWC, typename J, typename Covers, typename A,
           typename Take, typename Done>
 __device__ __forceinline__ void named_gather(const T* __restrict__ src,
                                              const J* __restrict__ indices, T* __restrict__ out,
                                              const Covers& covers, const Geo<I>& g, A zero,
                                              const Take& take, const Done& done) {
-  input_groups<kGroup, NHWC>(g, src, [&](I base, I cs, const Output<I>* e, int n) {
-    store_group<kGroup, T>(out, e, n, [&](auto, const Output<I>& p) {
-      const long long pos = (long long)((p.o_d * g.ih + p.o_h) * g.iw + p.o_w);
-      TapLine<I> d, h, w;
-      covers.lines(p.o_d, p.o_h, p.o_w, d, h, w);
-      A acc = zero;
-      auto add = [&](I o) {
-        const I at = base + o * cs;
-        const long long named = (long long)indices[at];  // signed for every J
-        acc = take(acc, named == pos, src[at]);
-      };
-      walk_row_major<0, 0>(d, h, w, add);
-      return done(acc);
-    });
+  constexpr int G = kNamedGroup;
+  input_groups<G, NHWC>(g, src, [&](I base, I cs, const Output<I>* e, int n) {
+    TapLine<I> d[G], h[G], w[G];
+    typedef NamedTakes<G, T, J, I, A, Take> F;
+    F f{src, reinterpret_cast<const typename F::W*>(indices), base, cs, g.oh, g.ow, take};
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      covers.lines(e[j].o_d, e[j].o_h, e[j].o_w, d[j], h[j], w[j]);
+      f.pos[j] = (e[j].o_d * g.ih + e[j].o_h) * g.iw + e[j].o_w;
+      f.acc[j] = zero;
+    }
+    walk_lines_batched<G, 1, 1>(d, h, w, n, f);
+    T v[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) v[j] = done(f.acc[j]);
+    store_values<G>(out, e, n, v);
   });
 }
 

@@ -75,16 +75,6 @@ __device__ __forceinline__ void cover_lines(const Covers& covers, const Output<I
   for (int j = 0; j < G; ++j) covers.lines(e[j].o_d, e[j].o_h, e[j].o_w, d[j], h[j], w[j]);
 }
 
-// A group's results v[0..n), stored to out[e[j].oi] once all are computed.
-template <int G, typename T, typename I>
-__device__ __forceinline__ void store_values(T* __restrict__ out, const Output<I>* e, int n,
-                                            const T* v) {
-#pragma unroll
-  for (int j = 0; j < G; ++j) {
-    if (j < n) out[e[j].oi] = v[j];
-  }
-}
-
 // A covering window's index and gradient.
 template <typename T, typename I>
 struct NamedGrad {

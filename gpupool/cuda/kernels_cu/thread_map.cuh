@@ -12,10 +12,6 @@ struct Output {
   I o_d, o_h, o_w, oi;
 };
 
-// A tag naming slot J of a group of outputs.
-template <int J>
-struct Slot {};
-
 // The outputs at(k) of k = first + r * step, r in [0, count), k < limit, in groups of G:
 // h(o, n) with o and n as below.
 template <int G, typename I, typename At, typename H>
