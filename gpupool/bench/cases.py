@@ -18,7 +18,8 @@ LARGE_BYTES = 256 << 20
 @dataclass(frozen=True)
 class Case:
     name: str
-    op: str  # max | avg | lp | gavg | aavg | amax | qmax | qavg | max_bwd | avg_bwd | gavg_bwd
+    op: str  # max | avg | lp | gavg | aavg | amax | qmax | qavg | unpool | max_bwd | avg_bwd |
+    #          gavg_bwd
     sample: tuple  # shape of one sample, without N
     dtype: str = "float32"
     kernel: tuple = (2, 2)
@@ -213,6 +214,17 @@ def gpupool_call(case: Case, x):
         return lambda: gpupool.adaptive_avg_pool(x, case.output_size, **kw)
     if case.op == "amax":
         return lambda: gpupool.adaptive_max_pool(x, case.output_size, **kw)
+    if case.op == "unpool":  # max_unpool of max_pool's values and indices, back to x's size
+        y, indices = gpupool.max_pool(x, case.kernel, case.stride, case.padding,
+                                      return_indices=True, **kw)
+        size = x.shape[-len(case.kernel):] if kw["layout"] == "NCHW" else \
+            x.shape[-len(case.kernel) - 1:-1]
+
+        def f():
+            return gpupool.max_unpool(y, indices, case.kernel, case.stride, case.padding, size,
+                                      **kw)
+        f.operands = (y, indices)
+        return f
     q = gpupool.quantized.QArray(x, 0.05, 0)
     f = gpupool.quantized.max_pool if case.op == "qmax" else gpupool.quantized.avg_pool
     return lambda: f(q, case.kernel, case.stride, case.padding, layout=case.layout)

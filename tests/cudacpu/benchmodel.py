@@ -56,6 +56,7 @@ def beyond_suite_cases() -> list:
         Case("avg 3x3 s2 p1 backward", "avg_bwd", stem, **k3),
         Case("avg 3x3 s1 p1 backward", "avg_bwd", (64, 56, 56), kernel=(3, 3), stride=(1, 1),
              padding=1),
+        Case("max unpool 2x2 s2", "unpool", stem),
     ]
 
 
@@ -142,15 +143,16 @@ def run_case(case, x):
 
 @contextlib.contextmanager
 def _unchecked_indices():
-    """While inside, the backward ops take a max's indices unchecked: a dry run's forward
-    writes none."""
-    from gpupool import gradients
-    saved = gradients._check_indices
+    """While inside, the backward ops and max_unpool take a max's indices unchecked (max_unpool
+    as lying in the plane and in their windows): a dry run's forward writes none."""
+    from gpupool import gradients, ops
+    saved = gradients._check_indices, ops.index_span
     gradients._check_indices = lambda *args: None
+    ops.index_span = lambda indices, xp, pooling=None: (0, 0, True)
     try:
         yield
     finally:
-        gradients._check_indices = saved
+        gradients._check_indices, ops.index_span = saved
 
 
 def planned_with_setup(case, shape, sms: int = traffic.SM_COUNT
