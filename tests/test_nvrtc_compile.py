@@ -1,5 +1,8 @@
-"""Every CUDA kernel instantiation the runtime can request compiles with NVRTC, for sm_80 and
-sm_90, with no error and no warning. Needs CuPy and its NVRTC library, not a GPU.
+"""Every CUDA kernel instantiation the runtime can request compiles with NVRTC for sm_90, and
+its float32, 32-bit-offset ones for sm_80 too, with no error and no warning. Needs CuPy and its
+NVRTC library, not a GPU. (sm_80 goes through the same front end; its code generator differs
+in registers, which only sm_90 bounds (accumulate.cuh window_blocks), so a sample of it keeps
+the compile time of the suite in check.)
 
 The options are the ones ``cupy.RawModule`` uses at run time: CuPy's own include paths and
 ``--std=c++17`` (``cupy._core.core.assemble_cupy_compiler_options``), the backend's OPTIONS,
@@ -27,6 +30,15 @@ from gpupool.cuda import backward as backward_cuda
 pytestmark = pytest.mark.nvrtc
 
 ARCHS = ("80", "90")
+
+
+def for_arch(names, arch: str) -> list[str]:
+    """The instantiations compiled for sm_``arch``: all for sm_90; for sm_80 those of float32
+    elements (or 32-bit words) and 32-bit offsets."""
+    if arch == "90":
+        return list(names)
+    return [n for n in names if ("float" in n or "unsigned int" in n) and "long long" not in n
+            and "double" not in n and "__half" not in n]
 
 
 def _by_file():
@@ -97,7 +109,7 @@ def compile_clean(real_nvrtc, source_file: str, names, arch: str):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("source_file", sorted(_by_file()))
 def test_compiles_without_warnings_or_local_memory(real_nvrtc, source_file, arch):
-    compile_clean(real_nvrtc, source_file, _by_file()[source_file], arch)
+    compile_clean(real_nvrtc, source_file, for_arch(_by_file()[source_file], arch), arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -106,7 +118,7 @@ def test_backward_kernels_compile_without_warnings_or_local_memory(real_nvrtc, a
     name compiles as the forward families' do."""
     names = [n for f, n in backward_cuda.instantiations() if f == backward_cuda.SOURCE]
     assert len(names) == len(set(names)) == len(backward_cuda.instantiations())
-    compile_clean(real_nvrtc, backward_cuda.SOURCE, names, arch)
+    compile_clean(real_nvrtc, backward_cuda.SOURCE, for_arch(names, arch), arch)
 
 
 def test_no_multiply_add_is_fused(real_nvrtc):

@@ -49,11 +49,12 @@ __device__ __forceinline__ T tap_load(const T* __restrict__ xp, I cs, I pos, boo
 // value, which never replaces the max: values only, every slot is taken (skips false); with
 // IDX only the valid taps (skips true: the first valid tap always sets the position).
 // load returns the element as stored and take converts it to A: a conversion next to its load
-// would make the compiler wait for each half tap before it starts the next. Values only, take
-// tests max_takes without its short circuit: with it, ptxas waited for each tap of the NHWC,
-// double and adaptive walks before starting the next load (with indices the short circuit is
-// the form it batches).
-template <typename T, typename I, bool IDX>
+// would make the compiler wait for each half tap before it starts the next. FLAT (values only):
+// take tests max_takes without its short circuit, the form after which ptxas starts all of a
+// batch's loads in the compiled-in-K and adaptive walks (with the short circuit it waited for
+// each tap of their NHWC, double and adaptive variants); the run-time-K walk and the indices
+// keep the short circuit, which ptxas batches there (FLAT spilled the run-time-K kernel).
+template <typename T, typename I, bool IDX, bool FLAT = false>
 struct MaxOfTaps {
   typedef typename Num<T>::acc A;
   typedef T value;
@@ -76,7 +77,7 @@ struct MaxOfTaps {
         m = v;
         best = pos;
       }
-    } else if ((v > m) | Num<A>::is_nan(v)) {
+    } else if (FLAT ? (v > m) | Num<A>::is_nan(v) : max_takes(v, m)) {
       m = v;
     }
   }
@@ -120,9 +121,10 @@ __device__ __forceinline__ void max_outputs(const T* __restrict__ x, T* __restri
   constexpr int G = IDX ? 1 : Taps::joint;
   output_groups<G, NHWC, true>(g, x, [&](const T* __restrict__ xp, I cs, const Output<I>* o,
                                          int n) {
-    MaxOfTaps<T, I, IDX> acc[G];
+    typedef MaxOfTaps<T, I, IDX, Taps::flat_max> Acc;
+    Acc acc[G];
 #pragma unroll
-    for (int j = 0; j < G; ++j) acc[j] = MaxOfTaps<T, I, IDX>(xp, cs);
+    for (int j = 0; j < G; ++j) acc[j] = Acc(xp, cs);
     taps.template batched<G>(o, n, acc);
 #pragma unroll
     for (int j = 0; j < G; ++j) {

@@ -39,10 +39,6 @@ struct WindowCovers {
   }
 };
 
-// Input positions per thread taken together: their covering windows' loads all start before
-// any of their sums waits.
-constexpr int kGroup = 4;
-
 // h(base, cs, e, n) for each group of up to G input positions of this thread: e[0..n) the
 // positions (e[j].o_d, .o_h, .o_w its coordinates, e[j].oi its flat index into `out`, and x),
 // e[n..G) repeating e[0]; base the offset of their plane (NHWC: and channel) in `grad` (and
@@ -122,10 +118,14 @@ struct NamedTakes {
 };
 
 // Positions per thread of named_gather, whose windows do not overlap (one covers a position
-// per dim at most): all their windows' loads in one batch.
-constexpr int kNamedGroup = 8;
+// per dim at most), all their windows' loads in one batch: 8 with 32-bit offsets, 4 with 64-bit
+// ones (twice the registers an offset takes; the planner's rows then make 2 groups).
+template <typename I>
+constexpr int named_group() {
+  return sizeof(I) == 4 ? 8 : 4;
+}
 
-// For each input position of this thread (input_groups, kNamedGroup at once), where at most
+// For each input position of this thread (input_groups, named_group<I>() at once), where at most
 // one window covers a position along each dim (Covers; the host checks): acc = take(acc,
 // named, v) from `zero` per covering window in row-major order, named whether the window's
 // index names this position and v its value in src; out at the position = done(acc). J: the
@@ -136,7 +136,7 @@ __device__ __forceinline__ void named_gather(const T* __restrict__ src,
                                              const J* __restrict__ indices, T* __restrict__ out,
                                              const Covers& covers, const Geo<I>& g, A zero,
                                              const Take& take, const Done& done) {
-  constexpr int G = kNamedGroup;
+  constexpr int G = named_group<I>();
   input_groups<G, NHWC>(g, src, [&](I base, I cs, const Output<I>* e, int n) {
     TapLine<I> d[G], h[G], w[G];
     typedef NamedTakes<G, T, J, I, A, Take> F;

@@ -40,6 +40,10 @@ struct AdaptiveCovers {
   }
 };
 
+// Input positions per thread taken together: their covering windows' loads all start before
+// any of their sums waits.
+constexpr int kGroup = 4;
+
 // W taps per batch of the covering windows' loads (walk_lines_batched) where their number is
 // not compiled in, so that a batch holds kGroup * k windows: 2 for the max gradients (ptxas on
 // sm_90: about as many registers as 1, the same blocks per SM), 1 for the sums (2 would cost

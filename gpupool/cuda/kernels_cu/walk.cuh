@@ -50,20 +50,9 @@ __device__ __forceinline__ bool tap_valid(const TapLine<I>& l, I t, I& p) {
   return t < l.n && p >= 0 && p < l.size;
 }
 
-// Row-major order over the lines of G positions at once (d[o], h[o], w[o] of position o < n,
-// each with counts of its own), the loads of a batch of taps started before any is used. Per
-// batch -- one (D, H) pair and BW W taps of every position; with NC > 0 (every H and W line
-// has at most NC taps), one D tap and all the (H, W) taps of every position -- v =
-// f.load(o, pd, ph, pw, ok) for every slot (ok false: a position o >= n, a tap past its line's
-// end or outside [0, size), which loads nothing), then, per position, f.take(o, v, pd, ph, pw)
-// for its valid taps in order (F::skips), or for every slot of its valid (D, H) pairs (a slot
-// that is not ok then loads a value take leaves without effect; with NC 0 those of the other
-// pairs too). Around them, per position, in the nesting of a walk over its own lines: f.plane(o)
-// before the taps of each valid D tap and f.plane_end(o) after them, f.row(o) / f.row_end(o)
-// the same around each valid (D, H) pair; so each position sees exactly the calls, in the
-// order, of a walk over its lines alone (walk_row_major).
-template <int G, int BW, int NC, typename I, typename F>
-__device__ __forceinline__ void walk_lines_batched(const TapLine<I>* d, const TapLine<I>* h,
+// walk_lines_batched with the line counts read at run time (NC 0).
+template <int G, int BW, typename I, typename F>
+__device__ __forceinline__ void walk_lines_runtime(const TapLine<I>* d, const TapLine<I>* h,
                                                    const TapLine<I>* w, int n, F& f) {
   I nd = d[0].n, nh = h[0].n, nw = w[0].n;
 #pragma unroll
@@ -75,44 +64,6 @@ __device__ __forceinline__ void walk_lines_batched(const TapLine<I>* d, const Ta
     }
   }
   typedef typename F::value V;
-  if constexpr (NC > 0) {
-    for (I a = 0; a < nd; ++a) {
-      I pd[G], ph[G][NC], pw[G][NC];
-      bool dok[G], hok[G][NC], ok[G][NC][NC];
-      V v[G][NC][NC];
-#pragma unroll
-      for (int o = 0; o < G; ++o) {
-        dok[o] = o < n && tap_valid(d[o], a, pd[o]);
-#pragma unroll
-        for (int b = 0; b < NC; ++b) hok[o][b] = dok[o] && tap_valid(h[o], (I)b, ph[o][b]);
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-          const bool wok = tap_valid(w[o], (I)c, pw[o][c]);
-#pragma unroll
-          for (int b = 0; b < NC; ++b) {
-            const bool s = ok[o][b][c] = hok[o][b] && wok;
-            v[o][b][c] = f.load(o, s ? pd[o] : (I)0, s ? ph[o][b] : (I)0, s ? pw[o][c] : (I)0, s);
-          }
-        }
-      }
-#pragma unroll
-      for (int o = 0; o < G; ++o) {
-        if (dok[o]) f.plane(o);
-#pragma unroll
-        for (int b = 0; b < NC; ++b) {
-          if (!hok[o][b]) continue;
-          f.row(o);
-#pragma unroll
-          for (int c = 0; c < NC; ++c) {
-            if (!F::skips || ok[o][b][c]) f.take(o, v[o][b][c], pd[o], ph[o][b], pw[o][c]);
-          }
-          f.row_end(o);
-        }
-        if (dok[o]) f.plane_end(o);
-      }
-    }
-    return;
-  }
   for (I a = 0; a < nd; ++a) {
     I pd[G];
     bool dok[G];
@@ -161,6 +112,75 @@ __device__ __forceinline__ void walk_lines_batched(const TapLine<I>* d, const Ta
     for (int o = 0; o < G; ++o) {
       if (dok[o]) f.plane_end(o);
     }
+  }
+}
+
+// walk_lines_batched with NC > 0: per D tap, every (H, W) tap of every position in one batch.
+template <int G, int NC, typename I, typename F>
+__device__ __forceinline__ void walk_lines_fixed(const TapLine<I>* d, const TapLine<I>* h,
+                                                 const TapLine<I>* w, int n, F& f) {
+  I nd = d[0].n;
+#pragma unroll
+  for (int o = 1; o < G; ++o) {
+    if (o < n) nd = d[o].n > nd ? d[o].n : nd;
+  }
+  typedef typename F::value V;
+  for (I a = 0; a < nd; ++a) {
+    I pd[G], ph[G][NC], pw[G][NC];
+    bool dok[G], hok[G][NC], ok[G][NC][NC];
+    V v[G][NC][NC];
+#pragma unroll
+    for (int o = 0; o < G; ++o) {
+      dok[o] = o < n && tap_valid(d[o], a, pd[o]);
+#pragma unroll
+      for (int b = 0; b < NC; ++b) hok[o][b] = dok[o] && tap_valid(h[o], (I)b, ph[o][b]);
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        const bool wok = tap_valid(w[o], (I)c, pw[o][c]);
+#pragma unroll
+        for (int b = 0; b < NC; ++b) {
+          const bool s = ok[o][b][c] = hok[o][b] && wok;
+          v[o][b][c] = f.load(o, s ? pd[o] : (I)0, s ? ph[o][b] : (I)0, s ? pw[o][c] : (I)0, s);
+        }
+      }
+    }
+#pragma unroll
+    for (int o = 0; o < G; ++o) {
+      if (dok[o]) f.plane(o);
+#pragma unroll
+      for (int b = 0; b < NC; ++b) {
+        if (!hok[o][b]) continue;
+        f.row(o);
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+          if (!F::skips || ok[o][b][c]) f.take(o, v[o][b][c], pd[o], ph[o][b], pw[o][c]);
+        }
+        f.row_end(o);
+      }
+      if (dok[o]) f.plane_end(o);
+    }
+  }
+}
+
+// Row-major order over the lines of G positions at once (d[o], h[o], w[o] of position o < n,
+// each with counts of its own), the loads of a batch of taps started before any is used. Per
+// batch -- one (D, H) pair and BW W taps of every position; with NC > 0 (every H and W line
+// has at most NC taps), one D tap and all the (H, W) taps of every position -- v =
+// f.load(o, pd, ph, pw, ok) for every slot (ok false: a position o >= n, a tap past its line's
+// end or outside [0, size), which loads nothing), then, per position, f.take(o, v, pd, ph, pw)
+// for its valid taps in order (F::skips), or for every slot of its valid (D, H) pairs (a slot
+// that is not ok then loads a value take leaves without effect; with NC 0 those of the other
+// pairs too). Around them, per position, in the nesting of a walk over its own lines: f.plane(o)
+// before the taps of each valid D tap and f.plane_end(o) after them, f.row(o) / f.row_end(o)
+// the same around each valid (D, H) pair; so each position sees exactly the calls, in the
+// order, of a walk over its lines alone (walk_row_major).
+template <int G, int BW, int NC, typename I, typename F>
+__device__ __forceinline__ void walk_lines_batched(const TapLine<I>* d, const TapLine<I>* h,
+                                                   const TapLine<I>* w, int n, F& f) {
+  if constexpr (NC > 0) {
+    walk_lines_fixed<G, NC>(d, h, w, n, f);
+  } else {
+    walk_lines_runtime<G, BW>(d, h, w, n, f);
   }
 }
 
@@ -401,6 +421,8 @@ template <int K, typename I>
 struct WindowTaps {
   // outputs whose loads batched() can start together
   static constexpr int joint = K ? 2 : 1;
+  // the max's take without a short circuit (MaxOfTaps FLAT)
+  static constexpr bool flat_max = K != 0;
   const Geo<I>& g;
   __device__ __forceinline__ void lines(I o_d, I o_h, I o_w, TapLine<I>& d, TapLine<I>& h,
                                         TapLine<I>& w) const {
@@ -457,6 +479,7 @@ __device__ __forceinline__ TapLine<I> adaptive_line(I o, I n, I m) {
 template <typename I>
 struct AdaptiveTaps {
   static constexpr int joint = 1;
+  static constexpr bool flat_max = true;
   const Geo<I>& g;
   __device__ __forceinline__ void lines(I o_d, I o_h, I o_w, TapLine<I>& d, TapLine<I>& h,
                                         TapLine<I>& w) const {
