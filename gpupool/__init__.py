@@ -14,7 +14,7 @@ from .gradients import (adaptive_avg_pool_backward, adaptive_max_pool_backward,
                         lp_pool_backward, max_pool_backward)
 from . import quantized
 from .interop.autograd import install as _install_gradients
-from .cuda.planner import explain
+from .cuda.explain import explain
 from .cpu.threads import get_num_threads, set_num_threads
 
 _install_gradients()  # PyTorch autograd and JAX transformations through the float ops

@@ -7,7 +7,8 @@ import pytest
 
 from gpupool.cuda import planner
 from gpupool import spec as S
-from gpupool.cuda.planner import H100, DeviceInfo, explain, plan
+from gpupool.cuda.explain import explain
+from gpupool.cuda.planner import H100, DeviceInfo, plan
 
 SMALL_GPU = DeviceInfo(name="test GPU", sm_count=4)
 
