@@ -150,9 +150,9 @@ NAMED_GROUP = 8
 #: Positions along W of one slot of the max gradients' walk when its windows are compiled in
 #: (pool_backward.cu kMaxPack).
 MAX_PACK = 4
-#: Slots per thread that a window backward kernel takes together, by (max gradients or sums,
-#: the compiled-in bound of :func:`gather_covers`), as pool_backward.cu's GatherShape.
-GATHER_GROUP = {(True, 0): 4, (True, 3): 2, (False, 0): 4, (False, 1): 8, (False, 2): 4}
+#: Slots per thread that a window backward kernel takes together, by the compiled-in bound of
+#: :func:`gather_covers`, as pool_backward.cu's GatherShape.
+GATHER_GROUP = {0: 4, 1: 8, 2: 4, 3: 2}
 
 
 def gather_covers(spec: S.WindowSpec, itype: str, op: str) -> int:
@@ -463,7 +463,7 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
                  f"windows that cover it (output {view.out_spatial}; no atomics)")
     itype = index_type(view)
     covers = gather_covers(view, itype, spec.op) if kind == "window" else 0
-    group = GATHER_GROUP[spec.op == "max", covers]
+    group = GATHER_GROUP[covers]
     positions = view.geom.spatial
     if covers and spec.op == "max":
         positions = positions[:-1] + (-(-positions[-1] // MAX_PACK),)

@@ -56,20 +56,20 @@ constexpr int kSumBatchW = 1;
 constexpr int kMaxPack = 4;
 
 // Slots a thread takes at once (group) and blocks of 256 threads per SM its registers are held
-// to (blocks; with float and half elements, see GP_WINDOW_BOUNDS), for the max gradients (MAX)
-// or the sums, C the compiled-in bound on a slot's windows along H and along W (0: none). The
-// sums' slot is a position: one window at most (C == 1), 8 positions, a batch of 8 windows;
-// two (C == 2), 4 positions, all their 16 windows of one D tap in a batch. The max gradients'
-// slot is a pack of kMaxPack positions (C == 3, the windows covering any of them): 2 packs, 18
-// windows in a batch. Else kGroup positions, their windows in batches of kMaxBatchW or
-// kSumBatchW W taps. Each holds as many loads in flight per SM as ptxas keeps in one run
-// without spilling (planner.GATHER_GROUP matches).
-template <bool MAX, int C>
+// to (blocks; with float and half elements, see GP_WINDOW_BOUNDS), C the compiled-in bound on
+// a slot's windows along H and along W (0: none). The sums' slot is a position: one window at
+// most (C == 1), 8 positions, a batch of 8 windows; two (C == 2), 4 positions, all their 16
+// windows of one D tap in a batch. The max gradients' slot is a pack of kMaxPack positions
+// (C == 3, the windows covering any of them): 2 packs, 18 windows in a batch. Else kGroup
+// positions, their windows in batches of kMaxBatchW or kSumBatchW W taps. Each holds as many
+// loads in flight per SM as ptxas keeps in one run without spilling (planner.GATHER_GROUP
+// matches).
+template <int C>
 struct GatherShape {
   static constexpr int group = C == 1 ? 8 : C == 3 ? 2 : kGroup;
   static constexpr int blocks = C ? 2 : 1;
 };
-#define GP_GATHER_BOUNDS(T, I, MAX, C) GP_WINDOW_BOUNDS(T, I, (gp::GatherShape<MAX, C>::blocks))
+#define GP_GATHER_BOUNDS(T, I, C) GP_WINDOW_BOUNDS(T, I, (gp::GatherShape<C>::blocks))
 
 // The lines of the covering windows of a group's positions e[0..G) (covers.lines).
 template <int G, typename I, typename Covers>
@@ -165,7 +165,7 @@ __device__ __forceinline__ void max_window_packs(const T* __restrict__ grad,
                                                  const long long* __restrict__ indices,
                                                  T* __restrict__ out, const Geo<I>& g,
                                                  const WindowCovers<I>& covers) {
-  constexpr int G = GatherShape<true, 3>::group, V = kMaxPack;
+  constexpr int G = GatherShape<3>::group, V = kMaxPack;
   typedef typename MaxGrads<G, V, T, I>::A A;
   input_groups<G, NHWC, V>(g, grad, [&](I base, I cs, const Output<I>* e, int n) {
     TapLine<I> d[G], h[G], w[G];
@@ -255,7 +255,7 @@ __device__ __forceinline__ void sum_gather(const T* __restrict__ grad, T* __rest
                                            const Load& ld, const Q& q, const Finish& finish) {
   typedef typename Num<T>::acc A;
   typedef decltype(ld(Window<I>(), false)) V;
-  constexpr int G = GatherShape<false, C>::group;
+  constexpr int G = GatherShape<C>::group;
   input_groups<G, NHWC>(g, grad, [&](I base, I cs, const Output<I>* e, int n) {
     TapLine<I> d[G], h[G], w[G];
     cover_lines<G>(covers, e, d, h, w);
@@ -296,10 +296,11 @@ struct Unchanged {
 }  // namespace gp
 
 // max_pool's backward from its int64 indices (the host widens other index dtypes). gd, gh,
-// gw: gcd(stride, dilation) per dim. C (the window kernels'): at most C windows cover an
-// input position along H and along W (the host's bound, 1 or 2), 0 when not compiled in.
+// gw: gcd(stride, dilation) per dim. C (the window kernels'): the host's bound on a slot's
+// windows along H and along W (see GatherShape): here 3, the packs of max_window_packs, or 0,
+// the run-time walk; 1 or 2 for the averages' and Lp's positions.
 template <typename T, typename I, bool NHWC, int C>
-__global__ void GP_GATHER_BOUNDS(T, I, true, C)
+__global__ void GP_GATHER_BOUNDS(T, I, C)
     max_window_backward(const T* __restrict__ grad, const long long* __restrict__ indices,
                         T* __restrict__ out, GP_GEO_PARAMS(I), int gd, int gh, int gw) {
   GP_GEO(I);
@@ -324,7 +325,7 @@ __global__ void max_adaptive_backward(const T* __restrict__ grad,
 // include_pad, or of the valid taps; ped/peh/pew the end pads). A covering window has a valid
 // tap, so its divisor is never 0.
 template <typename T, typename I, bool NHWC, int C>
-__global__ void GP_GATHER_BOUNDS(T, I, false, C)
+__global__ void GP_GATHER_BOUNDS(T, I, C)
     avg_window_backward(const T* __restrict__ grad, T* __restrict__ out, GP_GEO_PARAMS(I), int gd,
                         int gh, int gw, int ped, int peh, int pew, int include_pad,
                         int divisor_override) {
@@ -350,7 +351,7 @@ __global__ void GP_GATHER_BOUNDS(T, I, false, C)
 // grad * y**(1-p), 0 where y is 0 (p != 1); a nonzero sum times sign(x) (p == 1), x (p == 2)
 // or sign(x) * |x|**(p-1), 0 where x is 0; a zero sum gives +0. y: the forward's output.
 template <typename T, typename I, bool NHWC, int C>
-__global__ void GP_GATHER_BOUNDS(T, I, false, C)
+__global__ void GP_GATHER_BOUNDS(T, I, C)
     lp_window_backward(const T* __restrict__ grad, const T* __restrict__ y,
                        const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I), int gd,
                        int gh, int gw, typename gp::Num<T>::acc p) {
