@@ -79,38 +79,31 @@ __device__ __forceinline__ void cover_lines(const Covers& covers, const Output<I
   for (int j = 0; j < G; ++j) covers.lines(e[j].o_d, e[j].o_h, e[j].o_w, d[j], h[j], w[j]);
 }
 
-// A covering window's index and gradient.
-template <typename T, typename I>
-struct NamedGrad {
-  I named;
-  T grad;
-};
-
 // The max gradients of G slots of V positions along W (walk_lines_batched's visitor):
 // acc[j][u] = +0 plus, in row-major order of the covering windows, each window's gradient
 // where its index names position pos[j] + u, else +0 (the sum, from +0, is never -0, so that
 // leaves it as it is). Every slot is taken: one that is not ok names -1, no position. The
 // walk may visit windows that do not cover a position (a pack's windows): their indices never
-// name it. An index is read as its low sizeof(I) bytes (little-endian, as every CUDA GPU),
-// which hold its value: the host has checked that each is -1 or a position of its window,
-// which I holds; with int, half the registers a load in flight needs.
+// name it. An index is read as an IndexWord (its low 32 bits where I is int: the host has
+// checked that each is -1 or a position of its window), half the registers in flight.
 template <int G, int V, typename T, typename I>
 struct MaxGrads {
-  typedef NamedGrad<T, I> value;
+  typedef typename IndexWord<long long, I>::type W;
+  typedef NamedValue<W, T> value;
   static constexpr bool skips = false;
   typedef typename Num<T>::acc A;
   const T* __restrict__ grad;
-  const I* __restrict__ named;  // indices, as words of I
+  const W* __restrict__ named;  // indices, as words of W
   I base, cs, oh, ow;
   I pos[G];
   A acc[G][V];
   __device__ __forceinline__ value load(int, I pd, I ph, I pw, bool ok) const {
     const I at = base + ((pd * oh + ph) * ow + pw) * cs;
-    return {tap_load(named, (I)(sizeof(long long) / sizeof(I)), at, ok, (I)-1),
+    return {tap_load(named, (I)(sizeof(long long) / sizeof(W)), at, ok, (W)-1),
             tap_load(grad, (I)1, at, ok)};
   }
   __device__ __forceinline__ void take(int j, const value& v, I, I, I) {
-    const A gv = Num<T>::load(v.grad);
+    const A gv = Num<T>::load(v.value);
 #pragma unroll
     for (int u = 0; u < V; ++u) acc[j][u] += v.named == pos[j] + (I)u ? gv : (A)0;
   }
@@ -132,11 +125,12 @@ __device__ __forceinline__ void max_gather(const T* __restrict__ grad,
   input_groups<G, NHWC>(g, grad, [&](I base, I cs, const Output<I>* e, int n) {
     TapLine<I> d[G], h[G], w[G];
     cover_lines<G>(covers, e, d, h, w);
-    MaxGrads<G, 1, T, I> f{grad, reinterpret_cast<const I*>(indices), base, cs, g.oh, g.ow};
+    typedef MaxGrads<G, 1, T, I> F;
+    F f{grad, reinterpret_cast<const typename F::W*>(indices), base, cs, g.oh, g.ow};
 #pragma unroll
     for (int j = 0; j < G; ++j) {
       f.pos[j] = (e[j].o_d * g.ih + e[j].o_h) * g.iw + e[j].o_w;
-      f.acc[j][0] = (typename MaxGrads<G, 1, T, I>::A)0;
+      f.acc[j][0] = (typename F::A)0;
     }
     walk_lines_batched<G, kMaxBatchW, 0>(d, h, w, n, f);
     T v[G];
@@ -181,7 +175,8 @@ __device__ __forceinline__ void max_window_packs(const T* __restrict__ grad,
       const I hi = top < g.ow - (I)1 ? top : g.ow - (I)1;
       w[j] = {lo, hi >= lo ? hi - lo + (I)1 : (I)0, (I)1, g.ow};
     }
-    MaxGrads<G, V, T, I> f{grad, reinterpret_cast<const I*>(indices), base, cs, g.oh, g.ow};
+    typedef MaxGrads<G, V, T, I> F;
+    F f{grad, reinterpret_cast<const typename F::W*>(indices), base, cs, g.oh, g.ow};
 #pragma unroll
     for (int j = 0; j < G; ++j) {
       f.pos[j] = (e[j].o_d * g.ih + e[j].o_h) * g.iw + w0[j];
