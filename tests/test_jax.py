@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import types
 
 import numpy as np
 import pytest
@@ -151,18 +152,18 @@ def test_jax_adaptive_pool_grad_equals_reduce_window(op):
     _check_jax_grad(*_adaptive_pair(op), 7)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(4))
 def test_jax_max_pool_jvp_and_jacfwd_equal_reduce_window(seed):
     _check_jvp(*_max_pair(seed), seed)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("count_include_pad", [False, True])
 def test_jax_avg_pool_jvp_and_jacfwd_equal_reduce_window(count_include_pad, seed):
     _check_jvp(*_avg_pair(seed, count_include_pad), seed)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(4))
 def test_jax_lp_pool_jvp_and_jacfwd_equal_reduce_window(seed):
     _check_jvp(*_lp_pair(seed), seed)
 
@@ -245,6 +246,43 @@ def test_jax_without_buffer_callback_falls_back_to_pure_callback(monkeypatch):
     assert "xla_buffer_python_cpu_callback" not in text and _custom_calls(text)
     _check_jax_grad(*_max_pair(3), 3)
     _check_jvp(*_avg_pair(2, False), 2)
+
+
+def test_jax_cuda_buffers_are_computed_as_cupy_arrays_on_xlas_stream(monkeypatch):
+    """A CUDA buffer callback's body, with a stand-in CuPy that records the current stream
+    (the JAX of the tests is the CPU build): the op sees CuPy arrays over XLA's buffers and
+    runs while XLA's stream is CuPy's current one."""
+    class Buffer:  # XLA's buffer on CUDA device 0, here over host memory
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    class ExternalStream:
+        current = None
+
+        def __init__(self, pointer):
+            self.pointer = pointer
+
+        def __enter__(self):
+            ExternalStream.current = self.pointer
+
+        def __exit__(self, *exc):
+            ExternalStream.current = None
+
+    cuda = types.SimpleNamespace(ExternalStream=ExternalStream)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(
+        cuda=cuda, asarray=lambda b: ("cupy", b.a)))
+    seen = []
+
+    def compute(outs, x):
+        seen.append((ExternalStream.current, outs[0][0], x[0]))
+        outs[0][1][...] = 2 * x[1]
+    out, x = np.zeros(3), np.arange(3.0)
+    jax_ops.in_buffers(compute, types.SimpleNamespace(stream=1234), (Buffer(out),), Buffer(x))
+    assert seen == [(1234, "cupy", "cupy")] and ExternalStream.current is None
+    np.testing.assert_array_equal(out, [0, 2, 4])
 
 
 def test_jax_export_refuses_host_callbacks():

@@ -24,8 +24,6 @@ import functools
 import importlib
 import inspect
 
-import numpy as np
-
 from .. import gradients, ops
 from .. import spec as S
 from . import dlpack
@@ -35,8 +33,6 @@ from . import dlpack
 SAVED = {"max_pool": "indices", "avg_pool": "shape", "lp_pool": "x",
          "global_avg_pool": "shape", "global_max_pool": "indices",
          "adaptive_avg_pool": "shape", "adaptive_max_pool": "indices"}
-#: the largest index that int32 holds
-INT32_MAX = 2**31 - 1
 
 
 @functools.cache

@@ -40,9 +40,11 @@ import numpy as np
 from .. import ops
 from .. import spec as S
 from . import dlpack
-from .autograd import INT32_MAX, SAVED, backward, forward, op_arguments, pooling_spec
+from .autograd import SAVED, backward, forward, op_arguments, pooling_spec
 
 _CUDA = 2  # DLPack's device type of a CUDA GPU
+#: the largest index that int32 holds
+INT32_MAX = 2**31 - 1
 
 
 class Averaging(NamedTuple):
@@ -55,9 +57,9 @@ class Averaging(NamedTuple):
 
 
 def frozen(value):
-    """``value`` with every list and tuple in it made a tuple (hashable, and immune to the
-    caller changing a list later)."""
-    if isinstance(value, (list, tuple)):
+    """``value`` with every list, tuple and NumPy array in it made a tuple (hashable, and
+    immune to the caller changing it later)."""
+    if isinstance(value, (list, tuple, np.ndarray)):
         return tuple(frozen(v) for v in value)
     return value
 
@@ -83,15 +85,19 @@ def run(compute, result_types, *operands):
             compute(outs, *(np.asarray(a) for a in arrays))
             return outs
         return jax.pure_callback(on_host, types, *operands, vmap_method="broadcast_all")
+    return buffer_callback(functools.partial(in_buffers, compute), types,
+                           vmap_method="broadcast_all")(*operands)
 
-    def in_buffers(context, outs, *buffers):
-        if outs[0].__dlpack_device__()[0] != _CUDA:
-            compute(tuple(np.asarray(o) for o in outs), *(np.asarray(b) for b in buffers))
-            return
-        cupy = importlib.import_module("cupy")
-        with cupy.cuda.ExternalStream(context.stream):
-            compute(tuple(cupy.asarray(o) for o in outs), *(cupy.asarray(b) for b in buffers))
-    return buffer_callback(in_buffers, types, vmap_method="broadcast_all")(*operands)
+
+def in_buffers(compute, context, outs, *buffers) -> None:
+    """A buffer callback's body: ``compute`` on XLA's buffers where they live, as NumPy arrays
+    on the CPU, as CuPy arrays on a CUDA GPU with XLA's stream (``context.stream``) current."""
+    if outs[0].__dlpack_device__()[0] != _CUDA:
+        compute(tuple(np.asarray(o) for o in outs), *(np.asarray(b) for b in buffers))
+        return
+    cupy = importlib.import_module("cupy")
+    with cupy.cuda.ExternalStream(context.stream):
+        compute(tuple(cupy.asarray(o) for o in outs), *(cupy.asarray(b) for b in buffers))
 
 
 def _batch(shape: tuple, core: tuple) -> tuple:
