@@ -236,6 +236,7 @@ def test_jax_lowered_program_has_no_pure_callback():
         text = jax.jit(f).lower(x).as_text()
         assert _custom_calls(text) == {"xla_buffer_python_cpu_callback"}, text
         assert "pure_callback" not in text and "xla_python_cpu_callback" not in text
+        assert "scatter" not in text  # reverse mode: gpupool's backward ops, no atomics
 
 
 def test_jax_without_buffer_callback_falls_back_to_pure_callback(monkeypatch):

@@ -10,13 +10,14 @@ gpupool is imported, and loads JAX only when such a value arrives.
   values straight into XLA's output buffer; on a CUDA GPU the CuPy backend does the same on
   XLA's stream (``cupy.cuda.ExternalStream``). A JAX without ``buffer_callback`` falls back to
   ``jax.pure_callback`` (operands copied to host memory, the NumPy backend there).
-* **Differentiation**: the ops are ``jax.custom_jvp`` functions whose tangent is linear in the
-  input's tangent, so JAX transposes it for reverse mode and differentiates it again for
-  higher orders (``jvp``, ``jacfwd``, ``grad``, ``jacrev``, ``hessian``). A max's tangent is
-  the input's tangent gathered at the max's indices (0 for a window without a valid tap); an
-  average's is the average of the tangent (gpupool's averaging op, transposed by its backward
-  op); an Lp pool's ``y**(1-p) * sum(sign(x) * |x|**(p-1) * dx)`` over each window (0 where
-  ``y`` or ``x`` is 0), the sum a gpupool averaging with divisor 1.
+* **Differentiation**: the ops are ``jax.custom_jvp`` functions whose tangent is a linear
+  primitive of the input's tangent whose transpose is the op's backward op (and the
+  backward op's transpose the tangent map), so ``jvp``, ``jacfwd``, ``grad``, ``jacrev`` and
+  ``hessian`` work, reverse mode through :mod:`gpupool.gradients`. A max's tangent is the
+  input's tangent gathered at the max's indices (0 for a window without a valid tap); an
+  average's is the average of the tangent; an Lp pool's
+  ``y**(1-p) * sum(sign(x) * |x|**(p-1) * dx)`` over each window (0 where ``y`` or ``x`` is
+  0), the sum a gpupool average with divisor 1.
 * **vmap**: a batch arrives as extra leading dims, which every op takes as plane dims (NCHW
   and NHWC alike), so a batch is one call.
 * **Sharding**: an input sharded over a mesh of explicit axes (``jax.make_mesh``'s default,
@@ -47,10 +48,9 @@ _CUDA = 2  # DLPack's device type of a CUDA GPU
 INT32_MAX = 2**31 - 1
 
 
-class Averaging(NamedTuple):
-    """An averaging op, linear in its input: ``name`` (``avg_pool``, ``global_avg_pool``,
-    ``adaptive_avg_pool``), its arguments after ``x`` as frozen ``(name, value)`` pairs, and
-    its spec on the unbatched input."""
+class Pooling(NamedTuple):
+    """One op, hashable: ``name``, its arguments after ``x`` as frozen ``(name, value)``
+    pairs, and its spec on the unbatched input."""
     name: str
     params: tuple
     spec: object
@@ -105,60 +105,77 @@ def _batch(shape: tuple, core: tuple) -> tuple:
     return tuple(shape[:len(shape) - len(core)])
 
 
-def _average(outs, a, averaging: Averaging, transposed: bool) -> None:
-    """Write ``averaging`` of ``a`` (its transpose: the backward op) into ``outs[0]``."""
-    name, params, spec = averaging
+def _linear(outs, a, *indices, pooling: Pooling, transposed: bool) -> None:
+    """Write the linear map of ``pooling`` applied to ``a`` into ``outs[0]``: an average of
+    ``a``; transposed, the op's backward op (a max's with its ``indices``)."""
+    name, params, spec = pooling
     params = dict(params)
     if not transposed:
         getattr(ops, name)(a, **params, out=outs[0])
         return
     shape = _batch(a.shape, spec.out_shape) + spec.geom.shape
-    outs[0][...] = backward(name, a, None, shape, params, spec)
+    outs[0][...] = backward(name, a, indices[0] if indices else None, shape, params, spec)
 
 
 @functools.cache
-def _averaging_primitive():
-    """The JAX primitive of an averaging op and of its transpose (made once JAX is loaded):
-    linear, each the other's transpose, batched as extra plane dims, lowered to :func:`run`."""
+def _linear_primitive():
+    """The JAX primitive of the tangent map of an op and of its transpose (made once JAX is
+    loaded): linear in its first operand (a max's indices are the second), each the other's
+    transpose, batched as extra plane dims. An average and every transpose (the backward
+    ops) run through :func:`run`; a max's gather is JAX's."""
     jax = importlib.import_module("jax")
     core = importlib.import_module("jax.extend.core")
     ad = importlib.import_module("jax.interpreters.ad")
     batching = importlib.import_module("jax.interpreters.batching")
     mlir = importlib.import_module("jax.interpreters.mlir")
-    primitive = core.Primitive("gpupool_averaging")
+    primitive = core.Primitive("gpupool_linear")
 
-    def shapes(averaging, transposed):
-        spec = averaging.spec
-        return (spec.out_shape, spec.geom.shape) if transposed else (spec.geom.shape,
-                                                                     spec.out_shape)
-
-    def abstract(a, *, averaging, transposed):
-        source, result = shapes(averaging, transposed)
+    def abstract(a, *indices, pooling, transposed):
+        spec = pooling.spec
+        source, result = ((spec.out_shape, spec.geom.shape) if transposed
+                          else (spec.geom.shape, spec.out_shape))
         return a.update(shape=_batch(a.shape, source) + result)  # keeps a's sharding
 
-    def lowered(a, *, averaging, transposed):
-        result = abstract(jax.typeof(a), averaging=averaging, transposed=transposed)
-        compute = functools.partial(_average, averaging=averaging, transposed=transposed)
-        return run(compute, (jax.ShapeDtypeStruct(result.shape, result.dtype),), a)[0]
+    def lowered(a, *indices, pooling, transposed):
+        if indices and not transposed:
+            return _gather(jax.numpy, a, indices[0], pooling.spec.geom)
+        result = abstract(jax.typeof(a), pooling=pooling, transposed=transposed)
+        compute = functools.partial(_linear, pooling=pooling, transposed=transposed)
+        return run(compute, (jax.ShapeDtypeStruct(result.shape, result.dtype),), a,
+                   *indices)[0]
 
-    def transpose(cotangent, a, *, averaging, transposed):
-        return [primitive.bind(cotangent, averaging=averaging, transposed=not transposed)]
+    @functools.cache
+    def compiled(pooling, transposed):
+        return jax.jit(functools.partial(lowered, pooling=pooling, transposed=transposed))
 
-    def batched(args, dims, *, averaging, transposed):
-        a = batching.bdim_at_front(args[0], dims[0], args[0].shape[dims[0]])
-        return primitive.bind(a, averaging=averaging, transposed=transposed), 0
+    def tangent(primals, tangents, **params):
+        a, *indices = primals
+        return primitive.bind(a, *indices, **params), primitive.bind(
+            ad.instantiate_zeros(tangents[0]), *indices, **params)
+
+    def transpose(cotangent, a, *indices, pooling, transposed):
+        cotangent = ad.instantiate_zeros(cotangent)
+        return [primitive.bind(cotangent, *indices, pooling=pooling,
+                               transposed=not transposed)] + [None] * len(indices)
+
+    def batched(args, dims, **params):
+        size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)  # None: unbatched
+        args = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+        return primitive.bind(*args, **params), 0
 
     primitive.def_abstract_eval(abstract)
-    primitive.def_impl(lambda a, **params: jax.jit(functools.partial(lowered, **params))(a))
-    ad.deflinear2(primitive, transpose)
+    primitive.def_impl(lambda *operands, **params: compiled(**params)(*operands))
+    ad.primitive_jvps[primitive] = tangent
+    ad.primitive_transposes[primitive] = transpose
     batching.primitive_batchers[primitive] = batched
     mlir.register_lowering(primitive, mlir.lower_fun(lowered, multiple_results=False))
     return primitive
 
 
-def _averaged(t, averaging: Averaging):
-    """``averaging`` of the traced ``t``, as a linear JAX operation."""
-    return _averaging_primitive().bind(t, averaging=averaging, transposed=False)
+def _tangent_map(t, pooling: Pooling, *indices):
+    """The tangent map of ``pooling`` (an average; a max: the gather at its ``indices``)
+    applied to the traced ``t``, as a linear JAX operation."""
+    return _linear_primitive().bind(t, *indices, pooling=pooling, transposed=False)
 
 
 def _gather(jnp, t, indices, geom):
@@ -173,17 +190,17 @@ def _gather(jnp, t, indices, geom):
     return jnp.moveaxis(taken, -nd - 1, -1) if channels_last else taken
 
 
-def _lp_sum(params: dict, spec) -> Averaging:
+def _lp_sum(params: dict, spec) -> Pooling:
     """The windows' plain sums of an Lp pool: an average with divisor 1 over its geometry."""
     keys = ("kernel_size", "stride", "padding", "ceil_mode", "dilation", "layout")
     summing = {k: params[k] for k in keys} | {"count_include_pad": True,
                                               "divisor_override": 1}
-    return Averaging("avg_pool", tuple(summing.items()),
+    return Pooling("avg_pool", tuple(summing.items()),
                      pooling_spec("avg_pool", spec.geom.shape, spec.geom.dtype, summing))
 
 
 def _plane_sharding(jax, a, geom):
-    """``(mesh, spec of a, spec with the spatial dims unsharded)`` where ``a`` is sharded
+    """``(mesh, a's partition spec with the spatial dims unsharded)`` where ``a`` is sharded
     over an explicit mesh, else None."""
     sharding = jax.typeof(a).sharding
     if sharding is None or sharding.mesh.empty or all(p is None for p in sharding.spec):
@@ -219,6 +236,7 @@ def jax_call(op, x, args: tuple, kwargs: dict):
     if sharded is None:
         return pool(x, spec)
     mesh, planes = sharded
+
     def local(shard):  # the op on one shard: fewer planes, the same spatial dims
         return pool(shard, pooling_spec(name, shard.shape, spec.geom.dtype, params))
     # check_vma off: XLA's callbacks type their results without the shards' varying axes
@@ -263,19 +281,19 @@ def _traced(jax, name: str, x, spec, *, params: dict, wanted: bool):
         (a,), (da,) = primals, tangents
         if saves == "indices":
             values, indices = with_indices(a)
-            dy = _gather(jnp, da, indices, geom)
+            dy = _tangent_map(da, Pooling(name, tuple(params.items()), spec), indices)
             if not indexed_result:
                 return values, dy
             return (values, indices), (dy, np.zeros(indices.shape, jax.dtypes.float0))
         y = values_only(a)
         if saves == "shape":
-            return y, _averaged(da, Averaging(name, tuple(params.items()), spec))
+            return y, _tangent_map(da, Pooling(name, tuple(params.items()), spec))
         p = params["p"]
         zero = jnp.zeros((), dtype)
         a_safe, y_safe = jnp.where(a == 0, 1, a), jnp.where(y == 0, 1, y)
         weight = jnp.where(a == 0, zero, jnp.sign(a_safe) * abs(a_safe) ** (p - 1))
         scale = jnp.where(y == 0, zero, y_safe ** (1 - p))
-        return y, scale * _averaged(weight * da, _lp_sum(params, spec))
+        return y, scale * _tangent_map(weight * da, _lp_sum(params, spec))
 
     values_only.defjvp(functools.partial(tangent, indexed_result=False))
     with_indices.defjvp(functools.partial(tangent, indexed_result=True))
