@@ -374,6 +374,11 @@ SHARDED = textwrap.dedent("""
         assert padded(values.sharding.spec) == padded(indices.sharding.spec) == planes
         text = jax.jit(lambda t: gpupool.avg_pool(t, 2)).lower(x).compile().as_text()
         assert ("all-gather" in text) == (planes != padded(spec)), text
+    # automatic axes: the sharding is unknown while tracing; XLA runs the op on the whole array
+    auto = jax.make_mesh((4,), ("batch",), axis_types=(jax.sharding.AxisType.Auto,))
+    x = jax.device_put(a, NamedSharding(auto, P("batch")))
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda t: gpupool.max_pool(t, 2))(x)),
+                                  gpupool.max_pool(a, 2))
     print("sharded ok")
 """)
 
