@@ -207,6 +207,25 @@ def test_jax_lp_pool_hessian_equals_reduce_windows(seed):
                                        atol=1e-12)
 
 
+@pytest.mark.parametrize("op", ["max", "avg"])
+def test_jax_max_and_avg_hessians_equal_reduce_windows(op):
+    """The Hessian of a square of the pooling: the second derivative runs through the
+    tangent map's transpose (the backward op) and its tangent."""
+    with jax.enable_x64(True):
+        x = jnp.asarray(_distinct(np.random.default_rng(16), (1, 2, 5, 6)))
+        g = jnp.asarray(np.random.default_rng(17).standard_normal((1, 2, 3, 3)))
+        init, reducer, scale = (-np.inf, jax.lax.max, 1) if op == "max" else (0.0, jax.lax.add, 4)
+
+        def theirs(t):
+            return _reduce_window(t, init, reducer, (2, 2), (2, 2), ((0, 1), (0, 0))) / scale
+        ours = {"max": lambda t: gpupool.max_pool(t, 2, padding=((0, 1), (0, 0))),
+                "avg": lambda t: gpupool.avg_pool(t, 2, padding=((0, 1), (0, 0)),
+                                                  count_include_pad=True)}[op]
+        got = jax.jit(jax.hessian(lambda t: (ours(t) ** 2 * g).sum()))(x)
+        want = jax.hessian(lambda t: (theirs(t) ** 2 * g).sum())(x)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-12, atol=1e-12)
+
+
 def test_jax_avg_pool_gradient_ignores_lists_changed_after_tracing():
     """A list argument changed between ``jax.vjp`` and the call of its function must not
     change the gradient: the arguments are frozen when the op is traced."""
