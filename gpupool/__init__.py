@@ -3,8 +3,8 @@
 The backend follows the input: a NumPy array runs on the CPU and returns NumPy, a CuPy array
 runs on its GPU and returns CuPy. PyTorch tensors and JAX arrays go the same way without
 copies, through DLPack (:mod:`gpupool.interop.dlpack`), and come back as the input's kind;
-through the float ops gradients flow in PyTorch's autograd and in JAX's ``grad`` and ``jit``
-(:mod:`gpupool.interop.autograd`).
+through the float ops gradients flow in PyTorch's autograd (:mod:`gpupool.interop.autograd`)
+and JAX's transformations (:mod:`gpupool.interop.jax_ops`).
 ``import gpupool`` needs neither CuPy nor a GPU.
 """
 from .ops import (adaptive_avg_pool, adaptive_max_pool, avg_pool, global_avg_pool,
@@ -14,10 +14,12 @@ from .gradients import (adaptive_avg_pool_backward, adaptive_max_pool_backward,
                         lp_pool_backward, max_pool_backward)
 from . import quantized
 from .interop.autograd import install as _install_gradients
+from .interop.jax_ops import install as _install_jax
 from .cuda.explain import explain
 from .cpu.threads import get_num_threads, set_num_threads
 
-_install_gradients()  # PyTorch autograd and JAX transformations through the float ops
+_install_gradients()  # PyTorch autograd through the float ops
+_install_jax()  # JAX transformations through the float ops
 
 __version__ = "0.1.0"
 __all__ = ["max_pool", "avg_pool", "lp_pool", "global_avg_pool", "global_max_pool",

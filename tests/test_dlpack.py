@@ -458,7 +458,7 @@ def test_jax_bfloat16_is_a_type_error(jax, seen):
 
 
 def test_jax_traced_value_runs_through_a_callback(jax):
-    """Under jit the float ops run (values checked in tests/test_autograd.py); max_unpool
+    """Under jit the float ops run (values checked in tests/test_jax.py); max_unpool
     still takes only concrete arrays."""
     x = jax.numpy.asarray(data("float32", (1, 1, 4, 4)))
     result = jax.jit(lambda x: gpupool.max_pool(x, 2))(x)

@@ -1,4 +1,4 @@
-"""Gradients through the float ops: PyTorch autograd, and JAX's ``grad``, ``jit`` and ``vmap``.
+"""Gradients through the float ops in PyTorch autograd, and what every framework adapter shares.
 
 :mod:`gpupool.interop.dlpack` hands an input here when a framework tracks it (this module
 is installed in :data:`gpupool.interop.dlpack.TRACKED_CALLS` when gpupool is imported):
@@ -14,14 +14,6 @@ is installed in :data:`gpupool.interop.dlpack.TRACKED_CALLS` when gpupool is imp
   PyTorch. ``out=`` with such a tensor is a ``TypeError`` (a result written in place would
   not be part of the graph); in ``torch.no_grad()`` the tensor is pooled without tracking,
   as PyTorch's own ops do.
-* JAX, a traced value (inside ``jit``, ``grad``, ``vmap``): the op is a ``jax.custom_vjp``
-  whose forward and backward call gpupool through ``jax.pure_callback`` on NumPy arrays on
-  the host (a round trip through host memory where the array lives on a GPU). Result shapes
-  come from the op's spec (:mod:`gpupool.spec`), validated while tracing. Callbacks run with
-  ``vmap_method="broadcast_all"``: a vmapped batch arrives as extra leading dims, which every
-  op takes as plane dims (NCHW and NHWC alike), so a batch costs one call. Reverse mode only
-  (``jax.jvp`` of a ``custom_vjp`` is an error from JAX). Without ``jax_enable_x64``
-  indices are int32, as on the eager path.
 
 The other ops (``max_unpool``, the backward ops) have no gradient here: a tracked input to
 them is a ``TypeError`` naming the way out.
@@ -32,8 +24,6 @@ import functools
 import importlib
 import inspect
 
-import numpy as np
-
 from .. import gradients, ops
 from .. import spec as S
 from . import dlpack
@@ -43,8 +33,6 @@ from . import dlpack
 SAVED = {"max_pool": "indices", "avg_pool": "shape", "lp_pool": "x",
          "global_avg_pool": "shape", "global_max_pool": "indices",
          "adaptive_avg_pool": "shape", "adaptive_max_pool": "indices"}
-#: the largest index that int32 holds
-INT32_MAX = 2**31 - 1
 
 
 @functools.cache
@@ -188,71 +176,7 @@ def torch_call(op, x, args: tuple, kwargs: dict):
     return result if wanted else result[0]
 
 
-# ----------------------------------------------------------------------------- JAX
-
-def jax_call(op, x, args: tuple, kwargs: dict):
-    """Run ``op`` on ``x``, a traced JAX value, as a ``jax.custom_vjp`` over
-    ``jax.pure_callback``."""
-    jax = importlib.import_module("jax")
-    name = op.__name__
-    if name not in SAVED:
-        raise TypeError(f"gpupool.{name}: {_first(name)} is a traced JAX value (inside "
-                        f"jax.jit, grad or vmap), and {name} runs only eagerly on concrete "
-                        f"arrays: call it outside the transformation")
-    params, wanted, _ = _split(name, op, args, kwargs)  # out: refused for JAX before
-    dtype = np.dtype(x.dtype)
-    spec = pooling_spec(name, x.shape, dtype.name, params)
-    saves = SAVED[name]
-    index_dtype = np.dtype(np.int64 if jax.config.jax_enable_x64 else np.int32)
-    plane = int(np.prod(spec.geom.spatial))
-    if saves == "indices" and index_dtype == np.int32 and plane - 1 > INT32_MAX:
-        raise ValueError(f"gpupool.{name}: an input plane of {plane} positions has indices "
-                         f"beyond the int32 indices of JAX without x64; enable it with "
-                         f"jax.config.update('jax_enable_x64', True)")
-    values_type = jax.ShapeDtypeStruct(spec.out_shape, dtype)
-    indices_type = jax.ShapeDtypeStruct(spec.out_shape, index_dtype)
-    input_type = jax.ShapeDtypeStruct(tuple(x.shape), dtype)
-
-    def host_forward(a, indices: bool):
-        values, found = forward(name, np.asarray(a), params, spec, indices)
-        return (values, found.astype(index_dtype, copy=False)) if indices else values
-
-    def host_backward(grad, *saved):
-        grad = np.asarray(grad)
-        lead = grad.shape[:grad.ndim - len(spec.out_shape)]  # a vmapped batch
-        return backward(name, grad, np.asarray(saved[0]) if saved else None,
-                        lead + spec.geom.shape, params, spec)
-
-    def callback(host, result_type, *operands):
-        return jax.pure_callback(host, result_type, *operands, vmap_method="broadcast_all")
-
-    indexed = saves == "indices"
-
-    @jax.custom_vjp
-    def pooling(a):
-        if wanted:
-            return callback(functools.partial(host_forward, indices=True),
-                            (values_type, indices_type), a)
-        return callback(functools.partial(host_forward, indices=False), values_type, a)
-
-    def pooling_forward(a):
-        result = callback(functools.partial(host_forward, indices=indexed),
-                          (values_type, indices_type) if indexed else values_type, a)
-        saved = {"indices": result[1] if indexed else None, "x": a, "shape": None}[saves]
-        if indexed and not wanted:
-            result = result[0]
-        return result, saved
-
-    def pooling_backward(saved, cotangent):
-        grad = cotangent[0] if wanted else cotangent
-        operands = (grad,) if saved is None else (grad, saved)
-        return (callback(host_backward, input_type, *operands),)
-
-    pooling.defvjp(pooling_forward, pooling_backward)
-    return pooling(x)
-
-
 def install() -> None:
-    """Make :func:`torch_call` and :func:`jax_call` the paths of tracked inputs in
+    """Make :func:`torch_call` the path of tracked PyTorch tensors in
     :mod:`gpupool.interop.dlpack` (``import gpupool`` does this)."""
-    dlpack.TRACKED_CALLS.update(torch=torch_call, jax=jax_call)
+    dlpack.TRACKED_CALLS.update(torch=torch_call)

@@ -15,9 +15,9 @@ arrives, so they are already loaded: gpupool never loads them.
   rule); any other (bfloat16, complex, bool, float8, ...) is a ``TypeError`` before any work.
 * Gradients: a PyTorch tensor that requires grad while grad mode is on, and a traced JAX value
   (inside ``jax.jit``, ``grad``, ``vmap``), go to the handler of their library in
-  :data:`TRACKED_CALLS` (:mod:`gpupool.interop.autograd`: a ``torch.autograd.Function``; a
-  ``jax.custom_vjp`` over ``jax.pure_callback``) for the float pooling ops; for the other ops
-  that is a ``TypeError``. Under ``torch.no_grad()`` a tensor that requires grad is pooled
+  :data:`TRACKED_CALLS` (:mod:`gpupool.interop.autograd`: a ``torch.autograd.Function``;
+  :mod:`gpupool.interop.jax_ops`: a ``jax.custom_jvp`` over XLA buffer callbacks) for the float
+  pooling ops; for the other ops that is a ``TypeError``. Under ``torch.no_grad()`` a tensor that requires grad is pooled
   without tracking, as by PyTorch's own ops. ``out`` that requires grad is a ``TypeError``:
   autograd would not see it written in place; so is ``out`` for an input that is tracked.
 * The backward ops (:mod:`gpupool.gradients`) take tensors of ``grad_output``'s library and
@@ -57,7 +57,8 @@ _OPERANDS = {"max_unpool": "indices", "max_pool_backward": "indices",
              "global_max_pool_backward": "x"}
 #: what runs an op on an input that its library tracks, by library: ``"torch"``, a tensor that
 #: requires grad while grad mode is on; ``"jax"``, a traced value. Each is called as
-#: ``handler(op, x, args, kwargs)``; :mod:`gpupool.interop.autograd` installs them.
+#: ``handler(op, x, args, kwargs)``; :mod:`gpupool.interop.autograd` and
+#: :mod:`gpupool.interop.jax_ops` install them.
 TRACKED_CALLS: dict[str, Callable] = {}
 
 
