@@ -32,17 +32,25 @@ def lowest(dtype):
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
 
-def window_counts(spec: WindowSpec, include_pad: bool) -> np.ndarray:
-    """Taps per output position (float64, shape ``out_spatial``): the valid ones, or with
-    ``include_pad`` those inside input + explicit padding (never the ceil-mode overhang), the
-    product of the per-dim counts. The divisor of an average (``count_include_pad``)."""
-    counts = np.ones((), dtype=np.float64)
+def window_counts_per_dim(spec: WindowSpec, include_pad: bool) -> list[np.ndarray]:
+    """Per spatial dim, the taps of each output position along it (int64, shape ``(out,)``):
+    the valid ones, or with ``include_pad`` those inside input + explicit padding (never the
+    ceil-mode overhang). A window's count is the product over dims."""
+    per_dim = []
     for size, out, k, s, (pb, pe), d in zip(spec.geom.spatial, spec.out_spatial, spec.kernel,
                                              spec.stride, spec.pads, spec.dilation):
         pos = np.arange(out)[:, None] * s - pb + np.arange(k)[None, :] * d
         low, high = (-pb, size + pe) if include_pad else (0, size)
-        per_dim = ((pos >= low) & (pos < high)).sum(axis=1).astype(np.float64)
-        counts = np.multiply.outer(counts, per_dim)
+        per_dim.append(((pos >= low) & (pos < high)).sum(axis=1).astype(np.int64))
+    return per_dim
+
+
+def window_counts(spec: WindowSpec, include_pad: bool) -> np.ndarray:
+    """Taps per output position (float64, shape ``out_spatial``): the product of
+    :func:`window_counts_per_dim`. The divisor of an average (``count_include_pad``)."""
+    counts = np.ones((), dtype=np.float64)
+    for per_dim in window_counts_per_dim(spec, include_pad):
+        counts = np.multiply.outer(counts, per_dim.astype(np.float64))
     return counts
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import threads
+from .memo import array_memo
 from ..spec import WindowSpec
 from ..windows import lowest
 
@@ -322,7 +323,7 @@ def fits_one_gather(cur, nd: int, taps: int, outputs: int) -> bool:
             * taps * outputs <= DIRECT_TAPS)
 
 
-@functools.lru_cache(maxsize=256)
+@array_memo(256)
 def _window_gather(spec: WindowSpec) -> tuple:
     """The :func:`gather_plan` of a window op (built only for planes small enough for it)."""
     taps = []
