@@ -181,9 +181,9 @@ def _plane_positions(spatial: tuple, nhwc: bool):
     row along the last spatial dim, and that dim's positions (no array of the plane's size)."""
     *rows, width = spatial
     tail = (1,) if nhwc else ()
-    row_start = np.arange(math.prod(rows), dtype=np.int32) * np.int32(width)
-    column = np.arange(width, dtype=np.int32)
-    row_start, column = row_start.reshape(tuple(rows) + (1,) + tail), column.reshape((width,) + tail)
+    row_start = (np.arange(math.prod(rows), dtype=np.int32) * np.int32(width)).reshape(
+        tuple(rows) + (1,) + tail)
+    column = np.arange(width, dtype=np.int32).reshape((width,) + tail)
     for a in (row_start, column):
         a.flags.writeable = False
     return row_start, column
@@ -457,16 +457,22 @@ def _half_from_keys(keys, dest) -> None:
 
 @register("adaptive", "numpy")
 def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
-    """Adaptive and global pooling: uniform windows as ``window``; a global max a reduction,
-    a global average a sum of values times weights; other windows through the gather of a
-    small block or the shared tap loops, dividing by each window's count."""
+    """Adaptive and global pooling: uniform windows as ``window`` (an average to size 1 with
+    a dim longer than :data:`TAP_CALLS_MAX` through ``add.accumulate``, in the same order);
+    a global max a reduction, a global average a sum of values times weights; other windows
+    through the gather of a small block or the shared tap loops, dividing by each window's
+    count."""
+    geom = spec.geom
+    xc, oc = canonical(x, geom), canonical(out, geom)
+    plane_bytes = x.itemsize * math.prod(geom.spatial) * geom.channels
+    if (spec.op == "avg" and not spec.is_global and math.prod(spec.out_spatial) == 1
+            and max(geom.spatial) > TAP_CALLS_MAX):
+        in_blocks(functools.partial(_window_order_means, xc, oc, geom), geom.batch, plane_bytes)
+        return
     if spec.uniform_window is not None and not spec.is_global:
         window(x, spec.uniform_window, out, indices)  # the faster separable tap loops
         return
-    geom = spec.geom
-    xc, oc = canonical(x, geom), canonical(out, geom)
     spatial_axes = tuple(range(1, geom.nd + 1))
-    plane_bytes = x.itemsize * math.prod(geom.spatial) * geom.channels
     if spec.is_global and indices is None:
         nd, plane = geom.nd, math.prod(geom.spatial)
         acc = accumulator(x.dtype)
@@ -521,6 +527,22 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
             np.divide(cur, counts, out=cur)
         oc[b0:b1] = cur
     in_blocks(block, geom.batch, plane_bytes, spec.op != "max")
+
+
+TAP_CALLS_MAX = 1024  # taps along a dim that the separable loops take one ufunc call each
+
+
+def _window_order_means(xc, oc, geom, b0: int, b1: int) -> None:
+    """Planes ``[b0, b1)`` of an average over the whole plane in window order, the order of
+    the separable tap loops: along the first spatial dim, tap after tap, then the next dim,
+    as ``add.accumulate`` adds (strictly in sequence, in one call per dim instead of one per
+    tap; slower than the tap loops but on long dims); then divided by the count."""
+    acc = accumulator(xc.dtype)
+    cur = widened(xc[b0:b1], acc)
+    for axis in range(1, geom.nd + 1):
+        cur = np.add.accumulate(cur, axis=axis).take([-1], axis=axis)
+    np.divide(cur, acc.type(math.prod(geom.spatial)), out=cur)
+    oc[b0:b1] = cur
 
 
 @array_memo(256)

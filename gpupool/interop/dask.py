@@ -14,7 +14,7 @@ array, for any chunking.
   positions in the whole input plane; a block whose windows miss the input gets the
   empty-window value.
 * Adaptive pooling computes each output block from the exact input span of its windows
-  ``[floor(i*I/O), ceil((i+1)*I/O))``; global pooling (and adaptive pooling to size 1) is a
+  ``[floor(i*I/O), ceil((i+1)*I/O))``; global pooling (and adaptive max pooling to size 1) is a
   tree reduction (:func:`dask.array.sum` in float64 / exact int64, :func:`dask.array.max`).
 * ``max_unpool`` takes ``x`` and ``indices`` as Dask arrays; each output block gathers the
   input blocks whose pooling windows reach it and scatters the indices that land in it.
