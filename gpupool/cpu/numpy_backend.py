@@ -465,7 +465,7 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
     geom = spec.geom
     xc, oc = canonical(x, geom), canonical(out, geom)
     plane_bytes = x.itemsize * math.prod(geom.spatial) * geom.channels
-    if (spec.op == "avg" and not spec.is_global and math.prod(spec.out_spatial) == 1
+    if (spec.op == "avg" and spec.whole_plane and not spec.is_global
             and max(geom.spatial) > TAP_CALLS_MAX):
         in_blocks(functools.partial(_window_order_means, xc, oc, geom), geom.batch, plane_bytes)
         return
