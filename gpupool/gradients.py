@@ -16,7 +16,7 @@ from . import grad_spec as G
 from .arrays import Array, ArrayLike, as_array, dtype_name
 from .backends import device_scope, implementation
 from .ops import Padding, Size, accepts_foreign, adaptive_max_pool, lp_pool, output_array
-from .windows import indices_in_windows
+from .windows import check_indices_in_windows
 
 
 def _operand(func: str, name: str, a, grad, backend: str):
@@ -37,10 +37,7 @@ def _check_indices(func: str, indices, spec: G.GradSpec, xp) -> None:
     if not indices.size:
         return
     G.check_index_range(func, int(indices.min()), int(indices.max()), spec)
-    if not indices_in_windows(indices, spec.forward, xp):
-        raise ValueError(f"gpupool.{func}: an index lies outside the pooling window of its "
-                         f"position: indices must be those the forward max returned with the "
-                         f"same parameters")
+    check_indices_in_windows(func, indices, spec.forward, xp)
 
 
 def _run(func: str, spec: G.GradSpec, grad, backend: str, xp, out, **operands):

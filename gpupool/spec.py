@@ -373,7 +373,8 @@ def window_spec(func: str, op: str, shape, dtype: str, kernel_size, stride, padd
 
 @dataclass(frozen=True)
 class AdaptiveSpec:
-    """Adaptive (and global) pooling: window i spans [floor(i*I/O), ceil((i+1)*I/O))."""
+    """Adaptive (and global) pooling: window i spans [floor(i*I/O), ceil((i+1)*I/O)).
+    ``global_op``: built by a global op, whose average sums in a tree (adaptive: in order)."""
 
     __hash__ = hash_once
     __getstate__ = state_without_hash
@@ -382,14 +383,21 @@ class AdaptiveSpec:
     op: str  # "max" | "avg"
     out_spatial: tuple[int, ...]
     return_indices: bool = False
+    global_op: bool = False
 
     @functools.cached_property
     def out_shape(self) -> tuple[int, ...]:
         return self.geom.with_spatial(self.out_spatial)
 
     @functools.cached_property
-    def is_global(self) -> bool:
+    def whole_plane(self) -> bool:
+        """Whether each output's window is its whole plane (output size 1)."""
         return all(o == 1 for o in self.out_spatial)
+
+    @functools.cached_property
+    def is_global(self) -> bool:
+        """A reduction of whole planes: a global op, or a max to size 1 (exact in any order)."""
+        return self.whole_plane and (self.global_op or self.op == "max")
 
     @functools.cached_property
     def uniform_window(self) -> WindowSpec | None:
@@ -434,7 +442,7 @@ def global_spec(func: str, op: str, shape, dtype: str, spatial_dims, layout, *,
     nd = int(spatial_dims)
     g = geometry(func, shape, dtype, layout, nd,
                  integers=(op == "max") if integers is None else integers)
-    return AdaptiveSpec(g, op, (1,) * nd)
+    return AdaptiveSpec(g, op, (1,) * nd, global_op=True)
 
 
 @dataclass(frozen=True)

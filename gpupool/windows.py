@@ -1,7 +1,9 @@
 """Window arithmetic shared by every backend and adapter: the working dtype, the value of a
 window with no valid tap, the divisor counts of averages, the spans of adaptive windows (small
-host arrays computed from a spec, :mod:`gpupool.spec`), and the adaptive tap loops with their
-order and NaN rule, run by the NumPy backend and by Dask blocks of NumPy or CuPy chunks."""
+host arrays computed from a spec, :mod:`gpupool.spec`), the adaptive tap loops with their
+order and NaN rule, run by the NumPy backend and by Dask blocks of NumPy or CuPy chunks, and
+the rule that a max's index names a tap of its own window, which every op and Dask block
+taking indices checks."""
 from __future__ import annotations
 
 import functools
@@ -10,6 +12,7 @@ import math
 
 import numpy as np
 
+from . import spec as S
 from .spec import ACC_DTYPES, AdaptiveSpec, WindowSpec, adaptive_window
 
 
@@ -29,17 +32,25 @@ def lowest(dtype):
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
 
-def window_counts(spec: WindowSpec, include_pad: bool) -> np.ndarray:
-    """Taps per output position (float64, shape ``out_spatial``): the valid ones, or with
-    ``include_pad`` those inside input + explicit padding (never the ceil-mode overhang), the
-    product of the per-dim counts. The divisor of an average (``count_include_pad``)."""
-    counts = np.ones((), dtype=np.float64)
+def window_counts_per_dim(spec: WindowSpec, include_pad: bool) -> list[np.ndarray]:
+    """Per spatial dim, the taps of each output position along it (int64, shape ``(out,)``):
+    the valid ones, or with ``include_pad`` those inside input + explicit padding (never the
+    ceil-mode overhang). A window's count is the product over dims."""
+    per_dim = []
     for size, out, k, s, (pb, pe), d in zip(spec.geom.spatial, spec.out_spatial, spec.kernel,
                                              spec.stride, spec.pads, spec.dilation):
         pos = np.arange(out)[:, None] * s - pb + np.arange(k)[None, :] * d
         low, high = (-pb, size + pe) if include_pad else (0, size)
-        per_dim = ((pos >= low) & (pos < high)).sum(axis=1).astype(np.float64)
-        counts = np.multiply.outer(counts, per_dim)
+        per_dim.append(((pos >= low) & (pos < high)).sum(axis=1).astype(np.int64))
+    return per_dim
+
+
+def window_counts(spec: WindowSpec, include_pad: bool) -> np.ndarray:
+    """Taps per output position (float64, shape ``out_spatial``): the product of
+    :func:`window_counts_per_dim`. The divisor of an average (``count_include_pad``)."""
+    counts = np.ones((), dtype=np.float64)
+    for per_dim in window_counts_per_dim(spec, include_pad):
+        counts = np.multiply.outer(counts, per_dim.astype(np.float64))
     return counts
 
 
@@ -130,19 +141,24 @@ def adaptive_argmax(x, first: int, taps_per_dim, offsets, plane, values, indices
                                            indices.shape), where=take)
 
 
-def indices_in_windows(indices, spec, xp=np) -> bool:
-    """Whether every index of a max (shape of the output of ``spec``, a WindowSpec or an
-    AdaptiveSpec; flat positions in an input plane, each already in ``[-1, plane)``) names a
-    tap of its own window, or is -1. ``indices`` is NumPy or CuPy (``xp``); one host sync on
-    CuPy."""
-    return bool(_in_windows(indices, spec, xp).all())
+def check_indices_in_windows(func: str, indices, pooling, xp=np, first_outputs=None) -> None:
+    """The rule of a max's indices: each (a flat position in an input plane of ``pooling``, a
+    WindowSpec or AdaptiveSpec, already checked to lie in ``[-1, plane)``) names a tap of the
+    window of its own position, or is -1 (a window with no valid tap); ``ValueError``
+    otherwise. A position along a dilated dim between two taps is in no window. ``indices``
+    (NumPy or CuPy, ``xp``; one host sync on CuPy) holds the outputs from ``first_outputs``
+    on (per spatial dim; the whole output when None), as a block of a Dask array does."""
+    if not bool(_in_windows(indices, pooling, xp, first_outputs).all()):
+        S.fail(func, "an index lies outside the pooling window of its position (on none of "
+                     "its window's taps): indices must be those the max pooling returned "
+                     "with the same parameters")
 
 
 def index_span(indices, xp=np, pooling=None) -> tuple[int, int, bool | None]:
     """``(smallest, largest, inside)`` of non-empty ``indices`` (NumPy or CuPy, ``xp``) in
-    one host transfer: ``inside`` is :func:`indices_in_windows` of ``pooling`` (a WindowSpec
-    or AdaptiveSpec; meaningful only where the span lies in ``[-1, plane)``), None without
-    one."""
+    one host transfer: ``inside`` says whether every index follows the rule of
+    :func:`check_indices_in_windows` for ``pooling`` (a WindowSpec or AdaptiveSpec;
+    meaningful only where the span lies in ``[-1, plane)``), None without one."""
     parts = [indices.min().astype(np.int64), indices.max().astype(np.int64)]
     if pooling is not None:
         parts.append(_in_windows(indices, pooling, xp).all().astype(np.int64))
@@ -150,21 +166,25 @@ def index_span(indices, xp=np, pooling=None) -> tuple[int, int, bool | None]:
     return low, high, bool(inside[0]) if inside else None
 
 
-def _in_windows(indices, spec, xp):
-    """Per index, whether it is -1 or names a tap of its own window (see
-    :func:`indices_in_windows`). Runs in int32 where every position and window start fits."""
+def _in_windows(indices, spec, xp, first_outputs=None):
+    """Per index, whether it is -1 or names a tap of its own window (the rule of
+    :func:`check_indices_in_windows`). Runs in int32 where every position and window start
+    fits."""
     geom = spec.geom
     first, nd = len(geom.lead), geom.nd
+    first_outputs = first_outputs or (0,) * nd
     bounds = []  # per dim: the windows' first position, and their end (adaptive) or None
     for a in range(nd):
         size, out = geom.spatial[a], spec.out_spatial[a]
+        outputs = slice(first_outputs[a], first_outputs[a] + indices.shape[first + a])
         if isinstance(spec, WindowSpec):
-            bounds.append((np.arange(out, dtype=np.int64) * spec.stride[a] - spec.pads[a][0],
-                           None))
+            bounds.append((np.arange(out, dtype=np.int64)[outputs] * spec.stride[a]
+                           - spec.pads[a][0], None))
         else:
-            bounds.append(adaptive_bounds(size, out))
+            bounds.append(tuple(b[outputs] for b in adaptive_bounds(size, out)))
     fits = (math.prod(geom.spatial) < 2**31
-            and all(abs(int(b[0].min())) < 2**31 and abs(int(b[0].max())) < 2**31 for b in bounds))
+            and all(b[0].size == 0 or (abs(int(b[0].min())) < 2**31
+                                       and abs(int(b[0].max())) < 2**31) for b in bounds))
     narrow = np.int32 if fits else np.int64
     rest = indices.astype(narrow)
     inside = None

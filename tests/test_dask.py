@@ -341,6 +341,30 @@ def test_max_unpool_refuses_indices_outside_their_window():
         result.compute()
 
 
+def test_max_unpool_refuses_an_index_between_the_taps_of_a_dilated_window():
+    """Regression: the Dask check took a dilated window's whole span for the window, so an
+    index between two of its taps passed and was written; it names none of the window's
+    taps, which max_pool_backward refuses too."""
+    x = np.random.default_rng(3).permutation(2 * 9 * 9).reshape(1, 2, 9, 9).astype(np.float64)
+    args = dict(kernel_size=3, stride=2, dilation=2)  # taps 0, 2, 4 of each window
+    values, indices = gpupool.max_pool(x, return_indices=True, **args)
+    chunks = (1, 1, (1, 2), (2, 1))
+
+    def dask_unpool(idx):
+        return gpupool.max_unpool(da.from_array(values, chunks=chunks),
+                                  da.from_array(idx, chunks=chunks), output_size=(9, 9), **args)
+    assert_array_equal(dask_unpool(indices).compute(scheduler="synchronous"),
+                       scatter_reference(values, indices, (9, 9)))
+    row = int(indices[0, 1, 1, 1]) // 9  # the window's taps: rows and columns 2, 4, 6
+    bad = indices.copy()
+    bad[0, 1, 1, 1] = row * 9 + 3  # column 3: between two taps, inside the span
+    with pytest.raises(ValueError, match="max_unpool: an index lies outside the pooling window"):
+        dask_unpool(bad).compute(scheduler="synchronous")
+    with pytest.raises(ValueError, match="max_pool_backward: an index lies outside the pooling "
+                                         "window"):
+        gpupool.max_pool_backward(np.ones_like(values), bad, x.shape, **args)
+
+
 def _global_avg(x):
     return gpupool.global_avg_pool(x)
 

@@ -22,31 +22,47 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import threads
+from .memo import array_memo
 from .reduce import (DIRECT_BYTES, LITTLE_ENDIAN, canonical, expand, fits_one_gather,
                      gather_plan, gather_reduce, half_as_float32, in_blocks, reduce_taps,
                      scratch, separable_window, tap_views, widened, window_taps)
 from ..registry import register
 from ..spec import AdaptiveSpec, UnpoolSpec, WindowSpec
 from ..windows import (accumulator, adaptive_argmax, adaptive_bounds, adaptive_counts,
-                       adaptive_reduce, adaptive_taps, lowest, window_counts)
+                       adaptive_reduce, adaptive_taps, lowest, window_counts,
+                       window_counts_per_dim)
 
 
-@functools.lru_cache(maxsize=256)
+@array_memo(256)
 def _avg_divisor(spec: WindowSpec):
     """``(divisor, empty)``: the divisor per output position in the working dtype,
     broadcastable against a canonical block (a scalar when every window has the same one),
     and the mask of the windows with no valid tap, which give +0 (None when there are none).
-    Sums are divided, not multiplied by a reciprocal: the CUDA kernels' rounding."""
-    valid = window_counts(spec, False)
-    divisor = (np.full(spec.out_spatial, float(spec.divisor_override))
-               if spec.divisor_override else window_counts(spec, spec.count_include_pad))
-    divisor = np.where(valid > 0, divisor, 1.0).astype(accumulator(np.dtype(spec.geom.dtype)))
+    Sums are divided, not multiplied by a reciprocal: the CUDA kernels' rounding. Built from
+    the per-dim counts: a full array only where windows differ."""
+    acc = accumulator(np.dtype(spec.geom.dtype))
+    valid = window_counts_per_dim(spec, False)
     empty = None
-    if not valid.all():
-        empty = expand(valid == 0, spec.geom)
+    if any((v == 0).any() for v in valid):
+        empty = np.zeros((), bool)
+        for v in valid:
+            empty = np.logical_or.outer(empty, v == 0)
+        empty = expand(empty, spec.geom)
         empty.flags.writeable = False
-    if (divisor == divisor.flat[0]).all():
-        return divisor.flat[0], empty
+    if spec.divisor_override:
+        return acc.type(spec.divisor_override), empty
+    # 1 along a dim where a window has no valid tap: its output is +0, whatever it divides by
+    counts = [np.where(v > 0, c, 1) for v, c in zip(valid, window_counts_per_dim(
+        spec, spec.count_include_pad))]
+    if all((c == c[0]).all() for c in counts):
+        return acc.type(math.prod(int(c[0]) for c in counts)), empty
+    # the products exact, then rounded once to acc: in acc itself where they are integers
+    # it holds exactly (all but windows of more than 2**24 taps in float32)
+    exact = math.prod(int(c.max()) for c in counts) <= 2 ** (np.finfo(acc).nmant + 1)
+    divisor = np.ones((), acc if exact else np.float64)
+    for c in counts:
+        divisor = np.multiply.outer(divisor, c.astype(divisor.dtype))
+    divisor = divisor.astype(acc, copy=False)
     divisor.flags.writeable = False
     return expand(divisor, spec.geom), empty
 
@@ -69,7 +85,7 @@ class _ArgmaxPlan:
     empty: bool
 
 
-@functools.lru_cache(maxsize=256)
+@array_memo(256)
 def _argmax_plan(spec: WindowSpec) -> _ArgmaxPlan:
     geom = spec.geom
     plane_strides = [math.prod(geom.spatial[a + 1:]) for a in range(geom.nd)]
@@ -158,16 +174,19 @@ def _order_keys(xb):
     return keys
 
 
-@functools.lru_cache(maxsize=64)
-def _position_bits(spatial: tuple, nhwc: bool):
-    """Per input position p of a plane: ``LOW_BITS - p`` (the first of tied values wins a max)
-    and ``p`` (the last NaN wins), shaped to broadcast against a canonical block."""
-    pos = np.arange(math.prod(spatial), dtype=np.int64).reshape(spatial + ((1,) if nhwc else ()))
-    first = (LOW_BITS - pos).astype(np.uint32).view(np.int32)  # as a composite's low word
-    pos = pos.astype(np.int32)
-    for a in (first, pos):
+@array_memo(64)
+def _plane_positions(spatial: tuple, nhwc: bool):
+    """The input positions ``p`` of a plane (below 2**31) as ``(row_start, column)``, int32
+    arrays whose sum is ``p`` and which broadcast against a canonical block: one start per
+    row along the last spatial dim, and that dim's positions (no array of the plane's size)."""
+    *rows, width = spatial
+    tail = (1,) if nhwc else ()
+    row_start = (np.arange(math.prod(rows), dtype=np.int32) * np.int32(width)).reshape(
+        tuple(rows) + (1,) + tail)
+    column = np.arange(width, dtype=np.int32).reshape((width,) + tail)
+    for a in (row_start, column):
         a.flags.writeable = False
-    return first, pos
+    return row_start, column
 
 
 def _keyed_max_indices(xb, spec: WindowSpec, values, indices) -> None:
@@ -177,17 +196,17 @@ def _keyed_max_indices(xb, spec: WindowSpec, values, indices) -> None:
     wins) make the max of the composites pick PyTorch's tap. The values are then gathered at
     the indices: the winning element itself, bit for bit."""
     geom = spec.geom
-    nhwc = geom.layout == "NHWC"
     keys = _order_keys(xb)
-    first, last = _position_bits(geom.spatial, nhwc)
+    row_start, column = _plane_positions(geom.spatial, geom.layout == "NHWC")
     composite = scratch("composite", xb.shape, np.int64)
     words = composite.view(np.int32)  # little-endian: the low word first
     words[..., 1::2] = keys
-    words[..., 0::2] = first
+    # LOW_BITS - p as an int32 word is -1 - p
+    np.subtract(np.invert(row_start), column, out=words[..., 0::2])
     has_nan = xb.dtype.kind == "f" and keys.max() == TOP_KEY
     if has_nan:
         nan = np.equal(keys, TOP_KEY, out=scratch("mask", xb.shape, np.bool_))
-        np.copyto(words[..., 0::2], last, where=nan)
+        np.add(row_start, column, out=words[..., 0::2], where=nan)
     best = separable_window(composite, spec, np.dtype(np.int64))
     tie = np.bitwise_and(best, LOW_BITS, out=indices)
     if has_nan:
@@ -238,9 +257,11 @@ def prepare_window(spec: WindowSpec):
     in_shape = (geom.batch,) + geom.shape[len(geom.lead):]
     out_shape = (geom.batch,) + spec.out_shape[len(geom.lead):]
     arithmetic = spec.op != "max"
-    small = math.prod(geom.shape) * dtype.itemsize <= DIRECT_BYTES
+    # the small paths keep their plans in the closure: only where input and output are small
+    small = max(math.prod(geom.shape), math.prod(spec.out_shape)) * dtype.itemsize <= DIRECT_BYTES
     if spec.return_indices and small and _windows_inside(spec):
         return _small_argmax_run(spec, in_shape, out_shape)
+    # the other paths look their arrays up per call (memos bounded in bytes), holding none
     if (spec.return_indices and dtype in KEYED_INDEX_DTYPES and LITTLE_ENDIAN
             and math.prod(geom.spatial) < 2**31):
         def blocks(xc, oc, ic):
@@ -248,9 +269,9 @@ def prepare_window(spec: WindowSpec):
                 _keyed_max_indices(xc[b0:b1], spec, oc[b0:b1], ic[b0:b1])
             return block
     elif spec.return_indices:  # float64, int64: no room for tie bits beside their keys
-        plan = _argmax_plan(spec)
-
         def blocks(xc, oc, ic):
+            plan = _argmax_plan(spec)
+
             def block(b0, b1):
                 maxima = separable_window(xc[b0:b1], spec, accumulator(dtype))
                 _argmax_taps(xc[b0:b1], plan, maxima, ic[b0:b1])
@@ -268,12 +289,13 @@ def prepare_window(spec: WindowSpec):
     else:
         acc = accumulator(dtype)
         direct = dtype == acc
-        divisor, empty = _avg_divisor(spec) if spec.op == "avg" else (None, None)
         inverse = acc.type(1.0 / spec.p) if spec.op == "lp" else None
         root = None if spec.op != "lp" or spec.p == 1.0 else (
             np.sqrt if spec.p == 2.0 else lambda res, out: np.power(res, inverse, out=out))
 
         def blocks(xc, oc, ic):
+            divisor, empty = _avg_divisor(spec) if spec.op == "avg" else (None, None)
+
             def block(b0, b1):
                 res = separable_window(xc[b0:b1], spec, acc, oc[b0:b1] if direct else None)
                 if divisor is not None:
@@ -359,8 +381,10 @@ window.prepare = prepare_window
 
 @functools.lru_cache(maxsize=64)
 def _mean_weights(plane: int, dtype, factor: float = 1.0) -> np.ndarray:
-    """``1 / plane`` (divided by ``factor``, a power of two) for each value of a plane."""
-    weights = np.full(plane, dtype.type(1.0 / plane) / dtype.type(factor), dtype=dtype)
+    """``1 / plane`` (divided by ``factor``, a power of two) for each value of a short plane
+    (:data:`SHORT_PLANE` values at most), or once for all the values of a longer one."""
+    weights = np.full(plane if plane <= SHORT_PLANE else 1,
+                      dtype.type(1.0 / plane) / dtype.type(factor), dtype=dtype)
     weights.flags.writeable = False
     return weights
 
@@ -433,16 +457,22 @@ def _half_from_keys(keys, dest) -> None:
 
 @register("adaptive", "numpy")
 def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
-    """Adaptive and global pooling: uniform windows as ``window``; a global max a reduction,
-    a global average a sum of values times weights; other windows through the gather of a
-    small block or the shared tap loops, dividing by each window's count."""
+    """Adaptive and global pooling: uniform windows as ``window`` (an average to size 1 with
+    a dim longer than :data:`TAP_CALLS_MAX` through ``add.accumulate``, in the same order);
+    a global max a reduction, a global average a sum of values times weights; other windows
+    through the gather of a small block or the shared tap loops, dividing by each window's
+    count."""
+    geom = spec.geom
+    xc, oc = canonical(x, geom), canonical(out, geom)
+    plane_bytes = x.itemsize * math.prod(geom.spatial) * geom.channels
+    if (spec.op == "avg" and spec.whole_plane and not spec.is_global
+            and max(geom.spatial) > TAP_CALLS_MAX):
+        in_blocks(functools.partial(_window_order_means, xc, oc, geom), geom.batch, plane_bytes)
+        return
     if spec.uniform_window is not None and not spec.is_global:
         window(x, spec.uniform_window, out, indices)  # the faster separable tap loops
         return
-    geom = spec.geom
-    xc, oc = canonical(x, geom), canonical(out, geom)
     spatial_axes = tuple(range(1, geom.nd + 1))
-    plane_bytes = x.itemsize * math.prod(geom.spatial) * geom.channels
     if spec.is_global and indices is None:
         nd, plane = geom.nd, math.prod(geom.spatial)
         acc = accumulator(x.dtype)
@@ -499,7 +529,23 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
     in_blocks(block, geom.batch, plane_bytes, spec.op != "max")
 
 
-@functools.lru_cache(maxsize=256)
+TAP_CALLS_MAX = 1024  # taps along a dim that the separable loops take one ufunc call each
+
+
+def _window_order_means(xc, oc, geom, b0: int, b1: int) -> None:
+    """Planes ``[b0, b1)`` of an average over the whole plane in window order, the order of
+    the separable tap loops: along the first spatial dim, tap after tap, then the next dim,
+    as ``add.accumulate`` adds (strictly in sequence, in one call per dim instead of one per
+    tap; slower than the tap loops but on long dims); then divided by the count."""
+    acc = accumulator(xc.dtype)
+    cur = widened(xc[b0:b1], acc)
+    for axis in range(1, geom.nd + 1):
+        cur = np.add.accumulate(cur, axis=axis).take([-1], axis=axis)
+    np.divide(cur, acc.type(math.prod(geom.spatial)), out=cur)
+    oc[b0:b1] = cur
+
+
+@array_memo(256)
 def _adaptive_plans(spec: AdaptiveSpec) -> tuple:
     """Per dim the taps of its windows (:func:`gpupool.windows.adaptive_taps`), and the
     divisor of each output in the working dtype (avg; else None)."""
@@ -513,7 +559,7 @@ def _adaptive_plans(spec: AdaptiveSpec) -> tuple:
     return per_dim, counts
 
 
-@functools.lru_cache(maxsize=256)
+@array_memo(256)
 def _adaptive_gather(spec: AdaptiveSpec) -> tuple:
     """The :func:`gather_plan` of adaptive windows (built only for small planes)."""
     taps = []

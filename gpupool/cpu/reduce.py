@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import threads
+from .memo import array_memo
 from ..spec import WindowSpec
 from ..windows import lowest
 
@@ -86,6 +87,14 @@ def widened(xb, dtype):
 
 
 UNSCALED_HALF = 2.0 ** -112  # a half's bits moved into float32 fields: value * 2**-112
+SMALLEST_SUBNORMAL = np.float32(2.0 ** -149)
+
+
+def _reads_subnormals_as_zero() -> bool:
+    """Whether this thread's floating-point unit reads float32 subnormals as zero
+    (denormals-are-zero, which ``torch.set_flush_denormal(True)`` sets on x86; the mode is
+    per thread): the smallest subnormal times 2**24, a normal, then comes out 0."""
+    return SMALLEST_SUBNORMAL * np.float32(2.0 ** 24) == 0
 
 
 def half_as_float32(xb):
@@ -95,8 +104,13 @@ def half_as_float32(xb):
     fields and the sign in bits 31..28; clearing bits 30..28 leaves a float32 equal to the
     value times 2**-112 (the bias difference), for normals and subnormals alike. Where the
     block holds an inf or NaN (two int16 maxima tell), those get the all-ones exponent and
-    the block is scaled to the values themselves (``factor`` 1)."""
+    the block is scaled to the values themselves (``factor`` 1). A subnormal half becomes a
+    float32 subnormal there, so a thread that reads those as zero
+    (:func:`_reads_subnormals_as_zero`) takes NumPy's cast (exact, ``factor`` 1) instead."""
     cur = scratch("input", xb.shape, np.float32)
+    if _reads_subnormals_as_zero():
+        np.copyto(cur, xb)
+        return cur, 1.0
     half, bits = xb.view(np.int16), cur.view(np.int32)
     np.copyto(bits, half)
     np.left_shift(bits, 13, out=bits)
@@ -309,7 +323,7 @@ def fits_one_gather(cur, nd: int, taps: int, outputs: int) -> bool:
             * taps * outputs <= DIRECT_TAPS)
 
 
-@functools.lru_cache(maxsize=256)
+@array_memo(256)
 def _window_gather(spec: WindowSpec) -> tuple:
     """The :func:`gather_plan` of a window op (built only for planes small enough for it)."""
     taps = []

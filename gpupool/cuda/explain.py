@@ -2,7 +2,10 @@
 the op's spec. Pure Python, so it works on a machine without a GPU."""
 from __future__ import annotations
 
+from typing import Sequence
+
 from .. import spec as S
+from ..ops import Padding, Size
 from .planner import DeviceInfo, plan
 
 _OPS = {
@@ -13,8 +16,9 @@ _OPS = {
 }
 
 
-def explain(op: str, shape, kernel_size=None, stride=None, padding=0, dilation=1,
-            ceil_mode: bool = False, *, output_size=None, p: float | None = None,
+def explain(op: str, shape: Sequence[int], kernel_size: Size | None = None,
+            stride: Size | None = None, padding: Padding = 0, dilation: Size = 1,
+            ceil_mode: bool = False, *, output_size: Size | None = None, p: float | None = None,
             count_include_pad: bool = False, divisor_override: int | None = None,
             return_indices: bool = False, spatial_dims: int = 2, dtype: str = "float32",
             layout: str = "NCHW", device: DeviceInfo | None = None) -> str:
@@ -28,7 +32,9 @@ def explain(op: str, shape, kernel_size=None, stride=None, padding=0, dilation=1
     op would raise for invalid arguments.
 
     >>> print(explain("max_pool", (64, 64, 112, 112), 3, 2, 1))  # doctest: +ELLIPSIS
-    device: ...
+    max_pool: output (64, 64, 56, 56)
+    device: NVIDIA H100 (assumed: no GPU queried) (132 SMs)
+    ...
     """
     if op not in _OPS:
         raise ValueError(f"gpupool.explain: unknown op {op!r} (one of {sorted(_OPS)})")

@@ -432,14 +432,14 @@ def _unpool(spec: S.UnpoolSpec, device: DeviceInfo, words: list, scatter: bool) 
 
 @functools.lru_cache(maxsize=1024)
 def gather_view(spec: GradSpec):
-    """The forward spec whose geometry the backward kernels of ``spec`` take: a global
-    pooling with its planes flattened to one spatial dim (so any number of dims), else the
-    forward spec itself."""
+    """The forward spec whose geometry the backward kernels of ``spec`` take: a pooling to
+    output size 1 with its planes flattened to one spatial dim (so any number of dims), else
+    the forward spec itself."""
     fwd = spec.forward
-    if isinstance(fwd, S.AdaptiveSpec) and fwd.is_global and fwd.geom.nd > 1:
+    if isinstance(fwd, S.AdaptiveSpec) and fwd.whole_plane and fwd.geom.nd > 1:
         g = fwd.geom
         geom = S.Geometry(g.func, g.with_spatial((math.prod(g.spatial),)), g.dtype, g.layout, 1)
-        return S.AdaptiveSpec(geom, fwd.op, (1,))
+        return S.AdaptiveSpec(geom, fwd.op, (1,), global_op=fwd.global_op)
     return fwd
 
 
@@ -456,7 +456,8 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
     if view.geom.nd > 3:
         raise ValueError(f"gpupool: the CUDA backward kernels take 1-3 spatial dims, got "
                          f"{view.geom.nd}")
-    if spec.op == "avg" and isinstance(view, S.AdaptiveSpec) and view.is_global:
+    # each position has one window, whatever order the forward sums in
+    if spec.op == "avg" and isinstance(view, S.AdaptiveSpec) and view.whole_plane:
         return _broadcast(view, device, words)
     kind = "window" if isinstance(view, S.WindowSpec) else "adaptive"
     words.append(f"gather: one thread per input element sums the gradients of the {kind} "

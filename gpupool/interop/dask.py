@@ -14,7 +14,7 @@ array, for any chunking.
   positions in the whole input plane; a block whose windows miss the input gets the
   empty-window value.
 * Adaptive pooling computes each output block from the exact input span of its windows
-  ``[floor(i*I/O), ceil((i+1)*I/O))``; global pooling (and adaptive pooling to size 1) is a
+  ``[floor(i*I/O), ceil((i+1)*I/O))``; global pooling (and adaptive max pooling to size 1) is a
   tree reduction (:func:`dask.array.sum` in float64 / exact int64, :func:`dask.array.max`).
 * ``max_unpool`` takes ``x`` and ``indices`` as Dask arrays; each output block gathers the
   input blocks whose pooling windows reach it and scatters the indices that land in it.
@@ -368,27 +368,17 @@ def _unpool_spans(chunks, size, out, kernel, stride, dilation, begin) -> list[_S
     return spans
 
 
-def _checked_indices(indices, first, spec, stride, begin, span, block_info=None):
+def _checked_indices(indices, spec, spatial_axes, block_info=None):
     """``indices`` after checking that each lies in the output plane
     (:func:`gpupool.spec.check_unpool_indices`: -1 is skipped) and in the pooling window of
-    its position (``ValueError`` otherwise)."""
+    its position (:func:`gpupool.windows.check_indices_in_windows`)."""
     if indices.size == 0:
         return indices
     S.check_unpool_indices("max_unpool", int(indices.min()), int(indices.max()), spec)
-    full_spatial = spec.out_spatial
-    xp = array_module(indices)
-    flat = indices.astype(np.int64)
-    inside = xp.ones(flat.shape, bool)
     location = block_info[0]["array-location"]
-    for a, full in enumerate(full_spatial):
-        coord = flat // math.prod(full_spatial[a + 1:]) % full
-        start = windows.along(xp.arange(*location[first + a]) * stride[a] - begin[a],
-                              flat.ndim, first + a)
-        inside &= (coord >= start) & (coord < start + span[a])
-    if not bool((inside | (flat < 0)).all()):  # -1, checked above, is in no window: skipped
-        raise ValueError("gpupool.max_unpool: an index lies outside the pooling window of its "
-                         "position; on Dask arrays indices must be those max_pool returns with "
-                         "the same kernel_size, stride, padding and dilation")
+    windows.check_indices_in_windows("max_unpool", indices, spec.pooling,
+                                     array_module(indices),
+                                     tuple(location[a][0] for a in spatial_axes))
     return indices
 
 
@@ -429,9 +419,8 @@ def _unpool(op, params: dict):
     kernel, stride, dilation, pads = spec.kernel, spec.stride, spec.dilation, spec.pads
     first = len(geom.lead)
     begin = tuple(b for b, _ in pads)
-    spans_of = tuple(d * (k - 1) + 1 for k, d in zip(kernel, dilation))
     checked = indices.rechunk(x.chunks).map_blocks(
-        _checked_indices, first, spec, stride, begin, spans_of,
+        _checked_indices, spec, tuple(range(first, first + nd)),
         dtype=indices.dtype, meta=indices._meta)
     spans = _spatial_spans(x, geom, lambda a: _unpool_spans(
         x.chunks[first + a], geom.spatial[a], spec.out_spatial[a], kernel[a], stride[a],

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from typing import NamedTuple
 
 import dask.array as da
 import numpy as np
@@ -36,12 +37,9 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from .. import grad_spec as G
 from ..arrays import dtype_name
+from ..windows import check_indices_in_windows
 from .dask_blocks import (array_module, assemble, check_input, cuts, overlaps, region,
                           window_slice)
-
-_OUTSIDE = ("gpupool.{func}: an index lies outside the pooling window of its position: "
-            "indices must be those the forward max returned with the same parameters")
-
 
 @dataclasses.dataclass(frozen=True)
 class _Block:
@@ -99,24 +97,21 @@ def _result_meta(grad):
     return meta_from_array(grad._meta, grad.ndim, grad.dtype)
 
 
-def _local_indices(func: str, indices, spec: G.GradSpec, lows, sizes):
-    """``indices`` (flat positions in the whole input plane) checked, as flat positions in
-    the slice of spatial ``sizes`` starting at ``lows``; -1 stays -1."""
+def _local_indices(func: str, indices, spec: G.GradSpec, first_windows, lows, sizes):
+    """``indices`` (flat positions in the whole input plane) of the windows from
+    ``first_windows`` on (per spatial dim), checked (in the plane, and each in its own
+    window), as flat positions in the slice of spatial ``sizes`` starting at ``lows``, which
+    holds every tap of those windows; -1 stays -1."""
     xp = array_module(indices)
     flat = indices.astype(np.int64)
     if flat.size:
         G.check_index_range(func, int(flat.min()), int(flat.max()), spec)
+        check_indices_in_windows(func, flat, spec.forward, xp, first_windows)
     full = spec.forward.geom.spatial
     local = xp.zeros(flat.shape, np.int64)
-    inside = xp.ones(flat.shape, bool)
     for a, (lo, n) in enumerate(zip(lows, sizes)):
-        coord = flat // math.prod(full[a + 1:]) % full[a] - lo
-        inside &= (coord >= 0) & (coord < n)
-        local = local * n + coord
-    taken = flat >= 0
-    if not bool((inside | ~taken).all()):  # the slice holds every tap of its windows
-        raise ValueError(_OUTSIDE.format(func=func))
-    return xp.where(taken, local, -1)
+        local = local * n + (flat // math.prod(full[a + 1:]) % full[a] - lo)
+    return xp.where(flat >= 0, local, -1)
 
 
 def _empty(grad, shape):
@@ -149,19 +144,32 @@ def _windows_of(e0, e1, size, out, stride, span, pads):
             return o0, o1, lo, hi, pad_begin, pad_end
 
 
+class _WindowRun(NamedTuple):
+    """What a block of a window op's gradient computes along a spatial dim: the windows from
+    ``first_window`` on, over the input slice of ``size`` positions from ``lo``, padded by
+    ``pad_begin`` and ``pad_end``; the block is ``[start, stop)`` of that slice."""
+
+    first_window: int
+    lo: int
+    start: int
+    stop: int
+    pad_begin: int
+    pad_end: int
+    size: int
+
+
 def _window_dim(bounds, size, out, stride, span, pads, with_x: bool) -> list[_Block]:
-    """The blocks ``bounds`` (``[e0, e1)`` each) of a spatial dim, param ``(lo, e0 - lo,
-    e1 - lo, pad_begin, pad_end, hi - lo)``; ranges: grad_output's (and indices') windows,
-    then x's slice."""
+    """The blocks ``bounds`` (``[e0, e1)`` each) of a spatial dim, param a
+    :class:`_WindowRun`; ranges: grad_output's (and indices') windows, then x's slice."""
     blocks = []
     for e0, e1 in bounds:
         if e1 <= e0:  # a zero-size chunk of x
-            blocks.append(_Block(0, ((0, 0), (e0, e0)), (e0, 0, 0, 0, 0, 0)))
+            blocks.append(_Block(0, ((0, 0), (e0, e0)), _WindowRun(0, e0, 0, 0, 0, 0, 0)))
             continue
         o0, o1, lo, hi, pad_begin, pad_end = _windows_of(e0, e1, size, out, stride, span, pads)
         ranges = ((o0, o1), (lo, hi)) if with_x else ((o0, o1),) * 2
-        blocks.append(_Block(e1 - e0, ranges, (lo, e0 - lo, e1 - lo, pad_begin, pad_end,
-                                               hi - lo)))
+        blocks.append(_Block(e1 - e0, ranges, _WindowRun(o0, lo, e0 - lo, e1 - lo, pad_begin,
+                                                         pad_end, hi - lo)))
     return blocks
 
 
@@ -170,22 +178,23 @@ def _window_block(regions, params, op, kind, first, nd, options, spec):
     grad = regions[0]
     spatial = params[first:first + nd]
     shape = list(grad.shape)
-    shape[first:first + nd] = [e1 - e0 for _, e0, e1, *_ in spatial]
+    shape[first:first + nd] = [run.stop - run.start for run in spatial]
     empty = _empty(grad, shape)
     if empty is not None:
         return empty
-    pads = tuple((pb, pe) for _, _, _, pb, pe, _ in spatial)
+    pads = tuple((run.pad_begin, run.pad_end) for run in spatial)
     sub = list(grad.shape)
-    sub[first:first + nd] = [n for *_, n in spatial]
+    sub[first:first + nd] = [run.size for run in spatial]
     if kind == "lp":
         result = op(grad, regions[1], padding=pads, **options)
     elif kind == "max":
-        local = _local_indices(op.__name__, regions[1], spec, [p[0] for p in spatial],
-                               sub[first:first + nd])
+        local = _local_indices(op.__name__, regions[1], spec,
+                               [run.first_window for run in spatial],
+                               [run.lo for run in spatial], sub[first:first + nd])
         result = op(grad, local, tuple(sub), padding=pads, **options)
     else:
         result = op(grad, tuple(sub), padding=pads, **options)
-    cut = (slice(None),) * first + tuple(slice(e0, e1) for _, e0, e1, *_ in spatial)
+    cut = (slice(None),) * first + tuple(slice(run.start, run.stop) for run in spatial)
     return result if shape == sub else result[cut].copy()
 
 
@@ -240,16 +249,28 @@ def _window(op, params: dict):
 
 # ----------------------------------------------------------------------------- adaptive
 
+class _AdaptiveRun(NamedTuple):
+    """What a block of an adaptive op's gradient computes along a spatial dim: ``out``
+    windows from ``first_window`` on, exactly the input slice of ``size`` positions from
+    ``lo``."""
+
+    first_window: int
+    lo: int
+    size: int
+    out: int
+
+
 def _adaptive_dim(chunks, size: int, out: int) -> list[_Block]:
     """Blocks of whole periods of the adaptive windows along a dim: window ``o + P`` is
     window ``o`` moved by ``size / gcd`` (``P = out / gcd``), so a run of periods, pooled
-    alone, has the same windows; param ``(lo, input size, output size)``."""
+    alone, has the same windows; param an :class:`_AdaptiveRun`."""
     g = math.gcd(size, out)
     p_in, p_out = size // g, out // g
     blocks = []
     for q0, q1 in cuts(chunks, g, lambda c: c // p_out):
         blocks.append(_Block((q1 - q0) * p_in, ((q0 * p_out, q1 * p_out),) * 2,
-                             (q0 * p_in, (q1 - q0) * p_in, (q1 - q0) * p_out)))
+                             _AdaptiveRun(q0 * p_out, q0 * p_in, (q1 - q0) * p_in,
+                                          (q1 - q0) * p_out)))
     return blocks
 
 
@@ -257,14 +278,15 @@ def _adaptive_block(regions, params, op, kind, first, nd, layout, spec):
     grad = regions[0]
     spatial = params[first:first + nd]
     shape = list(grad.shape)
-    shape[first:first + nd] = [n for _, n, _ in spatial]
+    shape[first:first + nd] = [run.size for run in spatial]
     empty = _empty(grad, shape)
     if empty is not None:
         return empty
-    output_size = tuple(o for *_, o in spatial)
+    output_size = tuple(run.out for run in spatial)
     if kind == "max":
-        local = _local_indices(op.__name__, regions[1], spec, [lo for lo, *_ in spatial],
-                               shape[first:first + nd])
+        local = _local_indices(op.__name__, regions[1], spec,
+                               [run.first_window for run in spatial],
+                               [run.lo for run in spatial], shape[first:first + nd])
         return op(grad, local, tuple(shape), output_size, layout=layout)
     return op(grad, tuple(shape), output_size, layout=layout)
 
