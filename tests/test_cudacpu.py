@@ -741,13 +741,18 @@ def test_current_stream_is_per_device(standin, standin_kernels):
 
 @pytest.mark.gpu
 @standin_only
-def test_numpy_operands_are_refused(standin):
-    """CuPy refuses a NumPy array in its arithmetic (no implicit host-to-device copy)."""
+def test_implicit_conversions_are_refused(standin):
+    """CuPy refuses a NumPy array in its arithmetic (no implicit host-to-device copy) and
+    NumPy's conversion of a device array (no implicit device-to-host copy); .get() and
+    asnumpy copy."""
     a = standin.arange(3.0)
     for op in (lambda: a + np.ones(3), lambda: standin.maximum(a, np.ones(3))):
         with pytest.raises(TypeError, match=r"NumPy array operand"):
             op()
-    assert (a + 1.0).get().tolist() == [1.0, 2.0, 3.0]
+    for convert in (np.asarray, np.array, np.asanyarray, np.ascontiguousarray):
+        with pytest.raises(TypeError, match=r"Implicit conversion to a NumPy array"):
+            convert(a)
+    assert (a + 1.0).get().tolist() == standin.asnumpy(a + 1.0).tolist() == [1.0, 2.0, 3.0]
 
 
 @pytest.mark.gpu

@@ -9,7 +9,9 @@ without a usable GPU) and ``gpupool.cuda.backend`` / ``gpupool.cuda.quantized`` 
   boundary, as CuPy's pool hands out blocks (the executor keeps each kernel argument's address
   modulo 512, so a misaligned view stays misaligned); ``empty`` / ``empty_like`` memory holds
   POISON bytes (a GPU returns stale pool bytes: an output a kernel never writes shows as NaN
-  or -1). NumPy operands in its arithmetic are refused with ``TypeError``, as CuPy does.
+  or -1). NumPy operands in its arithmetic are refused with ``TypeError``, as CuPy does, and
+  so is ``numpy.asarray`` (``array``, ``asanyarray``, ...) of a device array: CuPy allows no
+  implicit conversion (``get`` / ``asnumpy`` copy to the host).
 * CuPy's own kernels (arithmetic, reductions, ``astype``) are compiled with ``-ftz=true``: here
   float32 subnormal operands and results of ufuncs, reductions and conversions are flushed to
   signed zeros too (copies, ``where`` and reshapes keep them, as moves do on a GPU).
@@ -482,7 +484,28 @@ def asnumpy(a, stream=None):
 
 
 def may_share_memory(a, b, max_work=None) -> bool:
-    return _np.may_share_memory(_np.asarray(a), _np.asarray(b))
+    return _np.may_share_memory(a.view(_np.ndarray), b.view(_np.ndarray))
+
+
+_IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to "
+             "construct a NumPy array explicitly.")
+
+
+def _refusing_device_arrays(convert):
+    """NumPy's ``convert`` (``numpy.asarray``, ...) refusing a device array, as CuPy's
+    ``__array__`` does."""
+    @functools.wraps(convert)
+    def strict(a, *args, **kwargs):
+        if isinstance(a, ndarray):
+            raise TypeError(_IMPLICIT)
+        return convert(a, *args, **kwargs)
+    return strict
+
+
+# An ndarray subclass has no hook NumPy's conversions call, so the functions themselves refuse
+# (called through the numpy module; NumPy's C internals still see a plain array).
+for _name in ("asarray", "array", "asanyarray", "ascontiguousarray", "asfortranarray"):
+    setattr(_np, _name, _refusing_device_arrays(getattr(_np, _name)))
 
 
 def __getattr__(name):
