@@ -6,7 +6,8 @@
   for ``kernels_cu/`` (``tests/cudacpu``: the kernels compiled with the host C++ compiler,
   behind a stand-in ``cupy``), so they run wherever a host compiler exists. The report
   header says which; where neither exists they are left out, with one summary line.
-  ``GPUPOOL_GPU_TESTS=executor`` asks for the executor even with a GPU.
+  ``GPUPOOL_GPU_TESTS=executor`` asks for the executor even with a GPU;
+  ``GPUPOOL_CUPY_POOL=0`` turns CuPy's memory pool off (:func:`configure_memory_pool`).
 * Hypothesis runs derandomized, without an example database and without deadlines, so CI is
   deterministic.
 """
@@ -61,10 +62,21 @@ def _choose_gpu_runtime() -> tuple[str | None, str]:
                         f"schedule {schedule}")
 
 
+def configure_memory_pool(cupy, environ) -> None:
+    """``GPUPOOL_CUPY_POOL=0``: CuPy allocates each array by itself, outside its memory pool,
+    so that compute-sanitizer sees an access past an array's end (inside a pooled block it
+    cannot)."""
+    if environ.get("GPUPOOL_CUPY_POOL", "1") == "0":
+        cupy.cuda.set_allocator(None)
+
+
 #: CuPy's NVRTC (compiler, core) for the compile tests, captured before the stand-in.
 REAL_NVRTC = cudacpu.real_nvrtc()
 GPU_RUNTIME, GPU_RUNTIME_WORDS = _choose_gpu_runtime()
 STANDIN = cudacpu.install() if GPU_RUNTIME == "executor" else None
+if GPU_RUNTIME is not None:
+    import cupy as _cupy
+    configure_memory_pool(_cupy, os.environ)
 
 
 def pytest_report_header(config):

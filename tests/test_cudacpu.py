@@ -13,6 +13,7 @@ import platform
 import numpy as np
 import pytest
 
+import conftest
 from cudacpu import executor
 
 NO_COMPILER = executor.host_compiler_reason()
@@ -162,6 +163,24 @@ __global__ void vmax_kernel(const unsigned* a, const unsigned* b, unsigned* s, u
 __global__ void scale_kernel(const float* in, float* out, float factor, int n) {
   for (int i = global_thread(); i < n; i += gridDim.x * blockDim.x) out[i] = in[i] * factor;
 }
+
+// The address of `in` modulo 512, as the kernel sees it.
+__global__ void address_kernel(const unsigned char* in, unsigned long long* out) {
+  out[0] = (unsigned long long)(uintptr_t)in % 512;
+}
+
+// out[i]: the sum of the 4 floats of vector i of `in`, read with one 16-byte load (a float4's
+// on a GPU, where a misaligned one traps); at most 64 threads per block, set through a macro.
+struct alignas(16) Vec4 {
+  float x, y, z, w;
+};
+#define VECTOR_BOUNDS(n) __launch_bounds__(n, 2)
+__global__ void VECTOR_BOUNDS(64) vector_sum_kernel(const float* in, float* out, int n) {
+  for (int i = global_thread(); i < n; i += gridDim.x * blockDim.x) {
+    const Vec4 v = reinterpret_cast<const Vec4*>(in)[i];
+    out[i] = v.x + v.y + v.z + v.w;
+  }
+}
 """
 
 NAMES = ("half_to_float_kernel", "float_to_half_kernel", "double_to_half_kernel",
@@ -170,7 +189,7 @@ NAMES = ("half_to_float_kernel", "float_to_half_kernel", "double_to_half_kernel"
          "indices_kernel", "misuse_kernel", "fill_kernel", "mark_first_kernel",
          "scalars_kernel", "write_at_kernel", "copy_kernel", "add_kernel",
          "reset_record_kernel", "record_block_kernel", "record_thread_kernel", "vmax_kernel",
-         "scale_kernel")
+         "scale_kernel", "address_kernel", "vector_sum_kernel")
 
 SCHEDULES = ("forward", "reverse", "random:1")
 
@@ -571,6 +590,206 @@ def test_ftz_define_flushes_subnormals_and_only_inside_the_launch(lib):
     lib.kernel("scale_kernel")((1,), (8,), (values, kept) + args)
     np.testing.assert_array_equal(flushed, np.concatenate([np.zeros_like(subnormal), normal]))
     np.testing.assert_array_equal(kept.view(np.uint32), values.view(np.uint32))
+
+
+# ------------------------------------------------------------------ launch bounds, alignment
+
+def test_launch_bounds_read_through_macros_and_enforced(lib):
+    """A kernel's __launch_bounds__ (here set through a macro) is its limit of threads per
+    block: a larger block fails the launch, as on a GPU; its bound passes."""
+    bounds = executor.launch_bounds(SOURCE, executor.Build.from_env())
+    assert bounds == {"vector_sum_kernel": 64}
+    values = np.arange(4 * 64, dtype=np.float32)
+    out = np.zeros(64, np.float32)
+    lib.kernel("vector_sum_kernel")((1,), (64,), (values, out, np.int32(64)))
+    np.testing.assert_array_equal(out, values.reshape(64, 4).sum(axis=1))
+    with pytest.raises(executor.LaunchError,
+                       match=r"block of 128 threads, more than the kernel's __launch_bounds__ "
+                             r"\(64\)"):
+        lib.kernel("vector_sum_kernel")((1,), (32, 4), (values, out, np.int32(64)))
+
+
+def test_unreadable_launch_bound_is_a_compile_error():
+    """A bound the executor cannot read as an integer is refused rather than ignored."""
+    code = "template <int N> __global__ void __launch_bounds__(N) k(int* out) {}\n"
+    with pytest.raises(executor.CompileError, match=r"__launch_bounds__\(N, ...\)"):
+        executor.launch_bounds(code, executor.Build.from_env())
+
+
+def test_arguments_keep_their_address_modulo_512(lib):
+    """The kernel sees each array at its caller's address modulo 512 (a guarded copy used to
+    start on a fresh, aligned buffer, so a misaligned view could never show)."""
+    buf = np.zeros(2048, np.uint8)
+    out = np.zeros(1, np.uint64)
+    for offset in (0, 1, 4, 8, 16, 100, 511):
+        view = buf[offset:offset + 64]
+        lib.kernel("address_kernel")((1,), (1,), (view, out))
+        assert int(out[0]) == view.ctypes.data % 512
+
+
+_MISALIGNED_LOAD = """
+import sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from cudacpu import executor
+from test_cudacpu import SOURCE
+build = executor.Build.from_env()
+lib = executor.Library(executor.build_library(SOURCE, ("vector_sum_kernel",), build),
+                       ("vector_sum_kernel",))
+buf = np.arange(72, dtype=np.float32)
+first = (-buf.ctypes.data) % 16 // 4
+out = np.zeros(16, np.float32)
+lib.kernel("vector_sum_kernel")((1,), (16,), (buf[first:first + 64], out, np.int32(16)))
+print("aligned ok", flush=True)
+lib.kernel("vector_sum_kernel")((1,), (16,), (buf[first + 1:first + 65], out, np.int32(16)))
+print("misaligned ran")
+"""
+
+
+def test_misaligned_vector_load_fails_under_ubsan():
+    """A 16-byte load from an array that starts 4 bytes past a 16-byte boundary (a float4 read
+    of a shifted view: a misaligned address on a GPU) aborts the sanitized build with UBSan's
+    report; the aligned launch before it runs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    tests = str(Path(__file__).resolve().parent)
+    env = dict(os.environ, CUDACPU_SANITIZE="alignment")
+    done = subprocess.run([sys.executable, "-c", _MISALIGNED_LOAD.format(tests=tests)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert "aligned ok" in done.stdout, done.stderr[-3000:]
+    assert "misaligned ran" not in done.stdout
+    assert done.returncode != 0 and "misaligned address" in done.stderr, done.stderr[-3000:]
+
+
+# ------------------------------------------------------------------ the stand-in CuPy
+
+standin_only = pytest.mark.skipif(conftest.GPU_RUNTIME != "executor",
+                                  reason="tests the executor's stand-in CuPy")
+
+
+@pytest.fixture
+def standin():
+    return conftest.STANDIN
+
+
+@pytest.fixture
+def standin_kernels(standin):
+    """The test kernels compiled and loaded through the stand-in, as gpupool loads its own."""
+    image, _ = standin.cuda.compiler.compile_using_nvrtc(SOURCE, name_expressions=NAMES)
+    module = standin.cuda.function.Module()
+    module.load(image)
+    return module
+
+
+@pytest.mark.gpu
+@standin_only
+def test_unwritten_output_shows_poison(standin, standin_kernels):
+    """Fresh memory from empty / empty_like is poison (NaN, -1), as a GPU hands back stale
+    pool bytes: an output element a kernel never writes shows (zeroed memory hid it)."""
+    out = standin.empty(4, np.int32)
+    standin_kernels.get_function("write_at_kernel")((1,), (1,), (out, np.int32(0),
+                                                                  np.int32(7)))
+    np.testing.assert_array_equal(out.get(), [7, -1, -1, -1])
+    assert np.isnan(standin.empty_like(standin.zeros((2, 3), np.float32)).get()).all()
+    assert standin.empty((3, 5), np.float64, order="F").flags.f_contiguous
+
+
+@pytest.mark.gpu
+@standin_only
+def test_launch_through_the_standin_enforces_launch_bounds(standin, standin_kernels):
+    x, out = standin.zeros(4 * 256, np.float32), standin.empty(256, np.float32)
+    with pytest.raises(executor.LaunchError, match=r"__launch_bounds__ \(64\)"):
+        standin_kernels.get_function("vector_sum_kernel")((1,), (256,), (x, out, np.int32(256)))
+
+
+@pytest.mark.gpu
+@standin_only
+def test_fresh_arrays_start_on_512_byte_boundaries_and_views_keep_their_offset(
+        standin, standin_kernels):
+    """As CuPy's pool blocks: every fresh array (empty, a copy, an op's result) at a multiple
+    of 512 bytes; a kernel sees a view at its offset from there."""
+    a = standin.empty(1000, np.uint8)
+    for fresh in (a, a.copy(), a.astype(np.int16), a[1:] + 1,
+                  standin.asarray(np.arange(7.0)), standin.ascontiguousarray(a[::2])):
+        assert fresh.data.ptr % 512 == 0
+    out = standin.empty(1, np.uint64)
+    standin_kernels.get_function("address_kernel")((1,), (1,), (a[3:], out))
+    assert int(out.get()[0]) == 3
+
+
+@pytest.mark.gpu
+@standin_only
+def test_current_stream_is_per_device(standin, standin_kernels):
+    """Each device has its own current stream (a stream entered on device 0 is not device 1's
+    current stream), and a launch on device 1 with device 0's stream is refused."""
+    if standin.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two devices")
+    stream = standin.cuda.Stream(non_blocking=True)
+    with stream:
+        assert standin.cuda.get_current_stream() is stream
+        with standin.cuda.Device(1):
+            assert standin.cuda.get_current_stream() is standin.cuda.Stream.null
+            out = standin.zeros(1, np.int32)
+            with pytest.raises(executor.LaunchError, match=r"on a stream of device 0"):
+                standin_kernels.get_function("mark_first_kernel")((1,), (1,), (out,),
+                                                                  stream=stream)
+        assert standin.cuda.get_current_stream(1) is standin.cuda.Stream.null
+    assert standin.cuda.get_current_stream() is standin.cuda.Stream.null
+
+
+@pytest.mark.gpu
+@standin_only
+def test_implicit_conversions_are_refused(standin):
+    """CuPy refuses a NumPy array in its arithmetic (no implicit host-to-device copy) and
+    NumPy's conversion of a device array (no implicit device-to-host copy); .get() and
+    asnumpy copy."""
+    a = standin.arange(3.0)
+    for op in (lambda: a + np.ones(3), lambda: standin.maximum(a, np.ones(3))):
+        with pytest.raises(TypeError, match=r"NumPy array operand"):
+            op()
+    for convert in (np.asarray, np.array, np.asanyarray, np.ascontiguousarray):
+        with pytest.raises(TypeError, match=r"Implicit conversion to a NumPy array"):
+            convert(a)
+    assert (a + 1.0).get().tolist() == standin.asnumpy(a + 1.0).tolist() == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.gpu
+@standin_only
+def test_standin_ops_flush_float32_subnormals_as_cupy_kernels(standin):
+    """CuPy's kernels are compiled with -ftz=true: float32 subnormal operands and results of
+    arithmetic, reductions and conversions become zeros of their sign; copies keep them."""
+    tiny = np.array([1e-45, -1e-40, 2.0**-126, 1.5], np.float32)
+    x = standin.asarray(tiny)
+    flushed = [0.0, -0.0, 2.0**-126, 1.5]
+    for got in ((x * np.float32(1)).get(), x.astype(np.float64).get(),
+                standin.clip(x, -2, 2).get()):
+        np.testing.assert_array_equal(got, flushed)
+        np.testing.assert_array_equal(np.signbit(got), [False, True, False, False])
+    assert x[:1].sum().get() == 0 and tiny[:1].sum() != 0
+    halved = standin.asarray(np.array([2.0**-127, 3.0], np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(halved.get(), [0.0, 3.0])
+    for kept in (x.copy(), standin.ascontiguousarray(x[::-1])[::-1], x.reshape(2, 2).ravel(),
+                 standin.where(x != 7, x, x)):
+        np.testing.assert_array_equal(kept.get().view(np.uint32), tiny.view(np.uint32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("switch, pooled", [("1", True), ("0", False)])
+def test_cupy_pool_switch(switch, pooled):
+    """GPUPOOL_CUPY_POOL=0 makes CuPy allocate outside its memory pool (for compute-sanitizer,
+    which cannot see an overrun inside a pooled block); the default keeps the pool."""
+    import cupy
+    pool, before = cupy.get_default_memory_pool(), cupy.cuda.get_allocator()
+    try:
+        cupy.cuda.set_allocator(pool.malloc)
+        conftest.configure_memory_pool(cupy, {"GPUPOOL_CUPY_POOL": switch})
+        used = pool.used_bytes()
+        block = cupy.empty(1 << 20, np.uint8)
+        assert (pool.used_bytes() - used >= block.nbytes) == pooled
+    finally:
+        cupy.cuda.set_allocator(before)
 
 
 def test_without_gpu_or_compiler_gpu_tests_are_left_out_with_one_line():

@@ -9,10 +9,13 @@ of the kernel's parameters. Libraries are cached under ``$CUDACPU_CACHE`` (defau
 A launch checks each argument against the kernel's parameters before anything runs (a
 pointer takes a C-contiguous array of the pointee's element size; a scalar takes a NumPy
 scalar of the same kind and width; a Python int or float counts as int64 or float64, as CuPy
-passes it), refuses arrays that alias a written pointer (the kernels declare ``__restrict__``),
-and guards every array: without a sanitizer it runs on a copy fenced by canary bytes checked
-after the launch, so a write out of bounds fails the launch; with AddressSanitizer on an
-exact-size ``malloc`` copy, so ASan sees any access past either end.
+passes it), refuses arrays that alias a written pointer (the kernels declare ``__restrict__``)
+and blocks larger than the kernel's ``__launch_bounds__``, and guards every array: without a
+sanitizer it runs on a copy fenced by canary bytes checked after the launch, so a write out of
+bounds fails the launch; with AddressSanitizer on an exact-size copy, so ASan sees any access
+past either end. Each copy lies at the array's own address modulo ``ALIGN`` (a misaligned view
+stays misaligned, and UBSan's alignment check, part of ``undefined``, fails a misaligned load
+as it traps on a GPU).
 
 Build options come from the environment: ``CUDACPU_SANITIZE`` (e.g. ``address,undefined``;
 ASan needs its runtime preloaded into Python, see :func:`asan_preload`), ``CUDACPU_OPT``
@@ -24,7 +27,9 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
+import re
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -36,9 +41,13 @@ import numpy as np
 INCLUDE = Path(__file__).resolve().parent / "include"
 CANARY_BYTES = 4096
 CANARY = 0xA5
+#: A guarded copy keeps its array's address modulo ALIGN (CuPy's pool hands out blocks
+#: aligned to 512 bytes; the widest vector load is 32).
+ALIGN = 512
 _LIBC = ctypes.CDLL(None)
-_LIBC.malloc.restype = ctypes.c_void_p
-_LIBC.malloc.argtypes = [ctypes.c_size_t]
+_LIBC.posix_memalign.restype = ctypes.c_int
+_LIBC.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
+                                 ctypes.c_size_t]
 _LIBC.free.argtypes = [ctypes.c_void_p]
 
 
@@ -110,16 +119,73 @@ def cache_dir() -> Path:
     return path
 
 
-def translation_unit(names: tuple[str, ...], defines: tuple[str, ...]) -> str:
-    """The C++ unit that includes the runtime and ``kernel.cu`` and exports a launcher and a
-    signature query for each of ``names``."""
+def kernel_name(name_expression: str) -> str:
+    """The function name of a name expression (``ns::k<float, 3>`` -> ``k``)."""
+    return name_expression.split("<")[0].split("::")[-1].strip()
+
+
+_BOUNDS_MARK = re.compile(r"\bcudacpu_launch_bounds_mark\s*\(")
+
+
+def _read_bounds(preprocessed: str) -> dict[str, int]:
+    """Kernel name -> max threads per block, from the marks ``__launch_bounds__`` leaves in
+    the preprocessed source (cudacpu.h, CUDACPU_MARK_LAUNCH_BOUNDS)."""
+    bounds: dict[str, int] = {}
+    for mark in _BOUNDS_MARK.finditer(preprocessed):
+        depth, i, first_end = 1, mark.end(), None
+        while depth:
+            c = preprocessed[i]
+            depth += (c == "(") - (c == ")")
+            if c == "," and depth == 1 and first_end is None:
+                first_end = i
+            i += 1
+        first = preprocessed[mark.end():first_end or i - 1].strip().strip("()").rstrip("uU")
+        name = re.match(r"\s*(\w+)\s*\(", preprocessed[i:])
+        if name is None or not first.isdigit():
+            raise CompileError(f"cudacpu: cannot read __launch_bounds__({first}, ...) "
+                               f"before {preprocessed[i:i + 80]!r}: the executor needs an "
+                               f"integer literal for the maximum threads per block")
+        if bounds.setdefault(name.group(1), int(first)) != int(first):
+            raise CompileError(f"cudacpu: {name.group(1)} declared with two launch bounds")
+    return bounds
+
+
+def launch_bounds(code: str, build: Build) -> dict[str, int]:
+    """Kernel name -> the maximum threads per block of its ``__launch_bounds__`` in ``code``
+    (read from the preprocessed source, so a bound set through a macro counts; cached)."""
+    headers = "".join(p.read_text() for p in sorted(INCLUDE.glob("*.h")))
+    key = hashlib.sha256("\0".join([build.cxx, headers, code]).encode()).hexdigest()[:32]
+    path = cache_dir() / f"bounds_{key}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "unit.cpp").write_text('#include "cudacpu.h"\n#include "kernel.cu"\n')
+        (Path(tmp) / "kernel.cu").write_text(code)
+        done = subprocess.run([build.cxx, "-E", "-P", "-std=c++17", f"-I{INCLUDE}",
+                               "-DCUDACPU_MARK_LAUNCH_BOUNDS", str(Path(tmp) / "unit.cpp")],
+                              capture_output=True, text=True)
+    if done.returncode:
+        raise CompileError(f"{build.cxx} -E failed:\n{done.stderr[-8000:]}")
+    bounds = _read_bounds(done.stdout)
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps(bounds))
+    os.replace(partial, path)
+    return bounds
+
+
+def translation_unit(names: tuple[str, ...], defines: tuple[str, ...],
+                     bounds: dict[str, int]) -> str:
+    """The C++ unit that includes the runtime and ``kernel.cu`` and exports a launcher (that
+    enforces the kernel's entry of ``bounds``, :func:`launch_bounds`) and a signature query for
+    each of ``names``."""
     parts = [f"#define {d} 1" for d in defines]
     parts += ['#include "cudacpu.h"', '#include "kernel.cu"', ""]
     for i, name in enumerate(names):
         parts.append(
             f'extern "C" int cudacpu_launch_{i}(const unsigned* g, const unsigned* b, '
             f"void** a, char* e, size_t n) {{\n"
-            f"  return cudacpu::launch_kernel(&{name}, g, b, a, e, n);\n}}\n"
+            f"  return cudacpu::launch_kernel(&{name}, g, b, a, e, n, "
+            f"{bounds.get(kernel_name(name), 0)}u);\n}}\n"
             f'extern "C" int cudacpu_signature_{i}(char* out, size_t n) {{\n'
             f"  return cudacpu::signature(&{name}, out, n);\n}}")
     return "\n".join(parts) + "\n"
@@ -156,7 +222,8 @@ def build_library(code: str, names: tuple[str, ...], build: Build,
     ``defines``: macros set before the runtime header (``CUDACPU_FTZ``: flush subnormals)."""
     if tracer is not None:
         return tracer.build_library(code, names, build, defines)
-    return compile_cached(build.cxx, build.flags(), translation_unit(names, defines), code, "k_")
+    unit = translation_unit(names, defines, launch_bounds(code, build))
+    return compile_cached(build.cxx, build.flags(), unit, code, "k_")
 
 
 def build_libraries(jobs: list[tuple[str, tuple[str, ...]]], build: Build,
@@ -280,13 +347,21 @@ class Kernel:
             self._refuse(f"{where}: " + "; ".join(problems))
 
 
+def _host_bytes(a: np.ndarray) -> np.ndarray:
+    """The bytes of the C-contiguous array ``a`` (a device array of the stand-in too)."""
+    return a.view(np.ndarray).reshape(-1).view(np.uint8)
+
+
 class _CanaryCopy:
-    """The array's bytes between two zones of canary bytes."""
+    """The array's bytes between two zones of canary bytes, at its address modulo ALIGN."""
 
     def __init__(self, a: np.ndarray):
         self.nbytes = a.nbytes
-        self.buf = np.full(a.nbytes + 2 * CANARY_BYTES, CANARY, dtype=np.uint8)
-        self.buf[CANARY_BYTES:CANARY_BYTES + a.nbytes] = np.asarray(a).reshape(-1).view(np.uint8)
+        raw = np.empty(a.nbytes + 2 * CANARY_BYTES + 2 * ALIGN, dtype=np.uint8)
+        start = (-raw.ctypes.data) % ALIGN + a.ctypes.data % ALIGN
+        self.buf = raw[start:start + a.nbytes + 2 * CANARY_BYTES]
+        self.buf[:] = CANARY
+        self.buf[CANARY_BYTES:CANARY_BYTES + a.nbytes] = _host_bytes(a)
         self.address = self.buf.ctypes.data + CANARY_BYTES
 
     def damage(self) -> list[str]:
@@ -302,28 +377,42 @@ class _CanaryCopy:
         return out
 
     def copy_back(self, a: np.ndarray) -> None:
-        np.asarray(a).reshape(-1).view(np.uint8)[:] = \
-            self.buf[CANARY_BYTES:CANARY_BYTES + self.nbytes]
+        _host_bytes(a)[:] = self.buf[CANARY_BYTES:CANARY_BYTES + self.nbytes]
 
     def release(self) -> None:
         pass
 
 
 class _AsanCopy:
-    """The array's bytes in an exact-size ``malloc`` block (ASan's redzones on both sides)."""
+    """The array's bytes at the end of an ALIGN-aligned heap block, at the array's address
+    modulo ALIGN: ASan's redzone follows the last byte, and the bytes before the first (down
+    to its 8-byte granule) are poisoned."""
 
     def __init__(self, a: np.ndarray):
         self.nbytes = a.nbytes
-        self.address = _LIBC.malloc(max(1, a.nbytes))
-        if not self.address:
-            raise MemoryError("cudacpu: malloc failed")
-        ctypes.memmove(self.address, np.asarray(a).ctypes.data, a.nbytes)
+        self.lead = a.ctypes.data % ALIGN
+        block = ctypes.c_void_p()
+        if _LIBC.posix_memalign(ctypes.byref(block), ALIGN, self.lead + max(1, a.nbytes)):
+            raise MemoryError("cudacpu: posix_memalign failed")
+        self.block = block.value
+        self.address = self.block + self.lead
+        _asan_poison("__asan_poison_memory_region", self.block, self.lead & ~7)
+        ctypes.memmove(self.address, a.ctypes.data, a.nbytes)
 
     def damage(self) -> list[str]:
         return []
 
     def copy_back(self, a: np.ndarray) -> None:
-        ctypes.memmove(np.asarray(a).ctypes.data, self.address, self.nbytes)
+        ctypes.memmove(a.ctypes.data, self.address, self.nbytes)
 
     def release(self) -> None:
-        _LIBC.free(self.address)
+        _asan_poison("__asan_unpoison_memory_region", self.block, self.lead & ~7)
+        _LIBC.free(self.block)
+
+
+def _asan_poison(function: str, address: int, size: int) -> None:
+    """ASan's (un)poisoning of ``size`` bytes at ``address`` (nothing without its runtime)."""
+    call = getattr(_LIBC, function, None)
+    if call is not None and size:
+        call.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        call(address, size)

@@ -109,7 +109,8 @@ def build_library(code: str, names: tuple[str, ...], build: executor.Build,
     """The trace build of ``code`` with launchers for ``names`` (as
     :func:`executor.build_library`; cached). Always ``-O1`` (unrolling needs optimisation) and
     without ``build``'s sanitizers; ``build`` gives the compiler."""
-    unit = executor.translation_unit(names, defines) + f'#include "{RUNTIME.name}"\n'
+    unit = (executor.translation_unit(names, defines, executor.launch_bounds(code, build))
+            + f'#include "{RUNTIME.name}"\n')
     flags = executor.Build("-O1", "", build.cxx).flags() + [
         "-g1", "-gdwarf-4", "-fsanitize=thread", "-static-libtsan", f"-I{RUNTIME.parent}"]
     return executor.compile_cached(build.cxx, flags, unit, trace_source(code), "trace_",

@@ -76,7 +76,13 @@
 #define __noinline__ __attribute__((noinline))
 #define __shared__ static thread_local
 #define __constant__ static
+// __launch_bounds__(max threads, ...): a preprocessing pass (executor.launch_bounds) reads
+// the bound through this mark; the launcher then refuses larger blocks, as a GPU does.
+#ifdef CUDACPU_MARK_LAUNCH_BOUNDS
+#define __launch_bounds__(...) cudacpu_launch_bounds_mark(__VA_ARGS__)
+#else
 #define __launch_bounds__(...)
+#endif
 #define __CUDACPU__ 1
 
 // ------------------------------------------------------------------ built-in variables
@@ -423,8 +429,9 @@ inline void run_block(Block& b, const dim3& bdim, const uint3& bid, const Option
 }
 
 // Launch a grid: fn(arg) is the kernel call with its arguments bound.
+// max_threads: the kernel's __launch_bounds__ (0: none).
 inline int launch_grid(dim3 grid, dim3 block, void (*fn)(void*), void* arg, char* err,
-                       size_t errlen) {
+                       size_t errlen, unsigned max_threads) {
   auto report = [&](const std::string& m) {
     if (err && errlen) std::snprintf(err, errlen, "%s", m.c_str());
     return 1;
@@ -435,6 +442,10 @@ inline int launch_grid(dim3 grid, dim3 block, void (*fn)(void*), void* arg, char
   if (nthreads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64)
     return report("cudacpu: invalid launch configuration: block (" + std::to_string(block.x) + "," +
                   std::to_string(block.y) + "," + std::to_string(block.z) + ") exceeds the CUDA limits");
+  if (max_threads && nthreads > max_threads)
+    return report("cudacpu: invalid launch configuration: block of " + std::to_string(nthreads) +
+                  " threads, more than the kernel's __launch_bounds__ (" +
+                  std::to_string(max_threads) + ")");
   if (grid.x > 2147483647u || grid.y > 65535u || grid.z > 65535u)
     return report("cudacpu: invalid launch configuration: grid (" + std::to_string(grid.x) + "," +
                   std::to_string(grid.y) + "," + std::to_string(grid.z) + ") exceeds the CUDA limits");
@@ -649,7 +660,7 @@ void call_with(K k, Tup& t, std::index_sequence<I...>) {
 
 template <typename... P>
 int launch_kernel(void (*k)(P...), const unsigned* g, const unsigned* bl, void** args, char* err,
-                  size_t errlen) {
+                  size_t errlen, unsigned max_threads) {
   std::tuple<std::decay_t<P>...> vals;
   size_t i = 0;
   std::apply([&](auto&... v) { ((std::memcpy(&v, args[i++], sizeof(v))), ...); }, vals);
@@ -661,7 +672,8 @@ int launch_kernel(void (*k)(P...), const unsigned* g, const unsigned* bl, void**
     Ctx* c = (Ctx*)p;
     call_with(c->k, *c->vals, std::index_sequence_for<P...>{});
   };
-  return launch_grid(dim3(g[0], g[1], g[2]), dim3(bl[0], bl[1], bl[2]), tramp, &ctx, err, errlen);
+  return launch_grid(dim3(g[0], g[1], g[2]), dim3(bl[0], bl[1], bl[2]), tramp, &ctx, err, errlen,
+                     max_threads);
 }
 
 }  // namespace cudacpu

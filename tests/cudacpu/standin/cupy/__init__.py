@@ -5,14 +5,27 @@ without a usable GPU) and ``gpupool.cuda.backend`` / ``gpupool.cuda.quantized`` 
 
 * ``ndarray`` is a NumPy subclass that also records its device and the stream that last wrote
   it; ``asarray``, ``empty``, ... and any other NumPy function reached through this module
-  return it.
+  return it. Its memory is as strict as a GPU's: every fresh array starts at a 512-byte
+  boundary, as CuPy's pool hands out blocks (the executor keeps each kernel argument's address
+  modulo 512, so a misaligned view stays misaligned); ``empty`` / ``empty_like`` memory holds
+  POISON bytes (a GPU returns stale pool bytes: an output a kernel never writes shows as NaN
+  or -1). NumPy operands in its arithmetic are refused with ``TypeError``, as CuPy does, and
+  so is ``numpy.asarray`` (``array``, ``asanyarray``, ...) of a device array: CuPy allows no
+  implicit conversion (``get`` / ``asnumpy`` copy to the host).
+* CuPy's own kernels (arithmetic, reductions, ``astype``) are compiled with ``-ftz=true``: here
+  float32 subnormal operands and results of ufuncs, reductions and conversions are flushed to
+  signed zeros too (copies, ``where`` and reshapes keep them, as moves do on a GPU).
 * ``cuda.Device``, ``cuda.runtime``: ``CUDACPU_DEVICES`` devices (default 2) with an H100's
   properties, so the planner makes the launches it makes on an H100 (``CUDACPU_SM_COUNT``, read
   at each query, replaces its 132 SMs).
 * ``cuda.Stream``: streams with CUDA's ordering rules (the legacy null stream is ordered with
   blocking streams; two other streams are not). A kernel, ``get`` or copy touching an array
   last written on a stream it is not ordered with, and not synchronised since, is refused:
-  on a GPU it would race.
+  on a GPU it would race. A stream belongs to the device current at its creation, and each
+  device has its own current stream (``with stream:`` sets its device's); a launch on a stream
+  of another device is refused.
+* ``cuda.set_allocator`` / ``get_default_memory_pool``: the pool counts the bytes of live
+  arrays it allocated (``used_bytes``); ``set_allocator(None)`` allocates outside it.
 * ``cuda.compiler.compile_using_nvrtc`` compiles with the host compiler (tests/cudacpu/
   executor.py) and records its options; ``-ftz=true`` is honoured by flushing subnormals
   (x86 MXCSR FTZ/DAZ) during the launch, as NVRTC's flag does on a GPU.
@@ -50,7 +63,8 @@ class CUDARuntimeError(RuntimeError):
 
 # ----------------------------------------------------------------------------- streams
 class Stream:
-    """A CUDA stream: work on it is ordered; ``synchronize`` waits for all of it."""
+    """A CUDA stream of the current device (the null stream: of every device): work on it is
+    ordered; ``synchronize`` waits for all of it."""
 
     _count = 0
 
@@ -59,6 +73,8 @@ class Stream:
         self.ptr = 0 if null else Stream._count
         self.non_blocking = non_blocking
         self.is_null = null
+        self.device_id = -1 if null else _current_device()
+        self._entered: list[int] = []  # the device whose current stream each `with` set
         self.epoch = 0  # work items enqueued so far
         self.done = 0  # work items known finished (synchronize)
 
@@ -79,15 +95,14 @@ class Stream:
         return legacy and not self.non_blocking and not other.non_blocking
 
     def __enter__(self):
-        _stack("streams").append(self)
+        device = _current_device() if self.is_null else self.device_id
+        self._entered.append(device)
+        _streams(device).append(self)
         return self
 
     def __exit__(self, *exc):
-        _stack("streams").pop()
+        _streams(self._entered.pop()).pop()
         return False
-
-
-Stream.null = Stream(null=True)
 
 
 def _stack(name: str) -> list:
@@ -98,8 +113,18 @@ def _stack(name: str) -> list:
         return getattr(_state, name)
 
 
-def get_current_stream() -> Stream:
-    streams = _stack("streams")
+def _streams(device: int) -> list:
+    """The stack of current streams of ``device`` (this thread's)."""
+    try:
+        return _state.streams.setdefault(device, [])
+    except AttributeError:  # a thread's first use
+        _state.streams = {}
+        return _state.streams.setdefault(device, [])
+
+
+def get_current_stream(device_id: int = -1) -> Stream:
+    """The current stream of ``device_id`` (default: of the current device)."""
+    streams = _streams(_current_device() if device_id == -1 else device_id)
     return streams[-1] if streams else Stream.null
 
 
@@ -144,6 +169,7 @@ def _current_device() -> int:
 
 
 _WRITERS_SEEN: "set[Stream]" = set()
+Stream.null = Stream(null=True)
 
 
 class _Runtime:
@@ -186,6 +212,91 @@ def _root(a: _np.ndarray) -> _np.ndarray:
     return a
 
 
+#: The byte of fresh ``empty`` memory: NaN in every float dtype, -1 in every signed integer.
+POISON = 0xFF
+#: Fresh arrays start at a multiple of ALIGN bytes, as the blocks of CuPy's pool.
+ALIGN = 512
+_TINY32 = _np.float32(2.0**-126)
+
+
+class MemoryPool:
+    """CuPy's default pool, as far as gpupool uses it: ``malloc`` counts the bytes of the live
+    arrays it allocated, in blocks of ALIGN bytes."""
+
+    def __init__(self):
+        self._used = 0
+
+    def malloc(self, nbytes: int) -> _np.ndarray:
+        size = -(-max(nbytes, 1) // ALIGN) * ALIGN
+        block = _malloc(nbytes)
+        self._used += size
+        weakref.finalize(_root(block), self._release, size)  # arrays keep the root alive
+        return block
+
+    def _release(self, size: int) -> None:
+        self._used -= size
+
+    def used_bytes(self) -> int:
+        return self._used
+
+    def free_all_blocks(self) -> None:
+        pass
+
+
+def _malloc(nbytes: int) -> _np.ndarray:
+    """``nbytes`` fresh POISON bytes starting at a multiple of ALIGN (``cudaMalloc``)."""
+    raw = _np.empty(nbytes + ALIGN, _np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
+    block = raw[start:start + nbytes]
+    block.fill(POISON)
+    return block
+
+
+_POOL = MemoryPool()
+_allocator = _POOL.malloc
+
+
+def get_default_memory_pool() -> MemoryPool:
+    return _POOL
+
+
+def set_allocator(allocator=None) -> None:
+    """Allocate through ``allocator`` (``nbytes -> memory``); None: directly, outside the pool."""
+    global _allocator
+    _allocator = _malloc if allocator is None else allocator
+
+
+def get_allocator():
+    return _allocator
+
+
+def _fresh(shape, dtype, strides=None, order="C") -> "ndarray":
+    """A device array of the current device on fresh memory from the current allocator."""
+    dtype = _np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, (int, _np.integer)) else tuple(shape)
+    nbytes = int(_np.prod(shape, dtype=_np.int64)) * dtype.itemsize
+    return _np.ndarray(shape, dtype, buffer=_allocator(nbytes), strides=strides,
+                       order=order).view(ndarray)
+
+
+def _flushed(a):
+    """``a`` with its float32 subnormals as zeros of their sign (``-ftz=true``); other dtypes
+    and values unchanged. A copy where anything is flushed."""
+    if isinstance(a, (_np.ndarray, _np.generic)) and a.dtype == _np.float32:
+        host = a.view(_np.ndarray) if isinstance(a, ndarray) else a
+        tiny = (host != 0) & (abs(host) < _TINY32)
+        if tiny.any():
+            return _np.where(tiny, _np.copysign(_np.float32(0), host), host).astype(_np.float32)
+    return a
+
+
+def _refuse_host_arrays(args, what: str) -> None:
+    for v in args:
+        if isinstance(v, _np.ndarray) and not isinstance(v, ndarray):
+            raise TypeError(f"cudacpu: {what}: a NumPy array operand (CuPy refuses "
+                            f"implicit host-to-device conversion; use cupy.asarray)")
+
+
 class ndarray(_np.ndarray):
     """A NumPy array that lives on a device and remembers the stream that last wrote it."""
 
@@ -226,13 +337,38 @@ class ndarray(_np.ndarray):
         _touch(self, get_current_stream(), "fill()", write=True)
         self._host().fill(value)
 
-    def min(self, *args, **kwargs):
-        _check_inputs((self,), {}, "ndarray.min")
-        return self._host().min(*args, **kwargs)
+    def astype(self, dtype, order="K", casting="unsafe", subok=True, copy=True):
+        """A conversion in a CuPy kernel (float32 subnormals flushed); the same dtype without
+        ``copy`` is ``self``."""
+        dtype = _np.dtype(dtype)
+        if dtype == self.dtype and not copy:
+            return self
+        _check_inputs((self,), {}, "astype")
+        if dtype == self.dtype:
+            return _adopt(self._host().copy(order))
+        return _adopt(_flushed(_flushed(self._host()).astype(dtype, order, casting)))
 
-    def max(self, *args, **kwargs):
-        _check_inputs((self,), {}, "ndarray.max")
-        return self._host().max(*args, **kwargs)
+    def copy(self, order="C"):
+        _check_inputs((self,), {}, "copy")
+        return _adopt(self._host().copy(order))
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        """A ufunc of device arrays as a CuPy kernel: same device, no NumPy operands, float32
+        subnormals flushed in and out."""
+        what = f"{ufunc.__name__}.{method}"
+        _refuse_host_arrays(inputs + (out or ()), what)
+        _check_inputs(inputs, {}, what)
+        args = [_flushed(a._host()) if isinstance(a, ndarray) else _flushed(a) for a in inputs]
+        if out is None:
+            return _adopt(_flushed(getattr(ufunc, method)(*args, **kwargs)))
+        _check_inputs(out, {}, what)
+        hosts = tuple(o._host() for o in out)
+        for o in out:
+            _touch(o, get_current_stream(), what, write=True)
+        getattr(ufunc, method)(*args, out=hosts, **kwargs)
+        for h in hosts:
+            h[...] = _flushed(h)
+        return out[0] if len(out) == 1 else out
 
     def __setitem__(self, key, value) -> None:
         _touch(self, get_current_stream(), "__setitem__", write=True)
@@ -262,9 +398,18 @@ _WRITERS: dict[int, tuple[Stream, int]] = {}
 
 
 def _adopt(result):
-    """NumPy results as device arrays of the current device, written on the current stream."""
+    """NumPy results as device arrays of the current device, written on the current stream
+    (a result with memory of its own is moved to fresh device memory, a view stays a view;
+    a scalar becomes a 0-d array, as CuPy's reductions return)."""
+    if isinstance(result, _np.generic):
+        result = _np.asarray(result)
     if isinstance(result, _np.ndarray) and not isinstance(result, ndarray):
-        result = result.view(ndarray)
+        if result.flags.owndata:
+            fresh = _fresh(result.shape, result.dtype, result.strides)
+            fresh._host()[...] = result
+            result = fresh
+        else:
+            result = result.view(ndarray)
         result._device = _current_device()
         _touch(result, get_current_stream(), "a copy", write=True)
     elif isinstance(result, tuple):
@@ -281,11 +426,23 @@ def _check_inputs(args, kwargs, what: str) -> None:
             _touch(v, get_current_stream(), what)
 
 
+#: NumPy functions that run arithmetic in CuPy's kernels (ufuncs besides): their float32
+#: operands and results are flushed, as ``-ftz=true`` does.
+_ARITHMETIC = {"clip", "sum", "prod", "mean", "average", "cumsum", "cumprod", "amax", "amin",
+               "max", "min", "around", "round", "dot", "matmul", "var", "std", "nansum",
+               "nanmean", "nanmax", "nanmin", "linspace", "interp"}
+
+
 def _device_function(func):
+    flush = isinstance(func, _np.ufunc) or func.__name__ in _ARITHMETIC
+
     @functools.wraps(func)
     def run(*args, **kwargs):
         _check_inputs(args, kwargs, func.__name__)
         plain = [a._host() if isinstance(a, ndarray) else a for a in args]
+        if flush:
+            _refuse_host_arrays(args, func.__name__)
+            return _adopt(_flushed(func(*[_flushed(a) for a in plain], **kwargs)))
         return _adopt(func(*plain, **kwargs))
     return run
 
@@ -308,7 +465,16 @@ def array(a, dtype=None, copy=True, order="K"):
 
 
 def empty(shape, dtype=float, order="C"):
-    return _np.empty(shape, dtype=dtype, order=order).view(ndarray)  # on the current device
+    """Fresh memory of the current device, full of POISON bytes (not zeros)."""
+    return _fresh(shape, dtype, order=order)
+
+
+def empty_like(a, dtype=None, order="K", shape=None):
+    """:func:`empty` with ``a``'s shape and dtype (C order unless ``a`` is Fortran-ordered)."""
+    fortran = order == "F" or (order in ("A", "K") and a.flags.f_contiguous
+                               and not a.flags.c_contiguous)
+    return _fresh(a.shape if shape is None else shape, a.dtype if dtype is None else dtype,
+                  order="F" if fortran else "C")
 
 
 def asnumpy(a, stream=None):
@@ -318,7 +484,28 @@ def asnumpy(a, stream=None):
 
 
 def may_share_memory(a, b, max_work=None) -> bool:
-    return _np.may_share_memory(_np.asarray(a), _np.asarray(b))
+    return _np.may_share_memory(a.view(_np.ndarray), b.view(_np.ndarray))
+
+
+_IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to "
+             "construct a NumPy array explicitly.")
+
+
+def _refusing_device_arrays(convert):
+    """NumPy's ``convert`` (``numpy.asarray``, ...) refusing a device array, as CuPy's
+    ``__array__`` does."""
+    @functools.wraps(convert)
+    def strict(a, *args, **kwargs):
+        if isinstance(a, ndarray):
+            raise TypeError(_IMPLICIT)
+        return convert(a, *args, **kwargs)
+    return strict
+
+
+# An ndarray subclass has no hook NumPy's conversions call, so the functions themselves refuse
+# (called through the numpy module; NumPy's C internals still see a plain array).
+for _name in ("asarray", "array", "asanyarray", "ascontiguousarray", "asfortranarray"):
+    setattr(_np, _name, _refusing_device_arrays(getattr(_np, _name)))
 
 
 def __getattr__(name):
@@ -343,10 +530,6 @@ def memoize(for_each_device: bool = False):
         run.cache_clear = cache.clear
         return run
     return decorate
-
-
-def get_default_memory_pool():
-    return types.SimpleNamespace(free_all_blocks=lambda: None)
 
 
 # ----------------------------------------------------------------------------- compiler
@@ -401,6 +584,10 @@ class Function:
             raise _executor.LaunchError("cudacpu: dynamic shared memory is not modelled")
         stream = stream or get_current_stream()
         name = self.kernel.name
+        if stream.device_id not in (-1, _current_device()):
+            raise _executor.LaunchError(
+                f"{name}: launched on device {_current_device()} on a stream of device "
+                f"{stream.device_id} (an invalid resource handle on a GPU)")
         for i, a in enumerate(args):
             if isinstance(a, _np.ndarray) and not isinstance(a, ndarray):
                 raise TypeError(f"{name}: argument {i} is a host (NumPy) array")
@@ -492,6 +679,9 @@ cuda.profiler.ranges = _profiler.ranges
 cuda.Device = Device
 cuda.Stream = Stream
 cuda.get_current_stream = get_current_stream
+cuda.set_allocator = set_allocator
+cuda.get_allocator = get_allocator
+cuda.MemoryPool = MemoryPool
 _core = types.ModuleType("cupy._core")
 _core.core = types.ModuleType("cupy._core.core")
 _core.core.assemble_cupy_compiler_options = _assemble_cupy_compiler_options
