@@ -71,6 +71,53 @@ def test_cupy_backend_without_gpu_is_a_clear_error(monkeypatch):
         runner.run("small", ["seed [64,7,7]"], "cupy")
 
 
+@pytest.fixture
+def fresh_nvrtc_probe():
+    """The probe's once-per-process NVRTC answer, forgotten before and after the test."""
+    probe.nvrtc_reason.cache_clear()
+    yield
+    probe.nvrtc_reason.cache_clear()
+
+
+@pytest.mark.gpu
+def test_gpu_is_usable_only_where_nvrtc_compiles_the_probe(fresh_nvrtc_probe, monkeypatch):
+    """The probe compiles its kernel through CuPy's NVRTC with the backend's options."""
+    cupy = pytest.importorskip("cupy")
+    from gpupool.cuda import backend
+    compiles = []
+    real = cupy.cuda.compiler.compile_using_nvrtc
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceCount", lambda: 1)
+    monkeypatch.setattr(cupy.cuda.compiler, "compile_using_nvrtc",
+                        lambda source, options=(), *a, **k: compiles.append(
+                            (source, tuple(options))) or real(source, options, *a, **k))
+    assert probe.gpu_usable() == (True, "1 GPU(s)")
+    assert compiles == [(probe.PROBE_SOURCE, backend.compile_options())]
+    probe.gpu_usable()
+    assert len(compiles) == 1  # once per process
+
+
+def test_gpu_without_nvrtc_is_not_usable(fresh_nvrtc_probe, monkeypatch, capsys):
+    """A GPU with CuPy but no NVRTC (pip install cupy-cuda12x alone): every kernel would fail to
+    compile, so the GPU is not usable; gpupool info says why and bench runs on the CPU."""
+    cupy = pytest.importorskip("cupy")
+
+    def no_nvrtc(*args, **kwargs):
+        raise RuntimeError("CuPy failed to load libnvrtc.so.12: cannot open shared object file")
+
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceCount", lambda: 1)
+    monkeypatch.setattr(cupy.cuda.compiler, "compile_using_nvrtc", no_nvrtc)
+    usable, reason = probe.gpu_usable()
+    assert not usable
+    assert reason.startswith("NVRTC cannot compile a kernel (RuntimeError: CuPy failed to load "
+                             "libnvrtc.so.12") and "cuda12" in reason
+    assert cli.main(["info"]) == 0
+    assert f"backend cupy: not usable: {reason}" in capsys.readouterr().out
+    result = runner.run("small", ["seed [64,7,7]"], "auto")
+    assert result["backend"] == "numpy" and result["gpu_status"] == reason
+    with pytest.raises(SystemExit, match="--backend cupy asked for, but NVRTC cannot compile"):
+        runner.run("small", ["seed [64,7,7]"], "cupy")
+
+
 def test_console_script_runs():
     done = subprocess.run([sys.executable, "-m", "gpupool.cli", "info"], capture_output=True,
                           text=True, timeout=120)

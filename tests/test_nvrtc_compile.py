@@ -15,21 +15,38 @@ wrapper directly with an explicit architecture.
 ptxas reports each kernel's resources (``-Xptxas=-v``): no kernel may keep a stack frame or
 spill registers, since either puts per-thread arrays or spilled values in local memory (DRAM
 traffic that the roofline of a memory-bound kernel does not count).
+
+NVRTC 12, what the ``cuda12`` extra brings for a CUDA 12 driver, compiles every instantiation
+for sm_90 the same way, through ctypes (``nvrtc_ctypes``: a process's CuPy binds one NVRTC);
+its wheels come from the directory named by ``GPUPOOL_TEST_NVRTC12`` (``.ci/run`` fills one).
+The backend compiles each kernel alone (one name expression per program), and NVRTC's front
+end warns about what such a program leaves unused, which a batch of names hides: each
+instantiation also goes through the front end alone.
 """
 from __future__ import annotations
 
+import functools
 import io
+import os
 import re
+import types
 from collections import defaultdict
+from pathlib import Path
 
+import nvrtc_ctypes
 import pytest
 
 from gpupool.cuda import backend as cuda_backend
 from gpupool.cuda import backward as backward_cuda
+from gpupool.cuda import probe
+from gpupool.cuda import quantized as quantized_cuda
 
 pytestmark = pytest.mark.nvrtc
 
 ARCHS = ("80", "90")
+#: A directory filled by ``pip install --target`` with ``nvidia-cuda-nvrtc-cu12`` and
+#: ``nvidia-cuda-runtime-cu12`` (its CUDA headers); unset, the NVRTC 12 tests skip.
+NVRTC12_DIR = "GPUPOOL_TEST_NVRTC12"
 
 
 def for_arch(names, arch: str) -> list[str]:
@@ -41,11 +58,21 @@ def for_arch(names, arch: str) -> list[str]:
             and "double" not in n and "__half" not in n]
 
 
-def _by_file():
+def _by_file(instantiations=None):
+    """Source file -> name expressions of ``instantiations`` (default: the float families')."""
     files = defaultdict(list)
-    for source_file, name in cuda_backend.instantiations():
+    for source_file, name in (cuda_backend.instantiations() if instantiations is None
+                              else instantiations):
         files[source_file].append(name)
     return dict(files)
+
+
+@functools.cache
+def every_instantiation() -> dict[str, list[str]]:
+    """Source file -> every name expression the runtime can request, from the backends' own
+    lists (float, backward and quantized families)."""
+    return _by_file(cuda_backend.instantiations() + backward_cuda.instantiations()
+                    + quantized_cuda.instantiations())
 
 
 def nvrtc_options(real_nvrtc, arch: str) -> tuple[str, ...]:
@@ -82,9 +109,14 @@ def compile_clean(real_nvrtc, source_file: str, names, arch: str):
     """(cubin, mapping) of ``names`` from ``source_file`` for sm_``arch``; fails the test on a
     compile error, on any NVRTC or ptxas diagnostic, and on a kernel with a stack frame or
     spills."""
+    return compile_text(real_nvrtc, cuda_backend.source(source_file), source_file, names, arch)
+
+
+def compile_text(real_nvrtc, text: str, source_file: str, names, arch: str):
+    """:func:`compile_clean` of the source ``text`` (named ``source_file``)."""
     compiler = real_nvrtc.compiler
-    program = compiler._NVRTCProgram(cuda_backend.source(source_file), source_file,
-                                     name_expressions=list(names), method="cubin")
+    program = compiler._NVRTCProgram(text, source_file, name_expressions=list(names),
+                                     method="cubin")
     log = io.StringIO()
     try:
         cubin, mapping = program.compile(nvrtc_options(real_nvrtc, arch) + ("-Xptxas=-v",), log)
@@ -102,6 +134,7 @@ def compile_clean(real_nvrtc, source_file: str, names, arch: str):
     heavy = [(f, r) for f, r in functions
              if r.strip() != "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"]
     assert not heavy, f"kernels with local memory for sm_{arch}: {heavy[:5]}"
+    mapping = mapping or {}  # CuPy's: None without name expressions
     assert cubin and set(mapping) == set(names) and all(mapping[n] for n in names)
     return cubin, mapping
 
@@ -134,3 +167,58 @@ def test_no_multiply_add_is_fused(real_nvrtc):
 
     assert fused(tuple(o for o in cuda_backend.OPTIONS if o != "--fmad=false")) > 0
     assert fused(cuda_backend.OPTIONS) == 0
+
+
+@functools.cache
+def _nvrtc12_library(root: str) -> nvrtc_ctypes.Library:
+    library = nvrtc_ctypes.Library(Path(root) / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12")
+    assert library.version()[0] == 12, library.version()
+    return library
+
+
+@pytest.fixture
+def nvrtc12(real_nvrtc):
+    """NVRTC 12 and its CUDA headers (``GPUPOOL_TEST_NVRTC12``) in the shape of ``real_nvrtc``."""
+    root = os.environ.get(NVRTC12_DIR)
+    if not root:
+        pytest.skip(f"{NVRTC12_DIR} is not set (pip install --target DIR "
+                    f"nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12, as .ci/run does)")
+    nvrtc_ctypes.cupy_library(real_nvrtc)  # CuPy binds its own NVRTC before ours is loaded
+    return nvrtc_ctypes.toolchain(_nvrtc12_library(root),
+                                  Path(root) / "nvidia" / "cuda_runtime" / "include",
+                                  real_nvrtc.core)
+
+
+@pytest.fixture(params=["cupy", "12"], ids=["cupy-nvrtc", "nvrtc12"])
+def nvrtc(request, real_nvrtc):
+    """CuPy's NVRTC, then NVRTC 12, each with ``library`` (``nvrtc_ctypes.Library``)."""
+    if request.param == "12":
+        return request.getfixturevalue("nvrtc12")
+    return types.SimpleNamespace(compiler=real_nvrtc.compiler, core=real_nvrtc.core,
+                                 library=nvrtc_ctypes.cupy_library(real_nvrtc))
+
+
+@pytest.mark.parametrize("source_file", sorted(every_instantiation()))
+def test_nvrtc12_compiles_without_warnings_or_local_memory(nvrtc12, source_file):
+    compile_clean(nvrtc12, source_file, every_instantiation()[source_file], "90")
+
+
+def test_probe_kernel_compiles(nvrtc):
+    """gpu_usable's probe kernel, with the backend's options, by every NVRTC the extras bring."""
+    compile_text(nvrtc, probe.PROBE_SOURCE, "probe.cu", (), "90")
+
+
+@pytest.mark.parametrize("source_file", sorted(every_instantiation()))
+def test_each_instantiation_alone_passes_the_front_end_without_warnings(nvrtc, source_file):
+    """Each name expression in a program of its own, as the backend compiles it (a program of
+    one kernel leaves unused what other kernels use: NVRTC warns #177-D about a constant at
+    namespace scope only they reference)."""
+    text = cuda_backend.source(source_file)
+    options = nvrtc_options(nvrtc, "90")
+    said = {}
+    for name in every_instantiation()[source_file]:
+        log = nvrtc_ctypes.Program(nvrtc.library, text, source_file, (name,)).front_end_log(options)
+        if log.strip():
+            said[name] = log.strip()
+    shown = "\n".join(f"{name}: {log}" for name, log in list(said.items())[:3])
+    assert not said, f"{len(said)} of {len(every_instantiation()[source_file])} said:\n{shown}"

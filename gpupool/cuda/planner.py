@@ -148,7 +148,7 @@ def static_window(spec: S.WindowSpec) -> int:
 #: offsets all their windows' loads in one batch).
 NAMED_GROUP = 8
 #: Positions along W of one slot of the max gradients' walk when its windows are compiled in
-#: (pool_backward.cu kMaxPack).
+#: (pool_backward.cu GatherShape<3>::pack).
 MAX_PACK = 4
 #: Slots per thread that a window backward kernel takes together, by the compiled-in bound of
 #: :func:`gather_covers`, as pool_backward.cu's GatherShape.

@@ -44,30 +44,20 @@ struct AdaptiveCovers {
 // any of their sums waits.
 constexpr int kGroup = 4;
 
-// W taps per batch of the covering windows' loads (walk_lines_batched) where their number is
-// not compiled in, so that a batch holds kGroup * k windows: 2 for the max gradients (ptxas on
-// sm_90: about as many registers as 1, the same blocks per SM), 1 for the sums (2 would cost
-// a block per SM).
-constexpr int kMaxBatchW = 2;
-constexpr int kSumBatchW = 1;
-
-// Positions along W of one slot of the max gradients' walk where its covering windows are
-// compiled in (a pack: see max_window_packs).
-constexpr int kMaxPack = 4;
-
 // Slots a thread takes at once (group) and blocks of 256 threads per SM its registers are held
 // to (blocks; with float and half elements, see GP_WINDOW_BOUNDS), C the compiled-in bound on
 // a slot's windows along H and along W (0: none). The sums' slot is a position: one window at
 // most (C == 1), 8 positions, a batch of 8 windows; two (C == 2), 4 positions, all their 16
-// windows of one D tap in a batch. The max gradients' slot is a pack of kMaxPack positions
-// (C == 3, the windows covering any of them): 2 packs, 18 windows in a batch. Else kGroup
-// positions, their windows in batches of kMaxBatchW or kSumBatchW W taps. Each holds as many
-// loads in flight per SM as ptxas keeps in one run without spilling (planner.GATHER_GROUP
-// matches).
+// windows of one D tap in a batch. The max gradients' slot is a pack of 4 positions along W
+// (C == 3, the windows covering any of them; pack): 2 packs, 18 windows in a batch. Else kGroup
+// positions, their windows in batches of BW W taps (max_gather's, sum_gather's). Each holds
+// as many loads in flight per SM as ptxas keeps in one run without spilling
+// (planner.GATHER_GROUP matches).
 template <int C>
 struct GatherShape {
   static constexpr int group = C == 1 ? 8 : C == 3 ? 2 : kGroup;
   static constexpr int blocks = C ? 2 : 1;
+  static constexpr int pack = C == 3 ? 4 : 1;
 };
 #define GP_GATHER_BOUNDS(T, I, C) GP_WINDOW_BOUNDS(T, I, (gp::GatherShape<C>::blocks))
 
@@ -121,7 +111,9 @@ __device__ __forceinline__ void max_gather(const T* __restrict__ grad,
                                            const long long* __restrict__ indices,
                                            T* __restrict__ out, const Covers& covers,
                                            const Geo<I>& g) {
-  constexpr int G = kGroup;
+  // W taps per batch of the covering windows' loads, a batch of kGroup * BW windows (ptxas
+  // on sm_90: about as many registers as 1, the same blocks per SM)
+  constexpr int G = kGroup, BW = 2;
   input_groups<G, NHWC>(g, grad, [&](I base, I cs, const Output<I>* e, int n) {
     TapLine<I> d[G], h[G], w[G];
     cover_lines<G>(covers, e, d, h, w);
@@ -132,7 +124,7 @@ __device__ __forceinline__ void max_gather(const T* __restrict__ grad,
       f.pos[j] = (e[j].o_d * g.ih + e[j].o_h) * g.iw + e[j].o_w;
       f.acc[j][0] = (typename F::A)0;
     }
-    walk_lines_batched<G, kMaxBatchW, 0>(d, h, w, n, f);
+    walk_lines_batched<G, BW, 0>(d, h, w, n, f);
     T v[G];
 #pragma unroll
     for (int j = 0; j < G; ++j) v[j] = Num<T>::store(f.acc[j][0]);
@@ -146,9 +138,9 @@ struct alignas(V * sizeof(T)) Pack {
   T v[V];
 };
 
-// The max gradients of sliding windows in packs of kMaxPack positions along W (C == 3: the
-// host has checked that at most 3 windows cover a position along H, and 3 any of a pack's
-// positions along W): a thread takes 2 packs (input_groups with V = kMaxPack), walking for
+// The max gradients of sliding windows in packs of GatherShape<3>::pack positions along W
+// (C == 3: the host has checked that at most 3 windows cover a position along H, and 3 any of
+// a pack's positions along W): a thread takes 2 packs (input_groups with V = pack), walking for
 // each the windows that cover any of its positions -- per dim the covering windows of the
 // position along D and H, along W windows lo..hi, those whose taps reach the pack's first to
 // its last position -- all 18 of one D tap in a batch. A window loads once for the pack, not
@@ -159,7 +151,7 @@ __device__ __forceinline__ void max_window_packs(const T* __restrict__ grad,
                                                  const long long* __restrict__ indices,
                                                  T* __restrict__ out, const Geo<I>& g,
                                                  const WindowCovers<I>& covers) {
-  constexpr int G = GatherShape<3>::group, V = kMaxPack;
+  constexpr int G = GatherShape<3>::group, V = GatherShape<3>::pack;
   typedef typename MaxGrads<G, V, T, I>::A A;
   input_groups<G, NHWC, V>(g, grad, [&](I base, I cs, const Output<I>* e, int n) {
     TapLine<I> d[G], h[G], w[G];
@@ -183,7 +175,7 @@ __device__ __forceinline__ void max_window_packs(const T* __restrict__ grad,
 #pragma unroll
       for (int u = 0; u < V; ++u) f.acc[j][u] = (A)0;
     }
-    walk_lines_batched<G, kMaxBatchW, 3>(d, h, w, n, f);
+    walk_lines_batched<G, 1, 3>(d, h, w, n, f);
     // the plane (and channel) from base: grad's plane holds od * oh * ow positions
     const I gplane = g.od * g.oh * g.ow * cs;
     const I p = base / gplane;
@@ -250,14 +242,16 @@ __device__ __forceinline__ void sum_gather(const T* __restrict__ grad, T* __rest
                                            const Load& ld, const Q& q, const Finish& finish) {
   typedef typename Num<T>::acc A;
   typedef decltype(ld(Window<I>(), false)) V;
-  constexpr int G = GatherShape<C>::group;
+  // W taps per batch of the covering windows' loads where their number is not compiled in
+  // (2 would cost a block per SM)
+  constexpr int G = GatherShape<C>::group, BW = 1;
   input_groups<G, NHWC>(g, grad, [&](I base, I cs, const Output<I>* e, int n) {
     TapLine<I> d[G], h[G], w[G];
     cover_lines<G>(covers, e, d, h, w);
     NestedSums<G, V, A, I, Load, Q> f{ld, q, base, cs, g.oh, g.ow};
 #pragma unroll
     for (int j = 0; j < G; ++j) f.sum0[j] = (A)0;
-    walk_lines_batched<G, kSumBatchW, C>(d, h, w, n, f);
+    walk_lines_batched<G, BW, C>(d, h, w, n, f);
     T v[G];
 #pragma unroll
     for (int j = 0; j < G; ++j) v[j] = Num<T>::store(finish(f.sum0[j], e[j].oi));

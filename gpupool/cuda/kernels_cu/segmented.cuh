@@ -43,12 +43,11 @@ __device__ __forceinline__ void split_word(unsigned w, short& lo, short& hi) {
 // nothing.
 // Elements per lane per batch: below 32 lanes the planner gives a lane at most 8 2-byte or
 // 4 wider elements, so one batch covers them.
-constexpr int LANE_BATCH = 8;
-
 template <int L, typename R, typename I>
 __device__ __forceinline__ void reduce_lanes(const R& r, const typename R::In* __restrict__ x,
                                              typename R::Out* __restrict__ out, I nseg,
                                              I seglen) {
+  constexpr int LANE_BATCH = 8;
   typedef typename R::Acc A;
   typedef typename R::In In;
   const I seg = ((I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x) / (I)L;
