@@ -10,23 +10,23 @@ import math
 
 import numpy as np
 
-from .spec import ACC_DTYPES, AdaptiveSpec, WindowSpec, adaptive_window
+from .spec import ACC_DTYPES, FLOAT_DTYPES, AdaptiveSpec, WindowSpec, adaptive_window
 
 
 @functools.cache
 def accumulator(dtype) -> np.dtype:
-    """The dtype sums run in: float32 for float16 (:data:`gpupool.spec.ACC_DTYPES`), else
-    ``dtype`` itself."""
+    """The dtype sums run in: float32 for float16 and bfloat16
+    (:data:`gpupool.spec.ACC_DTYPES`), else ``dtype`` itself."""
     dtype = np.dtype(dtype)
     return np.dtype(ACC_DTYPES.get(dtype.name, dtype.name))
 
 
 @functools.cache
 def lowest(dtype):
-    """What a max starts from and never loses to: -inf, or an integer dtype's minimum; also
-    the value of a max window with no valid tap."""
+    """What a max starts from and never loses to: -inf (every float dtype, bfloat16 too), or
+    an integer dtype's minimum; also the value of a max window with no valid tap."""
     dtype = np.dtype(dtype)
-    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+    return -np.inf if dtype.name in FLOAT_DTYPES else np.iinfo(dtype).min
 
 
 def window_counts(spec: WindowSpec, include_pad: bool) -> np.ndarray:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import threads
+from . import bfloat16, threads
 from .reduce import (DIRECT_BYTES, LITTLE_ENDIAN, canonical, expand, fits_one_gather,
                      gather_plan, gather_reduce, half_as_float32, in_blocks, reduce_taps,
                      scratch, separable_window, tap_views, widened, window_taps)
@@ -231,7 +231,10 @@ def prepare_window(spec: WindowSpec):
     * max with indices, 8-byte dtypes: the separable max, then the first tap equal to it
       (:func:`_argmax_taps`) and the values gathered at the indices;
     * float16 max: a separable max of order-preserving int16 keys (:func:`_half_keys`);
-    * otherwise a separable max or sum in the working dtype, then the divisor or the root."""
+    * otherwise a separable max or sum in the working dtype, then the divisor or the root;
+    * bfloat16: the float32 op, rounded once (:mod:`gpupool.cpu.bfloat16`)."""
+    if bfloat16.is_bfloat16(spec.geom.dtype):
+        return bfloat16.through_float32(prepare_window(bfloat16.as_float32(spec)))
     geom = spec.geom
     dtype = np.dtype(geom.dtype)
     plane_bytes = dtype.itemsize * math.prod(geom.spatial) * geom.channels
@@ -435,7 +438,11 @@ def _half_from_keys(keys, dest) -> None:
 def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
     """Adaptive and global pooling: uniform windows as ``window``; a global max a reduction,
     a global average a sum of values times weights; other windows through the gather of a
-    small block or the shared tap loops, dividing by each window's count."""
+    small block or the shared tap loops, dividing by each window's count; bfloat16 through
+    float32 (:mod:`gpupool.cpu.bfloat16`)."""
+    if bfloat16.is_bfloat16(x.dtype):
+        bfloat16.through_float32(adaptive)(x, spec, out, indices)
+        return
     if spec.uniform_window is not None and not spec.is_global:
         window(x, spec.uniform_window, out, indices)  # the faster separable tap loops
         return
