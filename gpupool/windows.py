@@ -21,6 +21,26 @@ def accumulator(dtype) -> np.dtype:
     return np.dtype(ACC_DTYPES.get(dtype.name, dtype.name))
 
 
+def narrowed(values, dtype, xp=np):
+    """The working-dtype ``values`` (NumPy or CuPy, ``xp``) as ``dtype``: a cast, except to
+    bfloat16, which rounds each float32 as CUDA's ``__float2bfloat16_rn`` (to nearest, ties to
+    even; overflow to inf; every NaN to 0x7FFF), the same bits on every backend."""
+    dtype = np.dtype(dtype)
+    if dtype.name != "bfloat16":
+        return values.astype(dtype, copy=False)
+    bits = xp.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = xp.right_shift(bits, 16)
+    xp.bitwise_and(rounded, 1, out=rounded)
+    rounded += 0x7FFF
+    rounded += bits  # wraps only for NaNs (all-ones exponent, sign set), replaced below
+    xp.right_shift(rounded, 16, out=rounded)
+    rounded = rounded.astype(np.uint16)
+    nan = xp.isnan(values)
+    if nan.any():
+        rounded[nan] = 0x7FFF
+    return rounded.view(dtype)
+
+
 @functools.cache
 def lowest(dtype):
     """What a max starts from and never loses to: -inf (every float dtype, bfloat16 too), or

@@ -18,9 +18,10 @@ import functools
 
 import numpy as np
 
+from ..windows import narrowed
+
 #: the dtype name of ml_dtypes' bfloat16, the one NumPy, PyTorch (through DLPack) and JAX share
 BFLOAT16 = "bfloat16"
-NAN_BITS = np.uint16(0x7FFF)  # the NaN __float2bfloat16_rn gives for every NaN
 
 
 def is_bfloat16(dtype) -> bool:
@@ -38,19 +39,9 @@ def widened(a) -> np.ndarray:
 
 
 def round_into(dest, values) -> None:
-    """Write the float32 ``values`` into the bfloat16 ``dest`` (same shape), each rounded as
-    CUDA's ``__float2bfloat16_rn``: to nearest, ties to even; a NaN becomes 0x7FFF."""
-    bits = np.ascontiguousarray(values, np.float32).view(np.uint32)
-    rounded = np.right_shift(bits, 16)
-    np.bitwise_and(rounded, 1, out=rounded)
-    rounded += 0x7FFF
-    rounded += bits  # wraps only for NaNs (all-ones exponent, sign set), replaced below
-    np.right_shift(rounded, 16, out=rounded)
-    out = dest.view(np.uint16)
-    np.copyto(out, rounded, casting="unsafe")
-    nan = np.isnan(values)
-    if nan.any():
-        out[nan] = NAN_BITS
+    """Write the float32 ``values`` into the bfloat16 ``dest`` (same shape), each rounded
+    once (:func:`gpupool.windows.narrowed`)."""
+    np.copyto(dest.view(np.uint16), narrowed(values, dest.dtype).view(np.uint16))
 
 
 @functools.lru_cache(maxsize=256)
