@@ -11,6 +11,8 @@ run on every backend: NumPy arrays of ``ml_dtypes.bfloat16`` and CuPy (the CUDA 
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
@@ -102,6 +104,12 @@ def test_matches_pytorch_bfloat16_pooling(backend, op):
     assert_same_bits(backend.to_numpy(got[0]), numpy_of(want[0]))
     for g, w in zip(got[1:], want[1:]):
         assert_array_equal(backend.to_numpy(g), w.numpy())
+
+
+def test_torch_bfloat16_without_ml_dtypes_is_a_type_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import ml_dtypes now fails
+    with pytest.raises(TypeError, match=r"gpupool\.max_pool: x is bfloat16.*gpupool\[bfloat16\]"):
+        gpupool.max_pool(torch.ones((1, 1, 2, 2), dtype=torch.bfloat16), 2)
 
 
 def test_torch_bfloat16_tensors_run_and_come_back_as_bfloat16():

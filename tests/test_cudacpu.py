@@ -2,9 +2,9 @@
 
 Every expectation comes from NumPy or from a plain Python model of CUDA's documented
 semantics, so these tests say whether the executor can be trusted to check the project's
-kernels: ``__half`` and ``__nv_bfloat16`` conversions, warp shuffles and votes, barriers and ``__shared__``, the
-schedules, the errors it reports, argument checking, the out-of-bounds guard and subnormal
-flushing.
+kernels: ``__half`` and ``__nv_bfloat16`` conversions, warp shuffles and votes, barriers and
+``__shared__``, the schedules, the errors it reports, argument checking, the out-of-bounds guard
+and subnormal flushing.
 """
 from __future__ import annotations
 
@@ -39,11 +39,13 @@ __global__ void double_to_half_kernel(const double* in, __half* out, int n) {
 }
 
 __global__ void bfloat16_to_float_kernel(const __nv_bfloat16* in, float* out, int n) {
-  for (int i = global_thread(); i < n; i += gridDim.x * blockDim.x) out[i] = __bfloat162float(in[i]);
+  for (int i = global_thread(); i < n; i += gridDim.x * blockDim.x)
+    out[i] = __bfloat162float(in[i]);
 }
 
 __global__ void float_to_bfloat16_kernel(const float* in, __nv_bfloat16* out, int n) {
-  for (int i = global_thread(); i < n; i += gridDim.x * blockDim.x) out[i] = __float2bfloat16_rn(in[i]);
+  for (int i = global_thread(); i < n; i += gridDim.x * blockDim.x)
+    out[i] = __float2bfloat16_rn(in[i]);
 }
 
 __global__ void double_to_bfloat16_kernel(const double* in, __nv_bfloat16* out, int n) {

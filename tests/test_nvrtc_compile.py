@@ -1,6 +1,6 @@
 """Every CUDA kernel instantiation the runtime can request compiles with NVRTC for sm_90, and
-its float32 and bfloat16, 32-bit-offset ones for sm_80 too, with no error and no warning. Needs CuPy and its
-NVRTC library, not a GPU. (sm_80 goes through the same front end; its code generator differs
+its float32 and bfloat16, 32-bit-offset ones for sm_80 too, with no error and no warning.
+Needs CuPy and its NVRTC library, not a GPU. (sm_80 goes through the same front end; its code generator differs
 in registers, which only sm_90 bounds (accumulate.cuh window_blocks), so a sample of it keeps
 the compile time of the suite in check.)
 

@@ -174,9 +174,10 @@ def _view(func: str, lib: str, device: tuple[int, int], t, name: str):
                             f"place; pass a tensor without it (out.is_neg() False)")
         t = t.resolve_neg()
     xp = np if device[0] == _CPU else _cupy(func, name)
+    bfloat16 = _bfloat16(func, name) if dtype == "bfloat16" else None
     try:
-        if dtype == "bfloat16":
-            return xp.from_dlpack(_bfloat16_bits(lib, t)).view(_bfloat16(func, name))
+        if bfloat16 is not None:
+            return xp.from_dlpack(_bfloat16_bits(lib, t)).view(bfloat16)
         return xp.from_dlpack(t)
     except _EXPORT_ERRORS as e:
         raise TypeError(f"gpupool.{func}: {name} ({_TYPE_NAMES[lib]} of dtype {dtype}) cannot "
