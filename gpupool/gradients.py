@@ -6,7 +6,7 @@ Each takes the forward op's parameters, with the same defaults, and returns an a
 forward input's shape and ``grad_output``'s dtype. Every result is deterministic: the CUDA
 kernels gather per input element in the order the NumPy backend sums
 (:mod:`gpupool.cpu.backward`), so the two give the same bits (Lp up to the rounding of
-``pow``). Sums run in float32 for float16, as the forward ops.
+``pow``). Sums run in float32 for float16 and bfloat16, as the forward ops.
 """
 from __future__ import annotations
 

@@ -125,8 +125,8 @@ def avg_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, paddin
     The divisor is the number of valid taps (``count_include_pad=False``, the default, as
     ONNX/TensorFlow; PyTorch's default is True), or the taps inside input + explicit padding
     but never the ceil-mode overhang (``True``), or ``divisor_override`` (an int in
-    [1, 2**31 - 1]). An empty window gives 0. Float dtypes only (float16 accumulates in
-    float32).
+    [1, 2**31 - 1]). An empty window gives 0. Float dtypes only (float16 and bfloat16
+    accumulate in float32).
 
     >>> avg_pool(np.arange(16.).reshape(1, 1, 4, 4), 2)
     array([[[[ 2.5,  4.5], [10.5, 12.5]]]])
@@ -148,7 +148,7 @@ def lp_pool(x: ArrayLike, p: float, kernel_size: Size, stride: Size | None = Non
             layout: str = "NCHW", out: Array | None = None) -> Array:
     """``(sum |x|**p) ** (1/p)`` over the valid taps of each window (ONNX LpPool; PyTorch
     omits the abs). ``p`` is a real number from the smallest normal to the largest finite value
-    of the accumulator (float32 for float16/float32 input, float64 for float64), so p and 1/p
+    of the accumulator (float32 for float16/bfloat16/float32, float64 for float64), so p and 1/p
     are finite and nonzero there. Float dtypes only.
 
     >>> lp_pool(np.array([[[3., -4.]]]), 2, (2,))

@@ -86,8 +86,9 @@ def quantize(x: ArrayLike, scale: float, zero_point: int = 0, dtype: str = "int8
     scale = check_scale("quantize", "scale", scale)
     zero_point = check_zero_point("quantize", "zero_point", zero_point, name)
     if x.dtype.kind not in "fiu":
-        raise TypeError(f"gpupool.quantized.quantize: x has dtype {x.dtype}; expected a real "
-                        f"(float or integer) array")
+        raise TypeError(f"gpupool.quantized.quantize: x has dtype {x.dtype}; expected a "
+                        f"float16/32/64 or integer array (convert others, such as bfloat16, "
+                        f"to float32 first)")
     with device_scope(x, backend):
         y = _to_float64(x, xp) / scale
         if bool(xp.isnan(y).any()):

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, fields
 
 LAYOUTS = ("NCHW", "NHWC")
-FLOAT_DTYPES = ("float16", "float32", "float64")
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 INT_DTYPES = ("int8", "uint8", "int16", "int32", "int64")
 PADDING_STRINGS = ("valid", "same", "same_lower")
 #: largest kernel size, stride, dilation, pad and divisor_override (the CUDA kernels take them
@@ -33,13 +33,14 @@ WINDOW_PARAM_MAX = 2**31 - 1
 FLOAT32_RANGE = (2.0**-126, 3.4028234663852886e38)
 FLOAT64_RANGE = (sys.float_info.min, sys.float_info.max)
 #: the float type of the scalars and accumulators of each float dtype's kernels
-ACC_DTYPES = {"float16": "float32", "float32": "float32", "float64": "float64"}
+ACC_DTYPES = {"float16": "float32", "bfloat16": "float32", "float32": "float32",
+              "float64": "float64"}
 #: largest output, in bytes (values, plus int64 indices where returned), counting at least one
 #: plane: 2**48 bytes = 256 TiB, the 48-bit virtual address space of x86-64 and of CUDA GPUs.
 #: No machine can allocate more, so a larger output is a geometry error, not an allocation.
 OUTPUT_BYTES_MAX = 2**48
-ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
-            "int32": 4, "int64": 8}
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1,
+            "int16": 2, "int32": 4, "int64": 8}
 
 
 def fail(func: str, message: str, exc: type = ValueError):

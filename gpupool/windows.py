@@ -13,23 +13,43 @@ import math
 import numpy as np
 
 from . import spec as S
-from .spec import ACC_DTYPES, AdaptiveSpec, WindowSpec, adaptive_window
+from .spec import ACC_DTYPES, FLOAT_DTYPES, AdaptiveSpec, WindowSpec, adaptive_window
 
 
 @functools.cache
 def accumulator(dtype) -> np.dtype:
-    """The dtype sums run in: float32 for float16 (:data:`gpupool.spec.ACC_DTYPES`), else
-    ``dtype`` itself."""
+    """The dtype sums run in: float32 for float16 and bfloat16
+    (:data:`gpupool.spec.ACC_DTYPES`), else ``dtype`` itself."""
     dtype = np.dtype(dtype)
     return np.dtype(ACC_DTYPES.get(dtype.name, dtype.name))
 
 
+def narrowed(values, dtype, xp=np):
+    """The working-dtype ``values`` (NumPy or CuPy, ``xp``) as ``dtype``: a cast, except to
+    bfloat16, which rounds each float32 as CUDA's ``__float2bfloat16_rn`` (to nearest, ties to
+    even; overflow to inf; every NaN to 0x7FFF), the same bits on every backend."""
+    dtype = np.dtype(dtype)
+    if dtype.name != "bfloat16":
+        return values.astype(dtype, copy=False)
+    bits = xp.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = xp.right_shift(bits, 16)
+    xp.bitwise_and(rounded, 1, out=rounded)
+    rounded += 0x7FFF
+    rounded += bits  # wraps only for NaNs (all-ones exponent, sign set), replaced below
+    xp.right_shift(rounded, 16, out=rounded)
+    rounded = rounded.astype(np.uint16)
+    nan = xp.isnan(values)
+    if nan.any():
+        rounded[nan] = 0x7FFF
+    return rounded.view(dtype)
+
+
 @functools.cache
 def lowest(dtype):
-    """What a max starts from and never loses to: -inf, or an integer dtype's minimum; also
-    the value of a max window with no valid tap."""
+    """What a max starts from and never loses to: -inf (every float dtype, bfloat16 too), or
+    an integer dtype's minimum; also the value of a max window with no valid tap."""
     dtype = np.dtype(dtype)
-    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+    return -np.inf if dtype.name in FLOAT_DTYPES else np.iinfo(dtype).min
 
 
 def window_counts_per_dim(spec: WindowSpec, include_pad: bool) -> list[np.ndarray]:

@@ -2,14 +2,15 @@
 
 Every expectation comes from NumPy or from a plain Python model of CUDA's documented
 semantics, so these tests say whether the executor can be trusted to check the project's
-kernels: ``__half`` conversions, warp shuffles and votes, barriers and ``__shared__``, the
-schedules, the errors it reports, argument checking, the out-of-bounds guard and subnormal
-flushing.
+kernels: ``__half`` and ``__nv_bfloat16`` conversions, warp shuffles and votes, barriers and
+``__shared__``, the schedules, the errors it reports, argument checking, the out-of-bounds guard
+and subnormal flushing.
 """
 from __future__ import annotations
 
 import platform
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -18,8 +19,10 @@ from cudacpu import executor
 
 NO_COMPILER = executor.host_compiler_reason()
 pytestmark = pytest.mark.skipif(NO_COMPILER is not None, reason=f"{NO_COMPILER}")
+BF16 = np.dtype(ml_dtypes.bfloat16)
 
 SOURCE = r"""
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 __device__ int global_thread() { return blockIdx.x * blockDim.x + threadIdx.x; }
@@ -34,6 +37,20 @@ __global__ void float_to_half_kernel(const float* in, __half* out, int n) {
 
 __global__ void double_to_half_kernel(const double* in, __half* out, int n) {
   for (int i = global_thread(); i < n; i += gridDim.x * blockDim.x) out[i] = __half(in[i]);
+}
+
+__global__ void bfloat16_to_float_kernel(const __nv_bfloat16* in, float* out, int n) {
+  for (int i = global_thread(); i < n; i += gridDim.x * blockDim.x)
+    out[i] = __bfloat162float(in[i]);
+}
+
+__global__ void float_to_bfloat16_kernel(const float* in, __nv_bfloat16* out, int n) {
+  for (int i = global_thread(); i < n; i += gridDim.x * blockDim.x)
+    out[i] = __float2bfloat16_rn(in[i]);
+}
+
+__global__ void double_to_bfloat16_kernel(const double* in, __nv_bfloat16* out, int n) {
+  for (int i = global_thread(); i < n; i += gridDim.x * blockDim.x) out[i] = __nv_bfloat16(in[i]);
 }
 
 // kind 0 __shfl_sync, 1 __shfl_xor_sync, 2 __shfl_up_sync, 3 __shfl_down_sync; one result
@@ -184,6 +201,7 @@ __global__ void VECTOR_BOUNDS(64) vector_sum_kernel(const float* in, float* out,
 """
 
 NAMES = ("half_to_float_kernel", "float_to_half_kernel", "double_to_half_kernel",
+         "bfloat16_to_float_kernel", "float_to_bfloat16_kernel", "double_to_bfloat16_kernel",
          "shuffle_kernel<int>", "shuffle_kernel<double>", "vote_kernel",
          "block_sum_kernel<true>", "block_sum_kernel<false>", "reverse_in_block_kernel",
          "indices_kernel", "misuse_kernel", "fill_kernel", "mark_first_kernel",
@@ -266,6 +284,63 @@ def test_half_from_double_rounds_once_like_numpy(lib):
     out = np.zeros(values.size, np.float16)
     lib.kernel("double_to_half_kernel")((8,), (64,), (values, out, np.int32(values.size)))
     np.testing.assert_array_equal(out.view(np.uint16), values.astype(np.float16).view(np.uint16))
+
+
+# ------------------------------------------------------------------ __nv_bfloat16 conversions
+
+def _bfloat16_roundings() -> np.ndarray:
+    """float32 inputs that exercise every branch of float -> bfloat16 rounding: random bit
+    patterns, bfloat16 ties and their neighbours, the overflow edge, subnormals, NaNs."""
+    rng = np.random.default_rng(1)
+    random_bits = rng.integers(0, 2**32, 100_000, dtype=np.uint32)
+    upper = np.arange(0, 0x7F80, dtype=np.uint32) << 16
+    ties = upper | 0x8000  # exactly halfway between two bfloat16s (even and odd below)
+    near_ties = np.concatenate([ties - 1, ties + 1])
+    edges = np.array([0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF, 0x7F800000, 0x00000001, 0x00008000,
+                      0x00018000, 0x007FFFFF, 0x7F800001, 0x7FC00000, 0x7FBFFFFF, 0x7FFFFFFF],
+                     np.uint32)
+    bits = np.concatenate([random_bits, upper, ties, near_ties, edges])
+    return np.concatenate([bits, bits | 0x80000000]).view(np.float32)
+
+
+def test_bfloat16_to_float_is_the_upper_half_for_all_65536_bit_patterns(lib):
+    """__bfloat162float of every bfloat16 bit pattern is ml_dtypes' bfloat16 -> float32, bit
+    for bit (NaN payloads included): the bits moved to the upper half."""
+    bits = np.arange(65536, dtype=np.uint32)
+    out = np.zeros(65536, np.float32)
+    lib.kernel("bfloat16_to_float_kernel")((8,), (64,), (bits.astype(np.uint16).view(BF16), out,
+                                                          np.int32(65536)))
+    np.testing.assert_array_equal(out.view(np.uint32), bits << 16)
+    np.testing.assert_array_equal(
+        out.view(np.uint32), bits.astype(np.uint16).view(BF16).astype(np.float32).view(np.uint32))
+
+
+def test_float_to_bfloat16_rounds_to_nearest_even_and_makes_nan_0x7fff(lib):
+    """__float2bfloat16_rn is ml_dtypes' float32 -> bfloat16 (round to nearest even, overflow
+    to inf, subnormals kept) on every number; every NaN becomes 0x7FFF, as in CUDA's
+    cuda_bf16.hpp."""
+    values = _bfloat16_roundings()
+    out = np.zeros(values.size, BF16)
+    lib.kernel("float_to_bfloat16_kernel")((8,), (64,), (values, out, np.int32(values.size)))
+    nan = np.isnan(values)
+    with np.errstate(over="ignore"):
+        expected = values[~nan].astype(BF16)
+    np.testing.assert_array_equal(out.view(np.uint16)[~nan], expected.view(np.uint16))
+    assert nan.sum() > 500 and (out.view(np.uint16)[nan] == 0x7FFF).all()
+
+
+def test_bfloat16_from_double_rounds_once(lib):
+    """__nv_bfloat16(double) rounds the double straight to bfloat16 (CUDA: __double2bfloat16):
+    a double just above or below a tie between two bfloat16s goes to the nearer one (float
+    first would make it the tie, then the even one)."""
+    finite = np.arange(0x0001, 0x7F7F, dtype=np.uint16)
+    values64 = finite.view(BF16).astype(np.float64)
+    ties = (values64[:-1] + values64[1:]) / 2
+    values = np.concatenate([ties * (1 + 2.0**-40), ties * (1 - 2.0**-40), -ties * (1 + 2.0**-40)])
+    out = np.zeros(values.size, BF16)
+    lib.kernel("double_to_bfloat16_kernel")((8,), (64,), (values, out, np.int32(values.size)))
+    nearest = np.concatenate([finite[1:], finite[:-1], finite[1:] | 0x8000])
+    np.testing.assert_array_equal(out.view(np.uint16), nearest)
 
 
 # ------------------------------------------------------------------ warp collectives

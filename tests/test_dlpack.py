@@ -191,7 +191,7 @@ def test_torch_max_unpool_round_trip(torch):
 
 # ----------------------------------------------------------------------------- PyTorch errors
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "complex64", "bool", "float8_e4m3fn", "uint16"])
+@pytest.mark.parametrize("dtype", ["complex64", "bool", "float8_e4m3fn", "uint16"])
 def test_torch_unsupported_dtype_is_a_type_error_before_any_work(torch, seen, dtype):
     t = torch.zeros((1, 1, 4, 4), dtype=getattr(torch, dtype))
     with message(TypeError, "max_pool", "x", dtype, "float32"):
@@ -223,7 +223,7 @@ def test_torch_integer_input_to_average_points_to_quantized(torch):
 @pytest.mark.parametrize("make, exc, fragment", [
     (lambda torch: np.empty((1, 1, 2, 2), np.float32), TypeError, "numpy.ndarray"),
     (lambda torch: [[[[0.0, 0.0], [0.0, 0.0]]]], TypeError, "builtins.list"),
-    (lambda torch: torch.empty((1, 1, 2, 2), dtype=torch.bfloat16), TypeError, "bfloat16"),
+    (lambda torch: torch.empty((1, 1, 2, 2), dtype=torch.bfloat16), ValueError, "bfloat16"),
     (lambda torch: torch.empty((1, 1, 2, 2), requires_grad=True), TypeError, "out.detach()"),
     (lambda torch: torch.empty((1, 1, 2, 2), dtype=torch.float64), ValueError, "float64"),
     (lambda torch: torch.empty((1, 1, 3, 2)), ValueError, "(1, 1, 3, 2)"),
@@ -451,9 +451,9 @@ def test_jax_and_torch_do_not_mix(jax, torch):
         gpupool.max_pool(torch.ones((1, 1, 4, 4)), 2, out=jax.numpy.empty((1, 1, 2, 2)))
 
 
-def test_jax_bfloat16_is_a_type_error(jax, seen):
-    with message(TypeError, "global_avg_pool", "x", "bfloat16"):
-        gpupool.global_avg_pool(jax.numpy.ones((1, 1, 2, 2), jax.numpy.bfloat16))
+def test_jax_float8_is_a_type_error(jax, seen):
+    with message(TypeError, "global_avg_pool", "x", "float8_e4m3fn"):
+        gpupool.global_avg_pool(jax.numpy.ones((1, 1, 2, 2), jax.numpy.float8_e4m3fn))
     assert seen == []
 
 

@@ -1,4 +1,4 @@
-"""``import gpupool`` needs neither CuPy nor a GPU, and imports no Dask."""
+"""``import gpupool`` needs neither CuPy, a GPU nor ml_dtypes, and imports no Dask."""
 from __future__ import annotations
 
 import os
@@ -24,6 +24,7 @@ def test_import_and_pool_numpy_without_cupy():
     code = textwrap.dedent("""
         import sys
         sys.modules["cupy"] = None  # any "import cupy" now raises ImportError
+        sys.modules["ml_dtypes"] = None  # bfloat16's NumPy type: only for bfloat16 tensors
         import numpy as np
         import gpupool
         y = gpupool.max_pool(np.arange(16.0).reshape(1, 1, 4, 4), 2)

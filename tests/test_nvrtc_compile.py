@@ -1,6 +1,6 @@
 """Every CUDA kernel instantiation the runtime can request compiles with NVRTC for sm_90, and
-its float32, 32-bit-offset ones for sm_80 too, with no error and no warning. Needs CuPy and its
-NVRTC library, not a GPU. (sm_80 goes through the same front end; its code generator differs
+its float32 and bfloat16, 32-bit-offset ones for sm_80 too, with no error and no warning.
+Needs CuPy and its NVRTC library, not a GPU. (sm_80 goes through the same front end; its code generator differs
 in registers, which only sm_90 bounds (accumulate.cuh window_blocks), so a sample of it keeps
 the compile time of the suite in check.)
 
@@ -51,7 +51,7 @@ NVRTC12_DIR = "GPUPOOL_TEST_NVRTC12"
 
 def for_arch(names, arch: str) -> list[str]:
     """The instantiations compiled for sm_``arch``: all for sm_90; for sm_80 those of float32
-    elements (or 32-bit words) and 32-bit offsets."""
+    and bfloat16 elements (or 32-bit words) and 32-bit offsets."""
     if arch == "90":
         return list(names)
     return [n for n in names if ("float" in n or "unsigned int" in n) and "long long" not in n

@@ -16,13 +16,18 @@ from numpy.testing import assert_allclose, assert_array_equal
 
 import gpupool
 import reference as ref
+from dtypes import BFLOAT16, numpy_dtype
 
 FLOATS = ("float16", "float32", "float64")
+#: the float dtypes the random cases draw from: also bfloat16 (an ml_dtypes dtype NumPy cannot
+#: byte-swap, so the byte order tests keep to FLOATS)
+DRAWN_FLOATS = FLOATS + ("bfloat16",)
 INTS = ("int8", "uint8", "int16", "int32", "int64")
 # Per-dtype tolerance table (STYLE.md); never widen silently.
 TOL = {np.dtype("float16"): dict(rtol=1e-3, atol=1e-3),
        np.dtype("float32"): dict(rtol=1e-5, atol=1e-5),
-       np.dtype("float64"): dict(rtol=1e-12, atol=1e-12)}
+       np.dtype("float64"): dict(rtol=1e-12, atol=1e-12),
+       BFLOAT16: dict(rtol=8e-3, atol=8e-3)}
 MEMORY = ("C", "F", "strided", "reversed", "transposed")
 
 
@@ -33,7 +38,7 @@ def check(backend, actual, expected, dtype, *, exact=False):
     within the tolerance of ``dtype`` (exactly for integers, indices and ``exact``)."""
     assert backend.is_native(actual), type(actual)
     a = backend.to_numpy(actual)
-    assert a.dtype == np.dtype(dtype), (a.dtype, dtype)
+    assert a.dtype == numpy_dtype(dtype), (a.dtype, dtype)
     assert a.shape == expected.shape, (a.shape, expected.shape)
     if exact or a.dtype.kind in "iu":
         assert_array_equal(a.astype(expected.dtype), expected)
@@ -44,7 +49,7 @@ def check(backend, actual, expected, dtype, *, exact=False):
 def make_input(rng, shape, dtype, values="normal", specials=()):
     """Random input: ``ties`` draws from a few values (many equal taps), ``normal`` from a
     continuous distribution; ``specials`` (nan, -inf, inf) are sprinkled over ~10%."""
-    dtype = np.dtype(dtype)
+    dtype = numpy_dtype(dtype)
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
         lo, hi = (max(info.min, -3), min(info.max, 3)) if values == "ties" else (info.min, info.max)
@@ -76,7 +81,7 @@ def per_dim_or_int(draw, values, nd):
 def draw_specials(draw, op, dtype):
     """Non-finite values to sprinkle: NaN and -inf everywhere, +inf only for max (inf - inf
     in a sum is NaN either way, and NumPy warns about it)."""
-    if np.dtype(dtype).kind != "f":
+    if dtype in INTS:
         return ()
     choices = [(), (), ("nan",), ("-inf",), ("nan", "-inf")]
     if op == "max":
@@ -115,7 +120,7 @@ def window_cases(draw, op):
     else:
         padding = form
     ceil_mode = draw(st.booleans())
-    dtypes = FLOATS + INTS if op == "max" else FLOATS
+    dtypes = DRAWN_FLOATS + INTS if op == "max" else DRAWN_FLOATS
     dtype = draw(st.sampled_from(dtypes))
     values = draw(st.sampled_from(["ties", "normal"]))
     specials = draw_specials(draw, op, dtype)
@@ -962,7 +967,7 @@ def _call_window(backend, op, case, xb, **extra):
 
 
 def _maybe_out(backend, case, shape):
-    return backend.full(shape, 77, case["dtype"]) if case["use_out"] else None
+    return backend.full(shape, 77, numpy_dtype(case["dtype"])) if case["use_out"] else None
 
 
 @settings(max_examples=500)
@@ -1033,7 +1038,7 @@ def adaptive_cases(draw, op):
     output_size = tuple(draw(st.integers(1, i + 2)) for i in spatial)  # O > I allowed
     if nd == 2 and output_size[0] == output_size[1] and draw(st.booleans()):
         output_size = output_size[0]
-    dtype = draw(st.sampled_from(FLOATS + INTS if op == "max" else FLOATS))
+    dtype = draw(st.sampled_from(DRAWN_FLOATS + INTS if op == "max" else DRAWN_FLOATS))
     specials = draw_specials(draw, op, dtype)
     return dict(nd=nd, layout=layout, lead=lead, channels=channels, spatial=spatial,
                 output_size=output_size, dtype=dtype, specials=specials,
@@ -1077,7 +1082,7 @@ def test_global_pools_match_reference(backend, case):
     nd, layout = case["nd"], case["layout"]
     check(backend, gpupool.global_max_pool(xb, spatial_dims=nd, layout=layout),
           ref.global_max_pool(x, nd, layout), case["dtype"], exact=True)
-    if np.dtype(case["dtype"]).kind == "f" and np.inf not in case["specials"]:
+    if case["dtype"] not in INTS and np.inf not in case["specials"]:
         check(backend, gpupool.global_avg_pool(xb, spatial_dims=nd, layout=layout),
               ref.global_avg_pool(x, nd, layout), case["dtype"])
 

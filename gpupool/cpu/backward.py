@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import bfloat16
 from .reduce import window_taps
 from ..grad_spec import GradSpec
 from ..registry import register
@@ -159,7 +160,15 @@ def _max(spec: GradSpec, grad, result, indices):
 @register("backward", "numpy")
 def backward(spec: GradSpec, grad, result, indices=None, x=None, y=None) -> None:
     """Write the gradient of the input into ``result`` (shape of the forward input, dtype of
-    ``grad``): from ``indices`` for a max, from ``x`` and the forward output ``y`` for Lp."""
+    ``grad``): from ``indices`` for a max, from ``x`` and the forward output ``y`` for Lp.
+    bfloat16: the float32 gradient of the widened operands, rounded once
+    (:mod:`gpupool.cpu.bfloat16`)."""
+    if bfloat16.is_bfloat16(grad.dtype):
+        gradient = np.empty(result.shape, np.float32)
+        backward(bfloat16.as_float32(spec), bfloat16.widened(grad), gradient, indices,
+                 *(None if a is None else bfloat16.widened(a) for a in (x, y)))
+        bfloat16.round_into(result, gradient)
+        return
     if spec.op == "max":
         _max(spec, grad, result, indices)
     else:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import threads
+from . import bfloat16, threads
 from .memo import array_memo
 from .reduce import (DIRECT_BYTES, LITTLE_ENDIAN, canonical, expand, fits_one_gather,
                      gather_plan, gather_reduce, half_as_float32, in_blocks, reduce_taps,
@@ -250,7 +250,10 @@ def prepare_window(spec: WindowSpec):
     * max with indices, 8-byte dtypes: the separable max, then the first tap equal to it
       (:func:`_argmax_taps`) and the values gathered at the indices;
     * float16 max: a separable max of order-preserving int16 keys (:func:`_half_keys`);
-    * otherwise a separable max or sum in the working dtype, then the divisor or the root."""
+    * otherwise a separable max or sum in the working dtype, then the divisor or the root;
+    * bfloat16: the float32 op, rounded once (:mod:`gpupool.cpu.bfloat16`)."""
+    if bfloat16.is_bfloat16(spec.geom.dtype):
+        return bfloat16.through_float32(prepare_window(bfloat16.as_float32(spec)))
     geom = spec.geom
     dtype = np.dtype(geom.dtype)
     plane_bytes = dtype.itemsize * math.prod(geom.spatial) * geom.channels
@@ -461,7 +464,10 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
     a dim longer than :data:`TAP_CALLS_MAX` through ``add.accumulate``, in the same order);
     a global max a reduction, a global average a sum of values times weights; other windows
     through the gather of a small block or the shared tap loops, dividing by each window's
-    count."""
+    count; bfloat16 through float32 (:mod:`gpupool.cpu.bfloat16`)."""
+    if bfloat16.is_bfloat16(x.dtype):
+        bfloat16.through_float32(adaptive)(x, spec, out, indices)
+        return
     geom = spec.geom
     xc, oc = canonical(x, geom), canonical(out, geom)
     plane_bytes = x.itemsize * math.prod(geom.spatial) * geom.channels

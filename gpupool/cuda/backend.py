@@ -46,7 +46,7 @@ from ..spec import ACC_DTYPES, FLOAT_DTYPES, INT_DTYPES, AdaptiveSpec, UnpoolSpe
 
 #: dtype name -> C type of the kernels (the only dtypes the kernels are instantiated for).
 CTYPES = {
-    "float16": "__half", "float32": "float", "float64": "double",
+    "float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "float64": "double",
     "int8": "signed char", "uint8": "unsigned char", "int16": "short", "int32": "int",
     "int64": "long long",
 }

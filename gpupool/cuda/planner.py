@@ -571,7 +571,7 @@ def _with_traffic(spec, launches: tuple[Launch, ...]) -> tuple[Launch, ...]:
         return (dataclasses.replace(launches[0], outputs=out_elems, bytes_read=x_bytes,
                                     bytes_written=out_elems * item + indices),)
     first, second = launches
-    part = 4 if (g.dtype == "float16" and spec.op == "avg") else item
+    part = 4 if (spec.op == "avg" and S.ACC_DTYPES.get(g.dtype) == "float32") else item
     partials = out_elems * first.get("nchunks")
     return (dataclasses.replace(first, outputs=partials, bytes_read=x_bytes,
                                 bytes_written=partials * part),

@@ -279,13 +279,20 @@ def _without_empty_chunks(x):
 
 def _global_reduce(x, spec: S.AdaptiveSpec):
     """Tree reduction over the spatial dims: max (NaN propagates), or the float64 sum over
-    the plane size in the input dtype."""
+    the plane size in the input dtype. bfloat16 reduces its float32 values (ml_dtypes' max
+    warns at a NaN) and rounds as the in-memory ops (:func:`gpupool.windows.narrowed`)."""
     axes = _spatial_axes(spec.geom)
     x = _without_empty_chunks(x)
-    if spec.op == "max":
+    bfloat16 = dtype_name(x.dtype) == "bfloat16"
+    if spec.op == "max" and not bfloat16:
         return da.max(x, axis=axes, keepdims=True)
-    total = da.sum(x, axis=axes, dtype=np.float64, keepdims=True)
-    return (total / math.prod(spec.geom.spatial)).astype(x.dtype)
+    if spec.op == "max":
+        result = da.max(x.astype(np.float32), axis=axes, keepdims=True)
+    else:
+        result = da.sum(x, axis=axes, dtype=np.float64, keepdims=True) / math.prod(
+            spec.geom.spatial)
+    return result.map_blocks(lambda b: windows.narrowed(b, x.dtype, array_module(b)),
+                             dtype=x.dtype)
 
 
 def _global(op, params: dict):
@@ -325,7 +332,7 @@ def _adaptive_block(x, params, op, first, nd, return_indices, full_spatial, coun
     if op == "avg":
         divisors = counts[_block_positions(params, first, nd)].astype(acc)
         cur = cur / xp.asarray(divisors[(Ellipsis,) + trailing])
-    return cur.astype(x.dtype, copy=False)
+    return windows.narrowed(cur, x.dtype, xp)
 
 
 def _adaptive_spatial_spans(x, spec: S.AdaptiveSpec) -> list[list[_Span]]:

@@ -11,8 +11,11 @@ arrives, so they are already loaded: gpupool never loads them.
 * ``out=``: a tensor of the input's library on its device, written in place and returned
   itself. JAX arrays are immutable, so a JAX input takes no ``out``.
 * ``indices`` of :func:`gpupool.max_unpool`: a tensor of the input's library on its device.
-* dtypes: float16/32/64 and int8/uint8/int16/int32/int64 (which op takes which is the NumPy
-  rule); any other (bfloat16, complex, bool, float8, ...) is a ``TypeError`` before any work.
+* dtypes: float16/32/64, bfloat16 and int8/uint8/int16/int32/int64 (which op takes which is
+  the NumPy rule); any other (complex, bool, float8, ...) is a ``TypeError`` before any work.
+  NumPy and CuPy import no DLPack bfloat16, so a bfloat16 tensor travels as its int16 bits
+  (PyTorch: a view; JAX: a bitcast) and is viewed as ml_dtypes' bfloat16 (``pip install
+  "gpupool[bfloat16]"``), and results go back the same way.
 * Gradients: a PyTorch tensor that requires grad while grad mode is on, and a traced JAX value
   (inside ``jax.jit``, ``grad``, ``vmap``), go to the handler of their library in
   :data:`TRACKED_CALLS` (:mod:`gpupool.interop.autograd`: a ``torch.autograd.Function``;
@@ -38,6 +41,7 @@ from typing import Callable
 import numpy as np
 
 from .. import spec as S
+from ..arrays import dtype_name
 
 _CPU, _CUDA = 1, 2
 #: DLPack device types (``DLDeviceType``), for messages
@@ -171,7 +175,10 @@ def _view(func: str, lib: str, device: tuple[int, int], t, name: str):
                             f"place; pass a tensor without it (out.is_neg() False)")
         t = t.resolve_neg()
     xp = np if device[0] == _CPU else _cupy(func, name)
+    bfloat16 = _bfloat16(func, name) if dtype == "bfloat16" else None
     try:
+        if bfloat16 is not None:
+            return xp.from_dlpack(_bfloat16_bits(lib, t)).view(bfloat16)
         return xp.from_dlpack(t)
     except _EXPORT_ERRORS as e:
         raise TypeError(f"gpupool.{func}: {name} ({_TYPE_NAMES[lib]} of dtype {dtype}) cannot "
@@ -186,8 +193,31 @@ def _cupy(func: str, name: str):
                         f"pip install \"gpupool[cuda13]\" (or [cuda12])") from e
 
 
+def _bfloat16(func: str, name: str):
+    """ml_dtypes' bfloat16, the dtype NumPy and CuPy arrays of bfloat16 have."""
+    try:
+        return importlib.import_module("ml_dtypes").bfloat16
+    except ImportError as e:
+        raise TypeError(f"gpupool.{func}: {name} is bfloat16, which NumPy and CuPy hold as "
+                        f"ml_dtypes.bfloat16: pip install \"gpupool[bfloat16]\"") from e
+
+
+def _bfloat16_bits(lib: str, t):
+    """The bfloat16 tensor ``t`` as an int16 tensor of its bits (PyTorch: a view)."""
+    if lib == "torch":
+        return t.view(importlib.import_module("torch").int16)
+    jax = importlib.import_module("jax")
+    return jax.lax.bitcast_convert_type(t, jax.numpy.int16)
+
+
 def _to_library(lib: str, a):
     """The NumPy/CuPy result ``a`` as a tensor of ``lib`` on the same device."""
+    if dtype_name(a.dtype) == "bfloat16":
+        bits = _to_library(lib, a.view(np.int16))
+        if lib == "torch":
+            return bits.view(importlib.import_module("torch").bfloat16)
+        jnp = importlib.import_module("jax.numpy")
+        return importlib.import_module("jax").lax.bitcast_convert_type(bits, jnp.bfloat16)
     if lib == "torch":
         return importlib.import_module("torch").from_dlpack(a)
     return importlib.import_module("jax.numpy").from_dlpack(a)

@@ -1,4 +1,4 @@
-// Average and Lp pooling (float dtypes; half accumulates in float).
+// Average and Lp pooling (float dtypes; half and bfloat16 accumulate in float).
 //
 // Template parameters: T element type; I index type (int or long long, chosen on the host);
 // K the window size along H and W when both equal K and the host specialised it (0: run time);
@@ -47,8 +47,8 @@ __global__ void GP_WINDOW_BOUNDS(T, I, K && !(K == 3 && NHWC) ? 5 : 4)
 }
 
 // Lp pooling: (separable sum over the valid taps of |x|**p) ** (1/p), p > 0 finite (A is
-// float for half and float, double for double); +0 for a window with no valid tap. Geometry
-// as avg_pool.
+// float for half, bfloat16 and float, double for double); +0 for a window with no valid tap.
+// Geometry as avg_pool.
 template <typename T, typename I, int K, bool NHWC>
 __global__ void GP_WINDOW_BOUNDS(T, I, 5)
     lp_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I),

@@ -21,6 +21,10 @@ __device__ __forceinline__ void split_word(unsigned w, __half& lo, __half& hi) {
   lo = __ushort_as_half((unsigned short)(w & 0xffffu));
   hi = __ushort_as_half((unsigned short)(w >> 16));
 }
+__device__ __forceinline__ void split_word(unsigned w, __nv_bfloat16& lo, __nv_bfloat16& hi) {
+  lo = __ushort_as_bfloat16((unsigned short)(w & 0xffffu));
+  hi = __ushort_as_bfloat16((unsigned short)(w >> 16));
+}
 __device__ __forceinline__ void split_word(unsigned w, short& lo, short& hi) {
   lo = (short)(unsigned short)(w & 0xffffu);
   hi = (short)(unsigned short)(w >> 16);

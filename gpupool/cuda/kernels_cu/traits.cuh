@@ -1,12 +1,14 @@
 // Element traits of the kernels' types: the accumulator type of each element type, its lowest
 // value, the NaN test, the conversions in and out, and PyTorch's max rule.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 namespace gp {
 
-// Element traits. `acc` is the type a window is reduced in: float for half (exact for max,
-// float accumulation for sums), the element type itself otherwise (integers only ever take the
+// Element traits. `acc` is the type a window is reduced in: float for half and bfloat16 (exact
+// for max, float accumulation for sums; the result rounded once, to nearest even), the element
+// type itself otherwise (integers only ever take the
 // max path, which never does arithmetic).
 template <typename T> struct Num;
 
@@ -27,6 +29,15 @@ template <> struct Num<__half> {
   static __device__ __forceinline__ acc lowest() { return __int_as_float(0xff800000); }
   static __device__ __forceinline__ acc load(__half v) { return __half2float(v); }
   static __device__ __forceinline__ __half store(acc v) { return __float2half_rn(v); }
+  static __device__ __forceinline__ bool is_nan(acc v) { return isnan(v); }
+};
+
+// __float2bfloat16_rn gives 0x7FFF for every NaN (the NumPy backend rounds the same way).
+template <> struct Num<__nv_bfloat16> {
+  typedef float acc;
+  static __device__ __forceinline__ acc lowest() { return __int_as_float(0xff800000); }
+  static __device__ __forceinline__ acc load(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 store(acc v) { return __float2bfloat16_rn(v); }
   static __device__ __forceinline__ bool is_nan(acc v) { return isnan(v); }
 };
 

@@ -54,6 +54,7 @@
 #endif
 #include <unistd.h>
 
+#include "cuda_bf16.h"
 #include "cuda_fp16.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -617,7 +618,8 @@ constexpr char kind_of() {
   else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) return 'i';
   else if constexpr (std::is_integral_v<T>) return 'u';
   else {
-    static_assert(std::is_same_v<T, __half>, "kernel parameter of a type the executor does not model");
+    static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
+                  "kernel parameter of a type the executor does not model");
     return 'f';
   }
 }
