@@ -4,7 +4,7 @@ backward rows) at its --size large shape, from traces of the CUDA kernels on the
 (no GPU needed). Modeled, not measured.
 
 Each case of gpupool/bench/cases.py is traced at a smaller shape with the same launch plan
-(tests/cudacpu/benchmodel.py), its global loads and stores grouped into warp requests and
+(gpumodel/benchmodel.py), its global loads and stores grouped into warp requests and
 sectors (tests/cudacpu/traffic.py, where every constant of the time model is, with its
 source), and the counts scaled to the full shape. Per launch it reports sectors per request
 (actual / ideal), DRAM bytes against the ideal (input read once, output written once),
@@ -29,8 +29,6 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 RESULTS = os.path.join(HERE, "results")
 
 HEADER = ("MODELED, NOT MEASURED: an H100 SXM memory-traffic model of gpupool's CUDA kernels, "
@@ -99,7 +97,7 @@ def case_row(model) -> dict:
 
 
 def constants() -> dict:
-    from cudacpu import traffic
+    from gpumodel import traffic
     names = ("DRAM_PEAK", "DRAM_EFFICIENCY", "L2_BANDWIDTH", "SM_COUNT", "SM_CLOCK",
              "L1_WAVEFRONTS_PER_CLOCK", "DRAM_LATENCY", "LOOP_LOADS_IN_FLIGHT",
              "COMPILED_BATCH")
@@ -147,7 +145,7 @@ def table_rows(models) -> list[str]:
 
 
 def markdown(models, meta: dict) -> str:
-    from cudacpu import traffic
+    from gpumodel import traffic
     c = meta["constants"]
     lines = [
         f"# gpupool: modeled H100 memory traffic, benchmark suite at --size large "
@@ -195,8 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import platform
 
+    from gpumodel import benchmodel  # first: it puts the executor (cudacpu) in reach
+
     import cudacpu
-    from cudacpu import benchmodel, executor
+    from cudacpu import executor
 
     if args.beyond:
         cases, suffix = benchmodel.beyond_suite_cases(), "-beyond"
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     nvrtc = cudacpu.real_nvrtc()
     if nvrtc is not None:
-        from cudacpu import sass
+        from gpumodel import sass
         try:
             sass.nvdisasm()
         except FileNotFoundError as e:

@@ -1,4 +1,4 @@
-"""The memory-traffic model (tests/cudacpu/trace.py, traffic.py, sass.py, benchmodel.py): its
+"""The GPU time model (gpumodel: trace, traffic, sass, issue, benchmodel): its
 counts on hand-written kernels whose coalescing and compiled load batching are known, its time
 model, and a floor under every
 benchmark case's modeled bandwidth, so that a kernel or planner change that loses bandwidth
@@ -16,7 +16,8 @@ import pytest
 
 import conftest
 import cudacpu
-from cudacpu import benchmodel, executor, sass, trace, traffic
+from cudacpu import executor
+from gpumodel import benchmodel, sass, trace, traffic
 from gpupool import bench as benchmark
 from gpupool.cuda import planner
 

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import executor, installed_cupy, sass, trace, traffic
+from cudacpu import executor, installed_cupy
+
+from . import sass, trace, traffic
 
 
 def modeled_cases(ops=None) -> list:
@@ -357,7 +359,7 @@ def model_suite(cases, nvrtc=None, sites: bool = False,
                 min_planes: int = 1) -> list[CaseModel]:
     """The model of each case (see the module docstring). ``nvrtc``: CuPy's NVRTC pieces
     (:func:`cudacpu.real_nvrtc`) for register counts and the compiled load batching
-    (:mod:`cudacpu.sass`; nvdisasm missing: ``FileNotFoundError``); None: both unknown
+    (:mod:`gpumodel.sass`; nvdisasm missing: ``FileNotFoundError``); None: both unknown
     (occupancy from threads and blocks only, rounds from the trace only). ``sites``: name each
     load and store site by its source line (``LaunchModel.sites``). ``min_planes``: trace at
     least this many planes."""

@@ -1,4 +1,4 @@
-"""Memory traffic of a traced launch (:class:`cudacpu.trace.Launch`) and an H100 time model.
+"""Memory traffic of a traced launch (:class:`gpumodel.trace.Launch`) and an H100 time model.
 
 Counts (:func:`analyze`, at the traced size):
 
@@ -21,7 +21,7 @@ Counts (:func:`analyze`, at the traced size):
 * rounds: per warp and epoch, the waits for the main input (the largest array the kernel only
   reads). From the trace: its loads are sent together and waited for together, one round per
   epoch, or ``ceil(n / LOOP_LOADS_IN_FLIGHT)`` for a site a loop runs ``n`` times. From the
-  compiled code (:mod:`cudacpu.sass`, given as ``batching``): at least ``ceil(m / batch)``,
+  compiled code (:mod:`gpumodel.sass`, given as ``batching``): at least ``ceil(m / batch)``,
   for ``m`` the most loads (of every array) a thread of the warp made in the epoch and ``batch`` the
   kernel's compiled global loads per run (COMPILED_BATCH below). ``rounds`` sums them over warps;
   ``block_rounds`` sums, over blocks, the rounds of the block's slowest warp (a block holds its
@@ -70,7 +70,7 @@ DRAM_LATENCY = 700e-9
 #: Iterations of a run-time loop whose loads are in flight together (assumption: NVCC unrolls
 #: such loops by 4; ``#pragma unroll 4`` says so).
 LOOP_LOADS_IN_FLIGHT = 4
-#: How the compiled code's load runs (:mod:`cudacpu.sass`: global loads started before the
+#: How the compiled code's load runs (:mod:`gpumodel.sass`: global loads started before the
 #: first instruction that waits for one, per straight-line block) become rounds (assumption):
 #: an epoch of ``m`` loads per thread (of every array) takes at least ``ceil(m / batch)`` rounds.
 #: ``batch`` is global loads / runs over the blocks of the fewest loads that are at least
@@ -224,8 +224,8 @@ def virtual_addresses(launch, addr):
 
 
 def analyze(launch, batching=None) -> Traffic:
-    """The counts of ``launch`` (a :class:`cudacpu.trace.Launch`); ``batching``: the kernel's
-    compiled loads (:class:`cudacpu.sass.LoadBatching`), None: the trace's rounds only (loads
+    """The counts of ``launch`` (a :class:`gpumodel.trace.Launch`); ``batching``: the kernel's
+    compiled loads (:class:`gpumodel.sass.LoadBatching`), None: the trace's rounds only (loads
     as batched as the trace allows)."""
     c = launch.columns()
     n = len(c["addr"])
@@ -458,7 +458,7 @@ def registers(nvrtc, source: str, names, arch: str = sass.ARCH) -> dict[str, tup
 
 def register_usage(compiled: sass.Compiled) -> dict[str, tuple[int, int]]:
     """Name expression -> (registers per thread, static shared bytes) from the ptxas report
-    of a :func:`cudacpu.sass.compile_kernels` compile."""
+    of a :func:`gpumodel.sass.compile_kernels` compile."""
     used, current = {}, None
     for line in compiled.log.splitlines():
         m = re.search(r"Compiling entry function '(\S+)'", line)

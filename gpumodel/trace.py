@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import executor
+from cudacpu import executor
 
 RUNTIME = Path(__file__).resolve().parent / "trace_rt.h"
 #: one record of trace_rt.h
@@ -127,7 +127,7 @@ class Recorder:
 
     def __enter__(self) -> "Recorder":
         if executor.tracer is not None:
-            raise RuntimeError("cudacpu.trace: a recorder is already active")
+            raise RuntimeError("gpumodel.trace: a recorder is already active")
         self._saved_workers = os.environ.get("CUDACPU_WORKERS")
         os.environ["CUDACPU_WORKERS"] = "1"
         executor.tracer = self
@@ -150,14 +150,14 @@ class Recorder:
         try:
             start = lib.cudacpu_trace_begin
         except AttributeError:
-            raise RuntimeError(f"cudacpu.trace: {kernel.name} was built before the recorder "
+            raise RuntimeError(f"gpumodel.trace: {kernel.name} was built before the recorder "
                                f"was active (not a trace build)") from None
         start.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2 + [ctypes.c_int]
         n = max(1, len(ranges))
         lo = (ctypes.c_uint64 * n)(*[a for a, _ in ranges])
         hi = (ctypes.c_uint64 * n)(*[a + nb for a, nb in ranges])
         if start(lo, hi, len(ranges)):
-            raise RuntimeError(f"cudacpu.trace: {kernel.name} has too many array arguments")
+            raise RuntimeError(f"gpumodel.trace: {kernel.name} has too many array arguments")
         pointer_params = [p for p in kernel.params if p.kind == "p"]
         arrays = [Array(a, nb, p.const) for (a, nb), p in zip(ranges, pointer_params)]
         self._pending = (tuple((tuple(grid) + (1, 1, 1))[:3]),
@@ -171,7 +171,7 @@ class Recorder:
         lib.cudacpu_trace_records.restype = ctypes.c_void_p
         lib.cudacpu_trace_base.restype = ctypes.c_uint64
         if lib.cudacpu_trace_overflow():
-            raise MemoryError(f"cudacpu.trace: {kernel.name}: the trace did not fit in memory")
+            raise MemoryError(f"gpumodel.trace: {kernel.name}: the trace did not fit in memory")
         count = lib.cudacpu_trace_count()
         records = np.zeros(0, RECORD)
         if count:
