@@ -109,7 +109,8 @@ def build_library(code: str, names: tuple[str, ...], build: executor.Build,
     """The trace build of ``code`` with launchers for ``names`` (as
     :func:`executor.build_library`; cached). Always ``-O1`` (unrolling needs optimisation) and
     without ``build``'s sanitizers; ``build`` gives the compiler."""
-    unit = executor.translation_unit(names, defines) + f'#include "{RUNTIME.name}"\n'
+    unit = executor.translation_unit(names, defines + ("CUDACPU_TRACE",)) + \
+        f'#include "{RUNTIME.name}"\n'
     flags = executor.Build("-O1", "", build.cxx).flags() + [
         "-g1", "-gdwarf-4", "-fsanitize=thread", "-static-libtsan", f"-I{RUNTIME.parent}"]
     return executor.compile_cached(build.cxx, flags, unit, trace_source(code), "trace_",
@@ -175,7 +176,10 @@ class Recorder:
         count = lib.cudacpu_trace_count()
         records = np.zeros(0, RECORD)
         if count:
-            raw = ctypes.string_at(lib.cudacpu_trace_records(), count * RECORD.itemsize)
+            # not ctypes.string_at: it takes the size as a C int, so a trace past 2 GiB
+            # came back cut to a size that is no multiple of a record
+            raw = (ctypes.c_char * (count * RECORD.itemsize)).from_address(
+                lib.cudacpu_trace_records())
             records = np.frombuffer(raw, RECORD).copy()
         grid, block, arrays = self._pending
         self.launches.append(Launch(kernel.name, grid, block, arrays, records,
