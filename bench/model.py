@@ -135,7 +135,7 @@ def markdown(sections, skipped, meta, devices) -> str:
              f" TB/s). Time = the largest of the DRAM, L2, L1, latency and issue limits, plus "
              f"the fixed cost, per launch (gpumodel/device.py names every constant and its "
              f"source). Warp instructions per output: executed warp instructions (the SASS path "
-             f"each warp takes, gpumodel/issue.py) over the output's elements. % of triad time: "
+             f"each warp takes, gpumodel/instructions.py) over the output's elements. % of triad time: "
              f"the ideal bytes (input read once, output written once) at the triad bandwidth "
              f"over the modeled time. Ratio: modeled {devices[0].label()} time over the fastest "
              f"published kernel's time (best-public.json; some of those ran at unstated clocks, "

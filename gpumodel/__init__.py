@@ -4,7 +4,7 @@ Each kernel is compiled as gpupool's CUDA backend compiles it (NVRTC, sm_90) and
 (:mod:`gpumodel.sass`); it runs on the project's CPU executor (``tests/cudacpu``, the harness
 the GPU tests run on), whose trace builds record every global load and store
 (:mod:`gpumodel.trace`). From the trace and the machine code: memory traffic
-(:mod:`gpumodel.traffic`), executed warp instructions (:mod:`gpumodel.issue`), and a time on a
+(:mod:`gpumodel.traffic`), executed warp instructions (:mod:`gpumodel.instructions`), and a time on a
 device profile (:mod:`gpumodel.device`) whose fitted constants come from published H200
 measurements (:mod:`gpumodel.calibration`). :mod:`gpumodel.benchmodel` applies it to the
 benchmark suite.

@@ -31,7 +31,7 @@ import numpy as np
 from cudacpu import executor, installed_cupy
 
 from . import device as devices
-from . import issue, sass, trace, traffic
+from . import instructions, sass, trace, traffic
 from .counts import Counts, launch_counts
 
 
@@ -442,7 +442,7 @@ def model_suite(cases, nvrtc, sites: bool = False,
                 min_planes: int = 1) -> list[CaseModel]:
     """The model of each case (see the module docstring). ``nvrtc``: CuPy's NVRTC pieces
     (:func:`cudacpu.real_nvrtc`) for the machine code: registers, load batching, control flow
-    (:mod:`gpumodel.sass`, :mod:`gpumodel.issue`; nvdisasm missing: ``FileNotFoundError``).
+    (:mod:`gpumodel.sass`, :mod:`gpumodel.instructions`; nvdisasm missing: ``FileNotFoundError``).
     ``sites``: name each load and store site by its source line (``LaunchModel.sites``).
     ``min_planes``: trace at least this many planes."""
     from gpupool import bench as benchmark
@@ -462,7 +462,7 @@ def model_suite(cases, nvrtc, sites: bool = False,
             registers.update(traffic.register_usage(compiled))
             batching.update(sass.load_batching(compiled))
             code = sass.disassemble(compiled.cubin)
-            flows.update({n: issue.control_flow(code[m]) for n, m in compiled.mangled.items()})
+            flows.update({n: instructions.control_flow(code[m]) for n, m in compiled.mangled.items()})
     rng = np.random.default_rng(0)
     models = []
     with tracing(names_by_file) as recorder:
@@ -492,3 +492,32 @@ def model_suite(cases, nvrtc, sites: bool = False,
             models.append(CaseModel(case, full_shape(case), shape, sms, scale, ideal, outputs,
                                     launches))
     return models
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A case's calibrated model on one device."""
+
+    case: str
+    seconds: float
+    bound: str  # dram, l2, l1, latency or issue: the limit of its longest launch
+    warp_instructions_per_output: float
+    percent_of_triad: float  # the ideal bytes' time at the triad bandwidth, of the time
+    memory_floor_seconds: float  # the ideal bytes at the triad bandwidth + the fixed costs
+
+
+def estimate(cases, nvrtc, device: devices.Device | None = None) -> list[Estimate]:
+    """The calibrated time, binding limit and executed warp instructions per output of each
+    case (a :mod:`gpupool.bench` case or a :class:`WorkloadCase`) on ``device`` (default: an
+    H200 at 1500 MHz), as gpupool's kernels compile now. ``nvrtc``: CuPy's NVRTC pieces
+    (:func:`cudacpu.real_nvrtc`, taken before :func:`cudacpu.install`, which the model needs).
+
+    >>> nvrtc = cudacpu.real_nvrtc(); cudacpu.install()  # doctest: +SKIP
+    >>> estimate(workload_cases(calibration.calibration_file("workloads.json")), nvrtc)
+    ... # doctest: +SKIP
+    """
+    device = device or devices.h200()
+    return [Estimate(m.case.name, m.seconds(device), m.bound(device),
+                     m.warp_instructions / m.outputs, m.percent_of_triad(device),
+                     m.floor_seconds(device))
+            for m in model_suite(list(cases), nvrtc)]

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from . import device as devices
-from . import issue, sass, trace, traffic
+from . import instructions, sass, trace, traffic
 from .counts import Counts, launch_counts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,7 +216,7 @@ def _compiled(names: tuple) -> tuple[dict, dict, dict]:
             raise RuntimeError("gpumodel.calibration: CuPy's NVRTC is not importable")
         compiled = sass.compile_kernels(nvrtc, calibration_file(SOURCE).read_text(), names)
     code = sass.disassemble(compiled.cubin)
-    flows = {n: issue.control_flow(code[m]) for n, m in compiled.mangled.items()}
+    flows = {n: instructions.control_flow(code[m]) for n, m in compiled.mangled.items()}
     return flows, sass.load_batching(compiled), traffic.register_usage(compiled)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import device as devices
-from . import issue, traffic
+from . import instructions, traffic
 
 
 @dataclass
@@ -15,14 +15,14 @@ class Counts:
 
     kernel: str
     warp_instructions: float
-    unmatched: float  # trace accesses no path of the machine code makes (issue.IssueCount)
+    unmatched: float  # trace accesses no path of the machine code makes (instructions.IssueCount)
     dram_bytes: float
     l2_bytes: float
     l1_wavefronts: float
     block_rounds: float  # in DRAM latencies (traffic.Traffic.block_rounds)
     blocks: int
     traffic: traffic.Traffic  # traced size
-    issue: issue.IssueCount  # traced size
+    issue: instructions.IssueCount  # traced size
     occupancy: traffic.Occupancy
     registers: int | None
     shared: int
@@ -35,14 +35,14 @@ class Counts:
             warp_instructions=self.warp_instructions)
 
 
-def launch_counts(launch, flow: issue.ControlFlow, batching, usage, work: float,
+def launch_counts(launch, flow: instructions.ControlFlow, batching, usage, work: float,
                   dram_scales, full_blocks: int) -> Counts:
     """The full-size counts of a traced ``launch`` whose blocks each do the work they do at
     full size: ``work``, full over traced amount of it; ``dram_scales``, per array argument,
     full over traced size; ``flow``, ``batching``, ``usage``: the kernel's control flow, load
     batching and (registers, shared bytes) from its machine code."""
     t = traffic.analyze(launch, batching)
-    count = issue.count(launch, flow)
+    count = instructions.count(launch, flow)
     registers, shared = usage if usage else (None, 0)
     occ = traffic.occupancy(launch.threads_per_block, registers, shared)
     return Counts(launch.name, work * count.warp_instructions, work * count.unmatched,

@@ -10,7 +10,7 @@ A launch's time (:func:`launch_time`) is the largest of its limits, plus a fixed
 * latency: the waits of each resident block's slowest warp (Little's law; a round of loads
   waits DRAM_LATENCY when one misses L1, L1_LATENCY when all hit, see
   :mod:`gpumodel.traffic`), over the resident blocks;
-* issue: its executed warp instructions (:mod:`gpumodel.issue`) at one per scheduler per
+* issue: its executed warp instructions (:mod:`gpumodel.instructions`) at one per scheduler per
   clock, over ISSUE_EFFICIENCY;
 
 and LAUNCH_SECONDS, the part of a kernel's device time no limit sees: launch, the last

@@ -555,3 +555,15 @@ def test_avg_pool_output_stores_reach_the_trace(dtype):
     c = launch.columns()
     assert int(c["write"].sum()) == y.size
     assert set(c["size"][c["write"] == 1].tolist()) == {y.itemsize}
+
+
+@executor_only
+def test_estimate_gives_the_calibrated_time_bound_and_instructions(suite):
+    name = "seed [64,7,7] global avg"
+    (e,) = benchmodel.estimate([c for c in benchmodel.modeled_cases() if c.name == name],
+                               conftest.REAL_NVRTC)
+    m, d = suite[name], devices.h200()
+    assert (e.case, e.bound) == (name, m.bound(d))
+    assert e.seconds == pytest.approx(m.seconds(d))
+    assert e.warp_instructions_per_output == pytest.approx(m.warp_instructions / m.outputs)
+    assert e.seconds >= e.memory_floor_seconds

@@ -1,4 +1,4 @@
-"""The executed-instruction count of the GPU model (gpumodel.issue): hand-written kernels
+"""The executed-instruction count of the GPU model (gpumodel.instructions): hand-written kernels
 whose executed warp instructions follow from their machine code by construction (straight
 code, loops of one iteration per load, a loop nest), and the counts ncu published for
 PyTorch's average-pool kernel (../shared/calibration/measured.json notes). The kernels are
@@ -11,7 +11,7 @@ import pytest
 
 import conftest
 from cudacpu import executor, installed_cupy
-from gpumodel import calibration, issue, sass, trace
+from gpumodel import calibration, instructions, sass, trace
 
 pytestmark = [
     pytest.mark.skipif(executor.host_compiler_reason() is not None,
@@ -68,8 +68,8 @@ def compiled():
     with installed_cupy():
         code = sass.compile_kernels(conftest.REAL_NVRTC, SOURCE, NAMES)
     text = sass.disassemble(code.cubin)
-    flows = {n: issue.control_flow(text[code.mangled[n]]) for n in NAMES}
-    parsed = {n: issue.parse(text[code.mangled[n]])[0] for n in NAMES}
+    flows = {n: instructions.control_flow(text[code.mangled[n]]) for n in NAMES}
+    parsed = {n: instructions.parse(text[code.mangled[n]])[0] for n in NAMES}
     with trace.Recorder():
         lib = executor.Library(executor.build_library(SOURCE, NAMES, executor.Build.from_env()),
                                NAMES)
@@ -81,7 +81,7 @@ def counted(compiled, name, args, blocks=BLOCKS):
     with trace.Recorder() as recorder:
         lib.kernel(name)((blocks,), (THREADS,), args)
     (launch,) = recorder.launches
-    return issue.count(launch, flows[name])
+    return instructions.count(launch, flows[name])
 
 
 def test_straight_code_runs_every_instruction_to_the_exit_once_per_warp(compiled):
@@ -165,7 +165,7 @@ def test_warps_past_the_end_take_the_shortest_way_out(compiled):
 
 #: ncu's issued instructions of PyTorch's avg_pool2d_out_cuda_frame<Half, float> on two
 #: measured workloads (measured.json notes), and the share of them the count reaches: the
-#: count is of one path per warp (see gpumodel.issue: a window's taps spread over its rows'
+#: count is of one path per warp (see gpumodel.instructions: a window's taps spread over its rows'
 #: unrolled bodies, divergent sides not counted), so it stays below ncu's.
 NCU_ISSUED = {"vision-3x3-s2": 4.24e6, "ceil-divisor": 3.28e6}
 NCU_SHARE = (0.6, 1.0)

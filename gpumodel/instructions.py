@@ -149,7 +149,7 @@ def _blocks(code, labels, start: int, end: int) -> list[Block]:
         last = body[-1]
         nxt = [k + 1] if k + 1 < len(starts) else []
         if last.base in ("BRX", "JMX", "JMP"):
-            raise ValueError(f"gpumodel.issue: indirect branch {last.opcode} at "
+            raise ValueError(f"gpumodel.instructions: indirect branch {last.opcode} at "
                              f"{last.address:#x} is not modeled")
         if last.base == "BRA":
             succ = [index[labels[last.target]]] + (nxt if last.guarded else [])
@@ -260,7 +260,7 @@ def _solve(blocks, costs, targets, passes=()) -> tuple[float, float]:
     done = milp(objective, constraints=constraints, integrality=np.ones(n_vars),
                 bounds=(0, np.inf))
     if done.x is None:
-        raise RuntimeError(f"gpumodel.issue: no path through the kernel ({done.message})")
+        raise RuntimeError(f"gpumodel.instructions: no path through the kernel ({done.message})")
     flow = np.round(done.x)
     return (float(objective[:n_edges] @ flow[:n_edges]),
             float(flow[n_edges:n_edges + 2 * len(classes)].sum()))
