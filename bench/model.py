@@ -25,22 +25,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import sys
 import time
-
-import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 HEADER = ("MODELED, NOT MEASURED: gpumodel's time model of gpupool's CUDA kernels (machine code "
           "from NVRTC, traces from the CPU executor), calibrated on published H200 measurements "
           "of PyTorch's pooling kernels; no GPU ran these figures.")
-#: Cases whose only traceable shape is too large to trace here (no smaller shape has their
-#: launch plan): bytes of traced input above which a case is left out, with the reason.
-TRACE_BUDGET = 64 << 20
 
 
 def output_stem(results_dir: str, suffix: str = "", date: datetime.date | None = None) -> str:
@@ -210,13 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         for case in benchmodel.workload_cases(calibration.calibration_file("workloads.json")):
             if not selected(case, args.ops):
                 continue
-            planes, _, _ = benchmodel.matching_scale(case)
-            per_plane = math.prod(case.sample) // benchmodel.plane_count(case, case.sample)
-            traced = planes * per_plane * np.dtype(case.dtype).itemsize
-            if traced > TRACE_BUDGET:
-                skipped.append((case.name, f"no smaller shape has its launch plan, and its "
-                                           f"trace at full size ({traced >> 20} MiB of input) "
-                                           f"is beyond this tool's budget"))
+            try:
+                planes, _, full = benchmodel.matching_scale(case)
+                benchmodel.block_limit(case, planes, full)
+            except LookupError as e:
+                skipped.append((case.name, str(e)))
                 continue
             workloads.append(case)
     if not suite and not workloads:

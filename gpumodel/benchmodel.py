@@ -15,7 +15,9 @@ such a plan that fills whole warps (:func:`plane_quantum`) and gives every array
 with it a multiple of 256 bytes (so each plane meets the sector grid as at full size). Each
 block then does the work it does at full size: the traced counts are multiplied by the ratio
 of the input sizes, DRAM sectors by each array's own ratio (a table does not grow), and the
-full plan's grid bounds the resident warps.
+full plan's grid bounds the resident warps. A case whose traced input is still above
+TRACED_BYTES (no smaller shape has its plan) runs whole and records the blocks of a few whole
+planes only (:func:`block_limit`); its counts are multiplied by blocks over recorded blocks.
 """
 from __future__ import annotations
 
@@ -303,6 +305,28 @@ def matching_scale(case, min_planes: int = 1) -> tuple[int, int, list[PlannedLau
     raise LookupError(f"{case.name}: no smaller shape has the full shape's launch plan")
 
 
+#: Input bytes of a traced shape above which a case records only some of its planes' blocks
+#: (:func:`block_limit`): a trace holds some 24 bytes per access.
+TRACED_BYTES = 4 << 20
+
+
+def block_limit(case, planes: int, full: list[PlannedLaunch]) -> int | None:
+    """The blocks whose accesses the trace of ``case`` at ``planes`` planes records: None
+    (all) when its input is at most TRACED_BYTES; else, for a single launch whose grid's y
+    walks the planes (the blocks of a plane alike), the blocks of as many whole planes as
+    TRACED_BYTES holds (the counts are multiplied by blocks over recorded blocks: exact, since
+    planes are alike). ``LookupError`` for a case too large that does not walk planes so."""
+    per_plane = math.prod(full_shape(case)) // plane_count(case, full_shape(case))
+    traced = planes * per_plane * np.dtype(case.dtype).itemsize
+    if traced <= TRACED_BYTES:
+        return None
+    if len(full) != 1 or full[0].grid[1] != planes or full[0].grid[2] != 1:
+        raise LookupError(f"{case.name}: its trace ({traced >> 20} MiB of input) is too large "
+                          f"and its grid does not walk its planes along y")
+    keep = max(1, planes * TRACED_BYTES // traced)
+    return full[0].grid[0] * keep
+
+
 def source_lines(source_file: str) -> list[str]:
     """``file:line`` of each line of the text gpupool compiles for ``source_file``
     (``cuda_backend.source``: its defines, then the file with its includes inlined); "" for
@@ -473,7 +497,9 @@ def model_suite(cases, nvrtc, sites: bool = False,
             with sm_count(sms):
                 f, read = prepared_call(case, x)
                 first = len(recorder.launches)
+                recorder.block_limit = block_limit(case, planes, full)
                 result = f()
+                recorder.block_limit = None
             traced = recorder.launches[first:]
             if [(la.name, la.block) for la in traced] != [(la.name, la.block) for la in full]:
                 raise AssertionError(f"{case.name}: the traced launches are not the plan's")
@@ -481,9 +507,11 @@ def model_suite(cases, nvrtc, sites: bool = False,
             ideal = scale * (read + benchmark.output_bytes(result))
             launches = []
             for la, plan in zip(traced, full):
+                sampled = la.blocks / la.recorded_blocks
                 counts = launch_counts(
-                    la, flows[la.name], batching[la.name], registers.get(la.name), scale,
-                    [f / a.nbytes for f, a in zip(plan.arrays, la.arrays)],
+                    la, flows[la.name], batching[la.name], registers.get(la.name),
+                    scale * sampled,
+                    [sampled * f / a.nbytes for f, a in zip(plan.arrays, la.arrays)],
                     math.prod(plan.grid))
                 lines = _site_labels(la, counts.traffic, plan.source_file) if sites else {}
                 launches.append(LaunchModel(la.name, plan.grid, la.block, counts,

@@ -282,7 +282,7 @@ def count(launch, flow: ControlFlow) -> IssueCount:
     (every lane out of range) takes the shortest path to an exit."""
     r = traffic.warp_requests(launch)
     warps_per_block = -(-launch.threads_per_block // traffic.WARP)
-    warps = launch.blocks * warps_per_block
+    warps = launch.recorded_blocks * warps_per_block
     warp_id = r["block"] * warps_per_block + r["warp"]
     per_warp: dict[int, list] = {}
     if len(warp_id):

@@ -57,6 +57,7 @@ class Launch:
     records: np.ndarray
     library: Path
     base: int  # load address of the library: a site minus base is an offset in the file
+    recorded_blocks: int  # the blocks of the lowest linear indices whose accesses it holds
 
     @property
     def threads_per_block(self) -> int:
@@ -121,8 +122,11 @@ class Recorder:
     """Context manager: while inside, the executor builds trace libraries and every launch is
     recorded into ``launches``. Not reentrant; one recorder at a time."""
 
-    def __init__(self):
+    def __init__(self, block_limit: int | None = None):
+        """``block_limit``: record only the blocks of a lower linear index (x + grid x *
+        (y + grid y * z)) of each launch; None: every block."""
         self.launches: list[Launch] = []
+        self.block_limit = block_limit
         self._pending = None
         self._saved_workers = None
 
@@ -159,6 +163,9 @@ class Recorder:
         hi = (ctypes.c_uint64 * n)(*[a + nb for a, nb in ranges])
         if start(lo, hi, len(ranges)):
             raise RuntimeError(f"gpumodel.trace: {kernel.name} has too many array arguments")
+        lib.cudacpu_trace_block_limit.argtypes = [ctypes.c_uint32]
+        lib.cudacpu_trace_block_limit(0xFFFFFFFF if self.block_limit is None
+                                      else self.block_limit)
         pointer_params = [p for p in kernel.params if p.kind == "p"]
         arrays = [Array(a, nb, p.const) for (a, nb), p in zip(ranges, pointer_params)]
         self._pending = (tuple((tuple(grid) + (1, 1, 1))[:3]),
@@ -182,5 +189,7 @@ class Recorder:
                 lib.cudacpu_trace_records())
             records = np.frombuffer(raw, RECORD).copy()
         grid, block, arrays = self._pending
+        blocks = grid[0] * grid[1] * grid[2]
         self.launches.append(Launch(kernel.name, grid, block, arrays, records,
-                                    kernel.library.path, int(lib.cudacpu_trace_base())))
+                                    kernel.library.path, int(lib.cudacpu_trace_base()),
+                                    min(blocks, self.block_limit or blocks)))

@@ -567,3 +567,31 @@ def test_estimate_gives_the_calibrated_time_bound_and_instructions(suite):
     assert e.seconds == pytest.approx(m.seconds(d))
     assert e.warp_instructions_per_output == pytest.approx(m.warp_instructions / m.outputs)
     assert e.seconds >= e.memory_floor_seconds
+
+
+def test_a_recorder_with_a_block_limit_records_the_first_blocks_only(lib):
+    x = np.arange(N, dtype=np.float32)
+    y = np.empty(N, np.float32)
+    with trace.Recorder(block_limit=3) as recorder:
+        lib.kernel("copy_kernel<float>")((N // 256,), (256,),
+                                         (x, y, np.int32(N), np.int32(0), np.int32(1)))
+    (launch,) = recorder.launches
+    np.testing.assert_array_equal(y, x)  # every block ran
+    assert launch.recorded_blocks == 3 and launch.blocks == N // 256
+    assert sorted(set(launch.columns()["block"].tolist())) == [0, 1, 2]
+    assert len(launch.records) == 2 * 3 * 256
+
+
+@executor_only
+def test_a_3d_max_too_large_to_trace_whole_records_whole_planes():
+    """The model of a 3-D max pool of (2, 64, 32, 112, 112), 3x3x3 s2 p1 ceil (no smaller
+    shape has its launch plan) failed reading its trace of several GiB; it now records the
+    blocks of a few whole planes."""
+    case = benchmodel.WorkloadCase("medicalnet stem", "max", (2, 64, 32, 112, 112), "float16",
+                                   (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), True)
+    planes, _, full = benchmodel.matching_scale(case)
+    (plan,) = full
+    limit = benchmodel.block_limit(case, planes, full)
+    assert limit % plan.grid[0] == 0 and plan.grid[1] == planes == 128
+    kept = limit // plan.grid[0]
+    assert 1 <= kept and kept * 32 * 112 * 112 * 2 <= benchmodel.TRACED_BYTES
