@@ -1,22 +1,23 @@
 #!/usr/bin/env python3
-"""Modeled H100 memory traffic and bandwidth of every benchmark case (the suite's and the
-backward rows) at its --size large shape, from traces of the CUDA kernels on the CPU executor
-(no GPU needed). Modeled, not measured.
+"""The calibrated GPU time model (gpumodel) of every benchmark case (the suite's and the
+backward rows, at their --size large shape) and of every published TileOPs pooling workload
+gpupool runs (../shared/calibration/workloads.json, with its semantics). Modeled, not
+measured: no GPU ran these figures.
 
-Each case of gpupool/bench/cases.py is traced at a smaller shape with the same launch plan
-(tests/cudacpu/benchmodel.py), its global loads and stores grouped into warp requests and
-sectors (tests/cudacpu/traffic.py, where every constant of the time model is, with its
-source), and the counts scaled to the full shape. Per launch it reports sectors per request
-(actual / ideal), DRAM bytes against the ideal (input read once, output written once),
-registers (ptxas, through CuPy's NVRTC when installed) and occupancy, the compiled code's
-global loads per run (nvdisasm of the same compile, tests/cudacpu/sass.py), the modeled time's
-bound (dram, l2, l1, latency) and the bandwidth the op shows as a percentage of DRAM peak.
+Each case is traced at a smaller shape with the same launch plan on the CPU executor, its
+kernels compiled as the CUDA backend compiles them (NVRTC, sm_90) and disassembled; the
+counts are scaled to the full shape (gpumodel.benchmodel). Per case it prints the calibrated
+time on an H200 and an H100 SXM at the same SM clock (1500 MHz: the clock of the published
+measurements), the binding limit (dram, l2, l1, latency, issue), executed warp instructions
+per output element, the time of the case's ideal bytes at the DRAM triad bandwidth as a
+percentage of the modeled time, and, for a published workload, the modeled time over the
+fastest published kernel's (best-public.json).
 
-Results go to bench/results/model-h100-large-<date>.{json,md} (-partial with --ops, -beyond
-with --beyond: cases outside the suite); an existing file is not overwritten without --force.
+Results go to bench/results/model-<date>.{json,md} (-partial with --ops, -beyond with
+--beyond: cases outside the suite); an existing file is not overwritten without --force.
 
   python bench/model.py
-  python bench/model.py --ops max --sites
+  python bench/model.py --ops max --clock 1980
   python bench/model.py --beyond
 """
 from __future__ import annotations
@@ -25,22 +26,20 @@ import argparse
 import datetime
 import json
 import os
+import platform
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 RESULTS = os.path.join(HERE, "results")
-
-HEADER = ("MODELED, NOT MEASURED: an H100 SXM memory-traffic model of gpupool's CUDA kernels, "
-          "from traces on the CPU executor (tests/cudacpu); no GPU ran these figures.")
+HEADER = ("MODELED, NOT MEASURED: gpumodel's time model of gpupool's CUDA kernels (machine code "
+          "from NVRTC, traces from the CPU executor), calibrated on published H200 measurements "
+          "of PyTorch's pooling kernels; no GPU ran these figures.")
 
 
 def output_stem(results_dir: str, suffix: str = "", date: datetime.date | None = None) -> str:
-    """The results path without extension (``suffix``: "-partial", "-beyond" or none)."""
     date = date or datetime.date.today()
-    return os.path.join(results_dir, f"model-h100-large-{date.isoformat()}{suffix}")
+    return os.path.join(results_dir, f"model-{date.isoformat()}{suffix}")
 
 
 def short(name: str) -> str:
@@ -51,129 +50,97 @@ def short(name: str) -> str:
     return name
 
 
-def per_request(sectors: int, requests: int) -> str:
-    return f"{sectors / requests:.2f}" if requests else "-"
+def fastest_public(best: list[dict], case) -> dict | None:
+    """The fastest published non-PyTorch kernel on ``case``'s workload (bfloat16 rows count
+    for float16: gpupool runs bfloat16 workloads as float16)."""
+    if not getattr(case, "workload", ""):
+        return None
+    op, label = case.workload.split(" ", 1)
+    dtypes = {case.dtype} | ({"bfloat16"} if case.dtype == "float16" else set())
+    rows = [r for r in best if r["op"] == op and r["workload"] == label
+            and r["dtype"] in dtypes and bool(r["indices"]) == case.indices]
+    return min(rows, key=lambda r: r["time_us"]) if rows else None
 
 
-def launch_row(model, la) -> dict:
-    """One launch of a case model, as JSON."""
-    t = la.traffic
-    return {
-        "kernel": la.name, "grid": list(la.grid), "block": list(la.block),
-        "registers": la.registers, "shared_bytes": la.shared,
-        "compiled_load_blocks": [list(b) for b in la.batching.blocks] if la.batching else None,
-        "compiled_loads_per_run": la.traffic.batch,
-        "blocks_per_sm": la.occupancy.blocks_per_sm, "occupancy": la.occupancy.fraction,
-        "occupancy_limiter": la.occupancy.limiter,
-        "traced": {"load_requests": t.load_requests, "load_sectors": t.load_sectors,
-                   "load_ideal_sectors": t.load_ideal, "store_requests": t.store_requests,
-                   "store_sectors": t.store_sectors, "store_ideal_sectors": t.store_ideal,
-                   "dram_read_sectors": t.dram_read_sectors,
-                   "dram_write_sectors": t.dram_write_sectors,
-                   "l2_read_sectors": t.l2_read_sectors, "l2_write_sectors": t.l2_write_sectors,
-                   "l1_wavefronts": t.l1_wavefronts, "rounds": t.rounds,
-                   "block_rounds": t.block_rounds,
-                   "most_loads_per_thread_and_epoch": t.epoch_loads},
-        "dram_bytes": la.dram_bytes,
-        "seconds": {"dram": la.time.dram, "l2": la.time.l2, "l1": la.time.l1,
-                    "latency": la.time.latency},
-        "dram_bytes_in_flight": la.time.bytes_in_flight,
-        "bound": la.time.bound,
-        "sites": [{"source": la.sites.get(s.site, hex(s.site)), "write": s.write,
-                   "array": s.array, "requests": s.requests,
-                   "sectors_per_request": s.sectors / s.requests,
-                   "ideal_per_request": s.ideal / s.requests, "lanes": s.lanes}
-                  for s in la.traffic.sites] if la.sites else [],
-    }
+def selected(case, ops) -> bool:
+    """Whether ``--ops`` (None: every case) names the case's op or a part of its name."""
+    return ops is None or any(o == case.op or o in case.name for o in ops)
 
 
-def case_row(model) -> dict:
-    return {
+def case_row(model, devices, best) -> dict:
+    """One case as JSON: per device its time, bound and limits; its counts."""
+    first = devices[0]
+    public = fastest_public(best, model.case)
+    row = {
         "case": model.case.name, "shape": list(model.shape),
-        "traced_shape": list(model.traced_shape), "traced_sm_count": model.sms,
-        "scale": model.scale, "ideal_bytes": model.ideal_bytes,
-        "dram_bytes": model.dram_bytes, "seconds": model.seconds, "bound": model.bound,
-        "percent_of_dram_peak": model.percent_of_peak,
-        "launches": [launch_row(model, la) for la in model.launches],
+        "traced_shape": list(model.traced_shape), "dtype": model.case.dtype,
+        "outputs": model.outputs, "ideal_bytes": model.ideal_bytes,
+        "dram_bytes": model.dram_bytes, "warp_instructions": model.warp_instructions,
+        "warp_instructions_per_output": model.warp_instructions / model.outputs,
+        "devices": {d.label(): {
+            "seconds": model.seconds(d), "bound": model.bound(d),
+            "percent_of_triad_time": model.percent_of_triad(d),
+            "memory_floor_seconds": model.floor_seconds(d)} for d in devices},
+        "launches": [{
+            "kernel": la.name, "grid": list(la.grid), "block": list(la.block),
+            "registers": la.counts.registers, "occupancy": la.counts.occupancy.fraction,
+            "warp_instructions": la.counts.warp_instructions,
+            "unmatched_accesses": la.counts.unmatched, "dram_bytes": la.counts.dram_bytes,
+            "compiled_loads_per_run": la.traffic.batch,
+            "limits_seconds": {d.label(): la.counts.time(d).limits for d in devices},
+            "sites": [{"source": la.sites.get(s.site, hex(s.site)), "write": s.write,
+                       "requests": s.requests, "sectors_per_request": s.sectors / s.requests}
+                      for s in la.traffic.sites] if la.sites else [],
+        } for la in model.launches],
     }
+    if public:
+        row["fastest_public"] = {k: public[k] for k in ("impl", "time_us", "clock", "source")}
+        row["ratio_to_fastest_public"] = model.seconds(first) * 1e6 / public["time_us"]
+    return row
 
 
-def constants() -> dict:
-    from cudacpu import traffic
-    names = ("DRAM_PEAK", "DRAM_EFFICIENCY", "L2_BANDWIDTH", "SM_COUNT", "SM_CLOCK",
-             "L1_WAVEFRONTS_PER_CLOCK", "DRAM_LATENCY", "LOOP_LOADS_IN_FLIGHT",
-             "COMPILED_BATCH")
-    return {n: getattr(traffic, n) for n in names}
+TABLE_HEAD = ("| case | {0} us | bound | {1} us | warp instr / output | % of triad time | "
+              "fastest public us (impl) | ratio |")
 
 
-TABLE_HEAD = ("| case | kernel | grid x block (full size) | regs | occupancy | compiled loads/run "
-              "used (whole code: LDG / runs, longest) | load sectors/req "
-              "(actual / ideal) | store sectors/req (actual / ideal) | DRAM / ideal bytes | "
-              "bound | modeled us | % of DRAM peak |")
+def table(rows, devices) -> list[str]:
+    a, b = (d.label() for d in devices)
+    lines = [TABLE_HEAD.format(a, b), "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        da, db = r["devices"][a], r["devices"][b]
+        public = r.get("fastest_public")
+        lines.append(
+            f"| {r['case']} | {da['seconds'] * 1e6:.1f} | {da['bound']} | "
+            f"{db['seconds'] * 1e6:.1f} | {r['warp_instructions_per_output']:.2f} | "
+            f"{da['percent_of_triad_time']:.0f} | "
+            + (f"{public['time_us']:g} ({public['impl']}) | "
+               f"{r['ratio_to_fastest_public']:.2f} |" if public else "- | - |"))
+    return lines
 
 
-def compiled_batch(la) -> str:
-    """A launch's compiled global loads per run as the rounds used them, and the kernel's
-    loads, runs and longest run over its whole code."""
-    b = la.batching
-    if b is None:
-        return "?"
-    if not b.runs:
-        return "no loads"
-    used = la.traffic.batch
-    return (f"{used if used is not None else b.batch:.2f} "
-            f"({b.loads} / {len(b.runs)}, {max(b.runs)})")
-
-
-def table_rows(models) -> list[str]:
-    rows = [TABLE_HEAD, "|" + "---|" * TABLE_HEAD.count(" | ") + "---|"]
-    for m in models:
-        for i, la in enumerate(m.launches):
-            t = la.traffic
-            first = i == 0
-            rows.append(
-                f"| {m.case.name if first else ''} | `{short(la.name)}` | "
-                f"{tuple(la.grid)} x {tuple(la.block)} | {la.registers or '?'} | "
-                f"{la.occupancy.fraction:.2f} ({la.occupancy.limiter}) | "
-                f"{compiled_batch(la)} | "
-                f"{per_request(t.load_sectors, t.load_requests)} / "
-                f"{per_request(t.load_ideal, t.load_requests)} | "
-                f"{per_request(t.store_sectors, t.store_requests)} / "
-                f"{per_request(t.store_ideal, t.store_requests)} | "
-                f"{f'{m.dram_bytes / m.ideal_bytes:.2f}' if first else ''} | {la.time.bound} | "
-                f"{la.time.seconds * 1e6:.1f} | "
-                f"{f'{m.percent_of_peak:.1f}' if first else ''} |")
-    return rows
-
-
-def markdown(models, meta: dict) -> str:
-    from cudacpu import traffic
-    c = meta["constants"]
-    lines = [
-        f"# gpupool: modeled H100 memory traffic, benchmark suite at --size large "
-        f"({meta['date']})", "",
-        f"**{HEADER}**", "",
-        f"Model: tests/cudacpu/traffic.py. DRAM peak {c['DRAM_PEAK'] / 1e12:.3f} TB/s, of which "
-        f"{c['DRAM_EFFICIENCY']:.0%} is sustainable (assumption); L2 {c['L2_BANDWIDTH'] / 1e12:.1f}"
-        f" TB/s (assumption); L1 one 128-byte wavefront per SM per clock at "
-        f"{c['SM_CLOCK'] / 1e9:.3f} GHz (assumption); latency {c['DRAM_LATENCY'] * 1e9:.0f} ns "
-        f"(assumption) per round of independent loads of a block's slowest warp, over the "
-        f"resident blocks; an epoch (one output stored) of m loads per thread (every "
-        f"array's) takes at least ceil(m / compiled loads per run) rounds, loads per run = "
-        f"{c['COMPILED_BATCH']} ({meta['batching']}; every code path counts once, "
-        f"see traffic.py). L2 assumption: "
-        f"each distinct sector is read from DRAM once per launch and each written sector written "
-        f"once. Time = the largest of the four limits per launch, summed over launches; launch "
-        f"overhead and the last wave's tail are left out. Registers: "
-        f"{meta['registers']}.", "",
-        f"Each case was traced at a smaller shape with the same launch plan (traced shape and "
-        f"the SM count the planner was given are in the JSON), on the CPU executor; counts are "
-        f"scaled to the full shape. Sectors per request: traced warp requests, "
-        f"ideal = ceil(distinct bytes / {traffic.SECTOR}). % of DRAM peak = ideal bytes "
-        f"(input read once + output written once) / modeled time / DRAM peak.", "",
-        *table_rows(models), "",
-        f"{len(models)} cases; traced and modeled in {meta['wall_seconds']:.0f} s on "
-        f"{meta['host']}.", ""]
+def markdown(sections, skipped, meta, devices) -> str:
+    from gpumodel import device as d
+    lines = [f"# gpupool: calibrated GPU time model ({meta['date']})", "", f"**{HEADER}**", "",
+             f"Devices: {', '.join(x.label() for x in devices)}; 132 SMs, 4 warp schedulers "
+             f"per SM issuing one warp instruction per clock at an issue efficiency of "
+             f"{d.ISSUE_EFFICIENCY} (fitted), plus {d.LAUNCH_SECONDS * 1e6:.2f} us per launch "
+             f"(fitted); DRAM at the STREAM triad ({d.DRAM_TRIAD_FRACTION:.3f} of peak: "
+             f"{devices[0].dram_bandwidth / 1e12:.2f} and {devices[1].dram_bandwidth / 1e12:.2f}"
+             f" TB/s). Time = the largest of the DRAM, L2, L1, latency and issue limits, plus "
+             f"the fixed cost, per launch (gpumodel/device.py names every constant and its "
+             f"source). Warp instructions per output: executed warp instructions (the SASS path "
+             f"each warp takes, gpumodel/instructions.py) over the output's elements. % of triad time: "
+             f"the ideal bytes (input read once, output written once) at the triad bandwidth "
+             f"over the modeled time. Ratio: modeled {devices[0].label()} time over the fastest "
+             f"published kernel's time (best-public.json; some of those ran at unstated clocks, "
+             f"up to ~1.3x faster than at 1500 MHz). Calibration: `python bench/calibrate.py`.",
+             ""]
+    for title, rows in sections:
+        if rows:
+            lines += [f"## {title}", "", *table(rows, devices), ""]
+    if skipped:
+        lines += ["Not modeled:", ""] + [f"- {name}: {why}" for name, why in skipped] + [""]
+    lines += [f"Traced and modeled in {meta['wall_seconds']:.0f} s on {meta['host']}.", ""]
     return "\n".join(lines)
 
 
@@ -181,67 +148,90 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/model.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", nargs="+", default=None, metavar="OP_OR_NAME",
-                        help="only these ops or cases (as gpupool bench); the files are then "
-                             "named ...-partial")
+                        help="only these ops or cases (as gpupool bench, workloads by a part "
+                             "of their name); the files are then named ...-partial")
     parser.add_argument("--beyond", action="store_true",
                         help="the cases beyond the suite (other layouts, dtypes and windows of "
-                             "its ops) instead; the files are then named ...-beyond")
+                             "its ops) instead of the suite and the workloads; the files are "
+                             "then named ...-beyond")
     parser.add_argument("--sites", action="store_true",
                         help="name every load and store site by its source line (JSON)")
+    parser.add_argument("--clock", type=float, default=1500, metavar="MHZ",
+                        help="SM clock of both devices (default: %(default)s)")
     parser.add_argument("--force", action="store_true",
                         help="overwrite result files of the same name")
     parser.add_argument("--results-dir", default=RESULTS, metavar="DIR",
                         help="where the files go (default: bench/results next to this script)")
     args = parser.parse_args(argv)
-    import platform
-
-    import cudacpu
-    from cudacpu import benchmodel, executor
-
-    if args.beyond:
-        cases, suffix = benchmodel.beyond_suite_cases(), "-beyond"
-    else:
-        cases, suffix = benchmodel.modeled_cases(args.ops), "-partial" if args.ops else ""
-    stem = output_stem(args.results_dir, suffix)
+    if not os.path.isdir(args.results_dir):
+        print(f"bench/model.py: --results-dir {args.results_dir} is not a folder",
+              file=sys.stderr)
+        return 2
+    stem = output_stem(args.results_dir,
+                       "-beyond" if args.beyond else "-partial" if args.ops else "")
     existing = [stem + ext for ext in (".json", ".md") if os.path.exists(stem + ext)]
     if existing and not args.force:
         print(f"bench/model.py: not overwriting {', '.join(existing)}; pass --force to replace "
               f"it", file=sys.stderr)
         return 1
-    if not os.path.isdir(args.results_dir):
-        print(f"bench/model.py: --results-dir {args.results_dir} is not a folder",
-              file=sys.stderr)
-        return 2
+    from gpumodel import benchmodel, calibration, device, sass
+
+    import cudacpu
+    from cudacpu import executor
     reason = executor.host_compiler_reason()
     if reason:
         print(f"bench/model.py: the CPU executor needs a host compiler: {reason}",
               file=sys.stderr)
         return 1
     nvrtc = cudacpu.real_nvrtc()
-    if nvrtc is not None:
-        from cudacpu import sass
-        try:
-            sass.nvdisasm()
-        except FileNotFoundError as e:
-            print(f"bench/model.py: {e}", file=sys.stderr)
-            return 1
+    if nvrtc is None:
+        print("bench/model.py: CuPy's NVRTC is not importable (the model reads the compiled "
+              "code): pip install -e '.[test,cuda13]'", file=sys.stderr)
+        return 1
+    try:
+        sass.nvdisasm()
+    except FileNotFoundError as e:
+        print(f"bench/model.py: {e}", file=sys.stderr)
+        return 1
     cudacpu.install()
+    devices = [device.h200(args.clock * 1e6), device.h100(args.clock * 1e6)]
+    suite = [c for c in (benchmodel.beyond_suite_cases() if args.beyond else
+                         benchmodel.modeled_cases()) if selected(c, args.ops)]
+    workloads, skipped = [], []
+    best = []
+    if calibration.calibration_file("workloads.json").is_file() and not args.beyond:
+        best = json.loads(calibration.calibration_file("best-public.json").read_text())
+        for case in benchmodel.workload_cases(calibration.calibration_file("workloads.json")):
+            if not selected(case, args.ops):
+                continue
+            try:
+                planes, _, full = benchmodel.matching_scale(case)
+                benchmodel.block_limit(case, planes, full)
+            except LookupError as e:
+                skipped.append((case.name, str(e)))
+                continue
+            workloads.append(case)
+    if not suite and not workloads:
+        print(f"bench/model.py: --ops {' '.join(args.ops)} matches no case", file=sys.stderr)
+        return 2
     start = time.perf_counter()
-    models = benchmodel.model_suite(cases, nvrtc, sites=args.sites)
+    models = benchmodel.model_suite(suite + workloads, nvrtc, sites=args.sites)
+    rows = [case_row(m, devices, best) for m in models]
     meta = {"date": datetime.date.today().isoformat(), "modeled_not_measured": HEADER,
-            "constants": constants(), "wall_seconds": time.perf_counter() - start,
-            "host": f"{os.cpu_count()} CPU cores ({platform.machine()})",
-            "registers": ("ptxas -v for sm_90 through CuPy's NVRTC" if nvrtc is not None else
-                          "unknown (CuPy's NVRTC not importable): occupancy from threads "
-                          "and blocks only"),
-            "batching": ("nvdisasm of the same compile: global loads (LDG) in runs that end "
-                         "at the first wait for one" if nvrtc is not None else
-                         "unknown (CuPy's NVRTC not importable): rounds from the trace only, "
-                         "as if every load were batched")}
-    text = markdown(models, meta)
+            "devices": [d.label() for d in devices],
+            "constants": {"issue_efficiency": device.ISSUE_EFFICIENCY,
+                          "launch_seconds": device.LAUNCH_SECONDS,
+                          "dram_triad_fraction": device.DRAM_TRIAD_FRACTION,
+                          "dram_latency": device.DRAM_LATENCY, "l1_latency": device.L1_LATENCY},
+            "wall_seconds": time.perf_counter() - start,
+            "host": f"{os.cpu_count()} CPU cores ({platform.machine()})"}
+    sections = [("Beyond the suite" if args.beyond else "Benchmark suite (--size large)",
+                 rows[:len(suite)]),
+                ("Published workloads (TileOPs)", rows[len(suite):])]
+    text = markdown(sections, skipped, meta, devices)
     print(text)
     with open(stem + ".json", "w") as f:
-        json.dump({**meta, "cases": [case_row(m) for m in models]}, f, indent=1)
+        json.dump({**meta, "cases": rows, "not_modeled": dict(skipped)}, f, indent=1)
         f.write("\n")
     with open(stem + ".md", "w") as f:
         f.write(text)

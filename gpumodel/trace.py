@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import executor
+from cudacpu import executor
 
 RUNTIME = Path(__file__).resolve().parent / "trace_rt.h"
 #: one record of trace_rt.h
@@ -57,6 +57,7 @@ class Launch:
     records: np.ndarray
     library: Path
     base: int  # load address of the library: a site minus base is an offset in the file
+    recorded_blocks: int  # the blocks of the lowest linear indices whose accesses it holds
 
     @property
     def threads_per_block(self) -> int:
@@ -109,8 +110,10 @@ def build_library(code: str, names: tuple[str, ...], build: executor.Build,
     """The trace build of ``code`` with launchers for ``names`` (as
     :func:`executor.build_library`; cached). Always ``-O1`` (unrolling needs optimisation) and
     without ``build``'s sanitizers; ``build`` gives the compiler."""
-    unit = (executor.translation_unit(names, defines, executor.launch_bounds(code, build))
-            + f'#include "{RUNTIME.name}"\n')
+    unit = (executor.translation_unit(names, defines + ("CUDACPU_TRACE",),
+                                      executor.launch_bounds(code, build))
+            + f'#include "{RUNTIME.name}"
+')
     flags = executor.Build("-O1", "", build.cxx).flags() + [
         "-g1", "-gdwarf-4", "-fsanitize=thread", "-static-libtsan", f"-I{RUNTIME.parent}"]
     return executor.compile_cached(build.cxx, flags, unit, trace_source(code), "trace_",
@@ -121,14 +124,17 @@ class Recorder:
     """Context manager: while inside, the executor builds trace libraries and every launch is
     recorded into ``launches``. Not reentrant; one recorder at a time."""
 
-    def __init__(self):
+    def __init__(self, block_limit: int | None = None):
+        """``block_limit``: record only the blocks of a lower linear index (x + grid x *
+        (y + grid y * z)) of each launch; None: every block."""
         self.launches: list[Launch] = []
+        self.block_limit = block_limit
         self._pending = None
         self._saved_workers = None
 
     def __enter__(self) -> "Recorder":
         if executor.tracer is not None:
-            raise RuntimeError("cudacpu.trace: a recorder is already active")
+            raise RuntimeError("gpumodel.trace: a recorder is already active")
         self._saved_workers = os.environ.get("CUDACPU_WORKERS")
         os.environ["CUDACPU_WORKERS"] = "1"
         executor.tracer = self
@@ -151,14 +157,17 @@ class Recorder:
         try:
             start = lib.cudacpu_trace_begin
         except AttributeError:
-            raise RuntimeError(f"cudacpu.trace: {kernel.name} was built before the recorder "
+            raise RuntimeError(f"gpumodel.trace: {kernel.name} was built before the recorder "
                                f"was active (not a trace build)") from None
         start.argtypes = [ctypes.POINTER(ctypes.c_uint64)] * 2 + [ctypes.c_int]
         n = max(1, len(ranges))
         lo = (ctypes.c_uint64 * n)(*[a for a, _ in ranges])
         hi = (ctypes.c_uint64 * n)(*[a + nb for a, nb in ranges])
         if start(lo, hi, len(ranges)):
-            raise RuntimeError(f"cudacpu.trace: {kernel.name} has too many array arguments")
+            raise RuntimeError(f"gpumodel.trace: {kernel.name} has too many array arguments")
+        lib.cudacpu_trace_block_limit.argtypes = [ctypes.c_uint32]
+        lib.cudacpu_trace_block_limit(0xFFFFFFFF if self.block_limit is None
+                                      else self.block_limit)
         pointer_params = [p for p in kernel.params if p.kind == "p"]
         arrays = [Array(a, nb, p.const) for (a, nb), p in zip(ranges, pointer_params)]
         self._pending = (tuple((tuple(grid) + (1, 1, 1))[:3]),
@@ -172,12 +181,17 @@ class Recorder:
         lib.cudacpu_trace_records.restype = ctypes.c_void_p
         lib.cudacpu_trace_base.restype = ctypes.c_uint64
         if lib.cudacpu_trace_overflow():
-            raise MemoryError(f"cudacpu.trace: {kernel.name}: the trace did not fit in memory")
+            raise MemoryError(f"gpumodel.trace: {kernel.name}: the trace did not fit in memory")
         count = lib.cudacpu_trace_count()
         records = np.zeros(0, RECORD)
         if count:
-            raw = ctypes.string_at(lib.cudacpu_trace_records(), count * RECORD.itemsize)
+            # not ctypes.string_at: it takes the size as a C int, so a trace past 2 GiB
+            # came back cut to a size that is no multiple of a record
+            raw = (ctypes.c_char * (count * RECORD.itemsize)).from_address(
+                lib.cudacpu_trace_records())
             records = np.frombuffer(raw, RECORD).copy()
         grid, block, arrays = self._pending
+        blocks = grid[0] * grid[1] * grid[2]
         self.launches.append(Launch(kernel.name, grid, block, arrays, records,
-                                    kernel.library.path, int(lib.cudacpu_trace_base())))
+                                    kernel.library.path, int(lib.cudacpu_trace_base()),
+                                    min(blocks, self.block_limit or blocks)))

@@ -1,4 +1,4 @@
-"""The memory-traffic model of gpupool's benchmark suite on an H100: every case of
+"""The time model of gpupool's benchmark suite: every case of
 :mod:`gpupool.bench` (the suite and the backward rows, :func:`modeled_cases`) at its full
 (``--size large``) shape, modeled from a trace of a smaller shape whose launch plan is the full
 shape's. Modeled, not measured.
@@ -15,7 +15,9 @@ such a plan that fills whole warps (:func:`plane_quantum`) and gives every array
 with it a multiple of 256 bytes (so each plane meets the sector grid as at full size). Each
 block then does the work it does at full size: the traced counts are multiplied by the ratio
 of the input sizes, DRAM sectors by each array's own ratio (a table does not grow), and the
-full plan's grid bounds the resident warps.
+full plan's grid bounds the resident warps. A case whose traced input is still above
+TRACED_BYTES (no smaller shape has its plan) runs whole and records the blocks of a few whole
+planes only (:func:`block_limit`); its counts are multiplied by blocks over recorded blocks.
 """
 from __future__ import annotations
 
@@ -28,7 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import executor, installed_cupy, sass, trace, traffic
+from cudacpu import executor, installed_cupy
+
+from . import device as devices
+from . import instructions, sass, trace, traffic
+from .counts import Counts, launch_counts
 
 
 def modeled_cases(ops=None) -> list:
@@ -78,8 +84,78 @@ class PlannedLaunch:
         return self.source_file, self.name, self.block, self.scalars[1:]
 
 
+@dataclass(frozen=True)
+class WorkloadCase:
+    """A published pooling workload (``../shared/calibration/workloads.json``) as gpupool
+    runs it, with the workload's own semantics (PyTorch's: ``count_include_pad``, ceil mode,
+    dilation, divisor override as given); its shape is fixed (no batch size). bfloat16 rows
+    run as float16 (gpupool has no bfloat16; the bytes are the same)."""
+
+    name: str
+    op: str  # max | avg | amax | aavg
+    sample: tuple  # the whole input shape
+    dtype: str
+    kernel: tuple = ()
+    stride: tuple = ()
+    padding: tuple = ()
+    dilation: tuple = ()
+    ceil_mode: bool = False
+    count_include_pad: bool = True
+    divisor_override: int | None = None
+    output_size: tuple = ()
+    indices: bool = False
+    workload: str = ""  # op and label in workloads.json
+    layout: str = "NCHW"
+    batched: bool = False  # gpupool.bench.batch_size: the shape is fixed
+
+    def shape(self, n: int) -> tuple:
+        return self.sample
+
+    def call(self, x):
+        """gpupool's call of the workload on ``x``."""
+        import gpupool
+        if self.op == "max":
+            return lambda: gpupool.max_pool(x, self.kernel, self.stride, self.padding,
+                                            self.dilation, self.ceil_mode,
+                                            return_indices=self.indices)
+        if self.op == "avg":
+            return lambda: gpupool.avg_pool(x, self.kernel, self.stride, self.padding,
+                                            self.ceil_mode, self.count_include_pad,
+                                            self.divisor_override)
+        if self.op == "amax":
+            return lambda: gpupool.adaptive_max_pool(x, self.output_size,
+                                                     return_indices=self.indices)
+        return lambda: gpupool.adaptive_avg_pool(x, self.output_size)
+
+
+def workload_cases(path) -> list[WorkloadCase]:
+    """Every workload of a ``workloads.json`` (TileOPs' pooling workloads) that gpupool runs,
+    in each listed dtype (bfloat16 as float16, once), max and adaptive max also with
+    indices."""
+    import json
+    with open(path) as f:
+        rows = json.load(f)
+    out = []
+    for w in rows:
+        op = w["op"][:-2]
+        if op not in ("max", "avg", "amax", "aavg"):
+            continue
+        dtypes = dict.fromkeys("float16" if d == "bfloat16" else d for d in w["dtypes"])
+        for dtype in dtypes:
+            for indices in ((False, True) if op in ("max", "amax") else (False,)):
+                name = (f"{w['op']} {w['label']} {dtype}"
+                        f"{' + indices' if indices else ''}")
+                out.append(WorkloadCase(
+                    name, op, tuple(w["shape"]), dtype, tuple(w["kernel"]), tuple(w["stride"]),
+                    tuple(w["padding"]), tuple(w["dilation"]), bool(w["ceil_mode"]),
+                    bool(w["count_include_pad"]), w["divisor_override"],
+                    tuple(w["output_size"]), indices, f"{w['op']} {w['label']}"))
+    return out
+
+
 def spatial_dims(case) -> int:
-    return len(case.output_size) if case.op == "aavg" else len(case.kernel)
+    return len(case.output_size) if case.op in ("aavg", "amax") and case.output_size else \
+        len(case.kernel)
 
 
 def full_shape(case) -> tuple:
@@ -132,7 +208,7 @@ def prepared_call(case, x):
     case runs its forward op here), and the bytes the call reads: its ``operands`` (the
     gradient, a max's indices), else ``x``."""
     from gpupool import bench as benchmark
-    f = benchmark.gpupool_call(case, x)
+    f = case.call(x) if isinstance(case, WorkloadCase) else benchmark.gpupool_call(case, x)
     return f, sum(a.nbytes for a in getattr(f, "operands", (x,)))
 
 
@@ -155,7 +231,7 @@ def _unchecked_indices():
         gradients._check_indices, ops.index_span = saved
 
 
-def planned_with_setup(case, shape, sms: int = traffic.SM_COUNT
+def planned_with_setup(case, shape, sms: int = devices.SM_COUNT
                        ) -> tuple[list[PlannedLaunch], list[PlannedLaunch]]:
     """(the launches that set up the call, those of the call) that gpupool makes for ``case``
     on an input of ``shape`` on ``sms`` SMs, without compiling or running anything (the input
@@ -186,7 +262,7 @@ def planned_with_setup(case, shape, sms: int = traffic.SM_COUNT
     return setup, launches[len(setup):]
 
 
-def planned(case, shape, sms: int = traffic.SM_COUNT) -> list[PlannedLaunch]:
+def planned(case, shape, sms: int = devices.SM_COUNT) -> list[PlannedLaunch]:
     """The launches of gpupool's call of ``case`` (:func:`planned_with_setup`)."""
     return planned_with_setup(case, shape, sms)[1]
 
@@ -219,14 +295,36 @@ def matching_scale(case, min_planes: int = 1) -> tuple[int, int, list[PlannedLau
     total = plane_count(case, full_shape(case))
     quantum = plane_quantum(case, full)
     for planes in range(-(-min_planes // quantum) * quantum, total + 1, quantum):
-        guess = max(1, round(traffic.SM_COUNT * planes / total))
-        for sms in sorted(range(1, traffic.SM_COUNT + 1), key=lambda s: (abs(s - guess), s)):
+        guess = max(1, round(devices.SM_COUNT * planes / total))
+        for sms in sorted(range(1, devices.SM_COUNT + 1), key=lambda s: (abs(s - guess), s)):
             traced = planned(case, scaled_shape(case, planes), sms)
             if [la.signature() for la in traced] == want:
                 if _whole(traced, full, planes, total):
                     return planes, sms, full
                 break
     raise LookupError(f"{case.name}: no smaller shape has the full shape's launch plan")
+
+
+#: Input bytes of a traced shape above which a case records only some of its planes' blocks
+#: (:func:`block_limit`): a trace holds some 24 bytes per access.
+TRACED_BYTES = 4 << 20
+
+
+def block_limit(case, planes: int, full: list[PlannedLaunch]) -> int | None:
+    """The blocks whose accesses the trace of ``case`` at ``planes`` planes records: None
+    (all) when its input is at most TRACED_BYTES; else, for a single launch whose grid's y
+    walks the planes (the blocks of a plane alike), the blocks of as many whole planes as
+    TRACED_BYTES holds (the counts are multiplied by blocks over recorded blocks: exact, since
+    planes are alike). ``LookupError`` for a case too large that does not walk planes so."""
+    per_plane = math.prod(full_shape(case)) // plane_count(case, full_shape(case))
+    traced = planes * per_plane * np.dtype(case.dtype).itemsize
+    if traced <= TRACED_BYTES:
+        return None
+    if len(full) != 1 or full[0].grid[1] != planes or full[0].grid[2] != 1:
+        raise LookupError(f"{case.name}: its trace ({traced >> 20} MiB of input) is too large "
+                          f"and its grid does not walk its planes along y")
+    keep = max(1, planes * TRACED_BYTES // traced)
+    return full[0].grid[0] * keep
 
 
 def source_lines(source_file: str) -> list[str]:
@@ -270,14 +368,13 @@ class LaunchModel:
     name: str
     grid: tuple  # full size
     block: tuple
-    traffic: traffic.Traffic  # traced size
-    dram_bytes: float  # full size
-    registers: int | None
-    shared: int
-    batching: sass.LoadBatching | None  # the compiled code's global loads in runs
-    occupancy: traffic.Occupancy
-    time: traffic.LaunchTime
+    counts: Counts
+    batching: sass.LoadBatching  # the compiled code's global loads in runs
     sites: dict  # site -> "file:line: text" of its source line
+
+    @property
+    def traffic(self) -> traffic.Traffic:
+        return self.counts.traffic  # traced size
 
 
 @dataclass
@@ -290,23 +387,35 @@ class CaseModel:
     sms: int
     scale: float  # full over traced input bytes
     ideal_bytes: float  # full size: input read once, output written once
+    outputs: int  # full size: elements of the result
     launches: list[LaunchModel]
 
     @property
     def dram_bytes(self) -> float:
-        return sum(la.dram_bytes for la in self.launches)
+        return sum(la.counts.dram_bytes for la in self.launches)
 
     @property
-    def seconds(self) -> float:
-        return sum(la.time.seconds for la in self.launches)
+    def warp_instructions(self) -> float:
+        return sum(la.counts.warp_instructions for la in self.launches)
 
-    @property
-    def percent_of_peak(self) -> float:
-        return traffic.percent_of_peak(self.ideal_bytes, self.seconds)
+    def seconds(self, device: devices.Device) -> float:
+        return sum(la.counts.time(device).seconds for la in self.launches)
 
-    @property
-    def bound(self) -> str:
-        return max(self.launches, key=lambda la: la.time.seconds).time.bound
+    def bound(self, device: devices.Device) -> str:
+        """The binding limit of the launch that takes longest."""
+        return max((la.counts.time(device) for la in self.launches),
+                   key=lambda t: t.seconds).bound
+
+    def floor_seconds(self, device: devices.Device) -> float:
+        """The memory floor: the ideal bytes at the triad bandwidth, plus the fixed cost of
+        each launch."""
+        return (self.ideal_bytes / device.dram_bandwidth
+                + len(self.launches) * device.launch_seconds)
+
+    def percent_of_triad(self, device: devices.Device) -> float:
+        """The ideal bytes' time at the triad bandwidth as a percentage of the modeled
+        time."""
+        return 100.0 * self.ideal_bytes / device.dram_bandwidth / self.seconds(device)
 
 
 def _site_labels(launch, counts, source_file) -> dict[int, str]:
@@ -322,7 +431,7 @@ def _site_labels(launch, counts, source_file) -> dict[int, str]:
 
 
 @contextlib.contextmanager
-def _tracing(names_by_file: dict[str, list[str]]):
+def tracing(names_by_file: dict[str, list[str]]):
     """While inside, gpupool's kernels are trace builds of the given names only (one library
     per source file, built now in parallel) and a :class:`trace.Recorder` records launches."""
     import cupy
@@ -353,33 +462,34 @@ def _tracing(names_by_file: dict[str, list[str]]):
         _clear_backend_caches()
 
 
-def model_suite(cases, nvrtc=None, sites: bool = False,
+def model_suite(cases, nvrtc, sites: bool = False,
                 min_planes: int = 1) -> list[CaseModel]:
     """The model of each case (see the module docstring). ``nvrtc``: CuPy's NVRTC pieces
-    (:func:`cudacpu.real_nvrtc`) for register counts and the compiled load batching
-    (:mod:`cudacpu.sass`; nvdisasm missing: ``FileNotFoundError``); None: both unknown
-    (occupancy from threads and blocks only, rounds from the trace only). ``sites``: name each
-    load and store site by its source line (``LaunchModel.sites``). ``min_planes``: trace at
-    least this many planes."""
+    (:func:`cudacpu.real_nvrtc`) for the machine code: registers, load batching, control flow
+    (:mod:`gpumodel.sass`, :mod:`gpumodel.instructions`; nvdisasm missing: ``FileNotFoundError``).
+    ``sites``: name each load and store site by its source line (``LaunchModel.sites``).
+    ``min_planes``: trace at least this many planes."""
     from gpupool import bench as benchmark
+    from gpupool.bench import cases as bench_cases
+    from gpupool.cuda import backend as cuda_backend
     scales = {case.name: matching_scale(case, min_planes) for case in cases}
     names_by_file: dict[str, list[str]] = {}
     for case in cases:
         planes, sms, _ = scales[case.name]
         for la in sum(planned_with_setup(case, scaled_shape(case, planes), sms), []):
             names_by_file.setdefault(la.source_file, []).append(la.name)
-    registers, batching = {}, {}
-    if nvrtc is not None:
-        from gpupool.cuda import backend as cuda_backend
-        sass.nvdisasm()  # before compiling: fail at once when it is missing
-        with installed_cupy():
-            for source_file, names in names_by_file.items():
-                compiled = sass.compile_kernels(nvrtc, cuda_backend.source(source_file), names)
-                registers.update(traffic.register_usage(compiled))
-                batching.update(sass.load_batching(compiled))
+    registers, batching, flows = {}, {}, {}
+    sass.nvdisasm()  # before compiling: fail at once when it is missing
+    with installed_cupy():
+        for source_file, names in names_by_file.items():
+            compiled = sass.compile_kernels(nvrtc, cuda_backend.source(source_file), names)
+            registers.update(traffic.register_usage(compiled))
+            batching.update(sass.load_batching(compiled))
+            code = sass.disassemble(compiled.cubin)
+            flows.update({n: instructions.control_flow(code[m]) for n, m in compiled.mangled.items()})
     rng = np.random.default_rng(0)
     models = []
-    with _tracing(names_by_file) as recorder:
+    with tracing(names_by_file) as recorder:
         for case in cases:
             planes, sms, full = scales[case.name]
             shape = scaled_shape(case, planes)
@@ -387,7 +497,9 @@ def model_suite(cases, nvrtc=None, sites: bool = False,
             with sm_count(sms):
                 f, read = prepared_call(case, x)
                 first = len(recorder.launches)
+                recorder.block_limit = block_limit(case, planes, full)
                 result = f()
+                recorder.block_limit = None
             traced = recorder.launches[first:]
             if [(la.name, la.block) for la in traced] != [(la.name, la.block) for la in full]:
                 raise AssertionError(f"{case.name}: the traced launches are not the plan's")
@@ -395,17 +507,45 @@ def model_suite(cases, nvrtc=None, sites: bool = False,
             ideal = scale * (read + benchmark.output_bytes(result))
             launches = []
             for la, plan in zip(traced, full):
-                runs = batching[la.name] if nvrtc is not None else None
-                t = traffic.analyze(la, runs)
-                dram = t.dram_bytes_scaled([f / a.nbytes for f, a in zip(plan.arrays,
-                                                                          la.arrays)])
-                regs, shared = registers.get(la.name, (None, 0))
-                occ = traffic.occupancy(la.threads_per_block, regs, shared)
-                time = traffic.launch_time(t, scale, dram, math.prod(plan.grid),
-                                           la.threads_per_block, occ)
-                lines = _site_labels(la, t, plan.source_file) if sites else {}
-                launches.append(LaunchModel(la.name, plan.grid, la.block, t, dram, regs, shared,
-                                            runs, occ, time, lines))
-            models.append(CaseModel(case, full_shape(case), shape, sms, scale, ideal,
+                sampled = la.blocks / la.recorded_blocks
+                counts = launch_counts(
+                    la, flows[la.name], batching[la.name], registers.get(la.name),
+                    scale * sampled,
+                    [sampled * f / a.nbytes for f, a in zip(plan.arrays, la.arrays)],
+                    math.prod(plan.grid))
+                lines = _site_labels(la, counts.traffic, plan.source_file) if sites else {}
+                launches.append(LaunchModel(la.name, plan.grid, la.block, counts,
+                                            batching[la.name], lines))
+            outputs = round(scale * bench_cases.values(result).size)
+            models.append(CaseModel(case, full_shape(case), shape, sms, scale, ideal, outputs,
                                     launches))
     return models
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A case's calibrated model on one device."""
+
+    case: str
+    seconds: float
+    bound: str  # dram, l2, l1, latency or issue: the limit of its longest launch
+    warp_instructions_per_output: float
+    percent_of_triad: float  # the ideal bytes' time at the triad bandwidth, of the time
+    memory_floor_seconds: float  # the ideal bytes at the triad bandwidth + the fixed costs
+
+
+def estimate(cases, nvrtc, device: devices.Device | None = None) -> list[Estimate]:
+    """The calibrated time, binding limit and executed warp instructions per output of each
+    case (a :mod:`gpupool.bench` case or a :class:`WorkloadCase`) on ``device`` (default: an
+    H200 at 1500 MHz), as gpupool's kernels compile now. ``nvrtc``: CuPy's NVRTC pieces
+    (:func:`cudacpu.real_nvrtc`, taken before :func:`cudacpu.install`, which the model needs).
+
+    >>> nvrtc = cudacpu.real_nvrtc(); cudacpu.install()  # doctest: +SKIP
+    >>> estimate(workload_cases(calibration.calibration_file("workloads.json")), nvrtc)
+    ... # doctest: +SKIP
+    """
+    device = device or devices.h200()
+    return [Estimate(m.case.name, m.seconds(device), m.bound(device),
+                     m.warp_instructions / m.outputs, m.percent_of_triad(device),
+                     m.floor_seconds(device))
+            for m in model_suite(list(cases), nvrtc)]

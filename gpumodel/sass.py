@@ -13,7 +13,7 @@ The scan is linear: it follows the code in address order, not its branches, so e
 (a fixed-K window's unrolled taps and a general loop, a loop body and its remainder) counts
 once, however often it runs. It keeps the runs per straight-line block (a block and a run end
 at a label or after a branch), so that the model can pick the block an epoch ran: how it turns
-runs into rounds is ``COMPILED_BATCH`` in :mod:`cudacpu.traffic`.
+runs into rounds is ``COMPILED_BATCH`` in :mod:`gpumodel.traffic`.
 
 ``nvdisasm`` comes from the ``nvidia-cuda-nvdisasm`` wheel (the ``test`` extra); without it
 :func:`nvdisasm` raises, so the model never assumes a batching it has not read.
@@ -228,7 +228,7 @@ class LoadBatching:
         """Loads per run of the blocks of the fewest global loads that are at least ``loads``
         (the code an epoch of that many loads ran straight through, some of its loads perhaps
         predicated off), or of the whole code when no block holds that many (see
-        ``COMPILED_BATCH`` in :mod:`cudacpu.traffic`)."""
+        ``COMPILED_BATCH`` in :mod:`gpumodel.traffic`)."""
         fit = min((sum(b) for b in self.blocks if sum(b) >= loads), default=None)
         return _per_run([b for b in self.blocks if sum(b) == fit] or self.blocks)
 

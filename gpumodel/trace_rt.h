@@ -33,6 +33,7 @@ inline size_t g_count = 0, g_capacity = 0;
 inline uint64_t g_lo[kMaxRanges], g_hi[kMaxRanges];
 inline int g_ranges = 0;
 inline bool g_on = false;
+inline uint32_t g_block_limit = 0xffffffffu;  // record blocks of a lower linear index only
 inline bool g_overflow = false;  // the buffer could not grow: the trace is incomplete
 
 __attribute__((no_sanitize_thread, always_inline)) inline void record(const void* p,
@@ -49,6 +50,10 @@ __attribute__((no_sanitize_thread, always_inline)) inline void record(const void
     }
   }
   if (!hit || !cudacpu::tl_fiber) return;
+  const uint3 b = blockIdx, t = threadIdx;
+  const dim3 gd = gridDim, bd = blockDim;
+  const uint32_t linear = b.x + gd.x * (b.y + gd.y * b.z);
+  if (linear >= g_block_limit) return;
   if (g_count == g_capacity) {
     const size_t grown = g_capacity ? 2 * g_capacity : (size_t)1 << 20;
     Record* bigger = (Record*)realloc(g_records, grown * sizeof(Record));
@@ -59,12 +64,10 @@ __attribute__((no_sanitize_thread, always_inline)) inline void record(const void
     g_records = bigger;
     g_capacity = grown;
   }
-  const uint3 b = blockIdx, t = threadIdx;
-  const dim3 gd = gridDim, bd = blockDim;
   Record& r = g_records[g_count++];
   r.addr = a;
   r.site = (uint64_t)site;
-  r.block = b.x + gd.x * (b.y + gd.y * b.z);
+  r.block = linear;
   r.info = ((t.x + bd.x * (t.y + bd.y * t.z)) << 16) | (write << 15) | (size & 0x7fffu);
 }
 
@@ -83,6 +86,10 @@ CUDACPU_TRACE_HOOK int cudacpu_trace_begin(const uint64_t* lo, const uint64_t* h
   g_overflow = false;
   g_on = true;
   return 0;
+}
+// Record only the blocks of linear index below `limit` (0xffffffff: every block).
+CUDACPU_TRACE_HOOK void cudacpu_trace_block_limit(uint32_t limit) {
+  cudacpu_trace::g_block_limit = limit;
 }
 CUDACPU_TRACE_HOOK void cudacpu_trace_end() { cudacpu_trace::g_on = false; }
 CUDACPU_TRACE_HOOK size_t cudacpu_trace_count() { return cudacpu_trace::g_count; }

@@ -1,4 +1,5 @@
-"""Memory traffic of a traced launch (:class:`cudacpu.trace.Launch`) and an H100 time model.
+"""Memory traffic of a traced launch (:class:`gpumodel.trace.Launch`): the counts the time
+model (:mod:`gpumodel.device`) turns into limits.
 
 Counts (:func:`analyze`, at the traced size):
 
@@ -16,25 +17,21 @@ Counts (:func:`analyze`, at the traced size):
   blocks, which run at about the same time, so the reuse distance is far below L2's size.
 * L1 and L2: a block's re-reads of a sector hit L1 (the planner sizes blocks so that their
   input footprint fits the SM's share of L1); loads cross L2 -> SM once per (block, sector);
-  stores go to L2 sector by sector as requested. L1 serves one wavefront (128-byte line) per
-  SM per clock; a request takes one wavefront per distinct line it touches.
+  stores go to L2 sector by sector as requested. A request takes one L1 wavefront per
+  distinct 128-byte line it touches.
 * rounds: per warp and epoch, the waits for the main input (the largest array the kernel only
   reads). From the trace: its loads are sent together and waited for together, one round per
   epoch, or ``ceil(n / LOOP_LOADS_IN_FLIGHT)`` for a site a loop runs ``n`` times. From the
-  compiled code (:mod:`cudacpu.sass`, given as ``batching``): at least ``ceil(m / batch)``,
+  compiled code (:mod:`gpumodel.sass`, given as ``batching``): at least ``ceil(m / batch)``,
   for ``m`` the most loads (of every array) a thread of the warp made in the epoch and ``batch`` the
-  kernel's compiled global loads per run (COMPILED_BATCH below). ``rounds`` sums them over warps;
-  ``block_rounds`` sums, over blocks, the rounds of the block's slowest warp (a block holds its
-  SM slot until its last warp ends; a warp with fewer rounds, or none, keeps nothing in flight
-  for the rest of that time).
-
-Time (:func:`launch_time`, at full size): the largest of the DRAM, L2, L1 and latency limits.
-Latency, by Little's law: a resident block holds its slot for its slowest warp's rounds x a
-DRAM latency, so the time is block rounds x latency / resident blocks (resident: the
-occupancy's blocks on every SM, or fewer when the grid is smaller); the DRAM bandwidth this
-allows is the bytes the resident blocks' warps keep in flight over the latency. Launch overhead
-and the tail of the last wave are left out. Every constant is in the
-block below, with its source; ``assumption`` marks a judgement, not a datasheet figure.
+  kernel's compiled global loads per run (COMPILED_BATCH below). ``rounds`` sums them over warps.
+  A round waits a DRAM latency when one of its loads misses L1, an L1 latency when all hit:
+  a main-input request misses when it touches a sector the warp did not touch before in the
+  epoch, and the epoch's misses are spread over its rounds, one per round (so an epoch of
+  ``w`` rounds and ``k`` missing requests waits ``min(w, k)`` DRAM latencies and the rest L1
+  latencies). ``block_rounds`` sums, over blocks, the waits of the block's slowest warp in
+  DRAM latencies (a block holds its SM slot until its last warp ends; a warp with fewer
+  rounds, or none, keeps nothing in flight for the rest of that time).
 """
 from __future__ import annotations
 
@@ -46,31 +43,13 @@ import numpy as np
 
 from . import sass
 
-# ------------------------------------------------------------------ H100 SXM5 model constants
-#: DRAM peak, bytes/s: HBM3 at 2 x 2619 MHz x 5120 bit / 8 (the planner's H100 dram_gbps;
-#: NVIDIA's datasheet: 3.35 TB/s).
-DRAM_PEAK = 3.352e12
-#: Fraction of DRAM_PEAK a streaming kernel sustains (assumption: about what the best copy
-#: kernels sustain on H100 SXM; not measured here).
-DRAM_EFFICIENCY = 0.90
-#: L2 -> SM bandwidth, bytes/s (assumption: the low end of published H100 microbenchmark
-#: figures; not measured here).
-L2_BANDWIDTH = 5.5e12
-#: SMs (H100 SXM5).
-SM_COUNT = 132
-#: SM clock under a memory-bound load, Hz (assumption: between the 1.59 GHz base and the
-#: 1.98 GHz boost).
-SM_CLOCK = 1.755e9
-#: L1 data wavefronts per SM per clock: L1 delivers 128 bytes (one line) per clock; that a
-#: request takes one wavefront per distinct line it touches is an assumption.
-L1_WAVEFRONTS_PER_CLOCK = 1
-#: DRAM latency under load, s (assumption: unloaded latency is some 500 ns on recent NVIDIA
-#: GPUs; queues near peak bandwidth add to it).
-DRAM_LATENCY = 700e-9
+from .device import DRAM_LATENCY, L1_LATENCY
+
+# ------------------------------------------------------------------ counting rules
 #: Iterations of a run-time loop whose loads are in flight together (assumption: NVCC unrolls
 #: such loops by 4; ``#pragma unroll 4`` says so).
 LOOP_LOADS_IN_FLIGHT = 4
-#: How the compiled code's load runs (:mod:`cudacpu.sass`: global loads started before the
+#: How the compiled code's load runs (:mod:`gpumodel.sass`: global loads started before the
 #: first instruction that waits for one, per straight-line block) become rounds (assumption):
 #: an epoch of ``m`` loads per thread (of every array) takes at least ``ceil(m / batch)`` rounds.
 #: ``batch`` is global loads / runs over the blocks of the fewest loads that are at least
@@ -88,8 +67,7 @@ LOOP_LOADS_IN_FLIGHT = 4
 #: time) count alike; a window spread over loops or branches is judged by the whole code,
 #: remainders and cold paths included. The runs and ``m`` count loads of every array (a
 #: gradient and its window's index are two loads of one run), the trace's own rounds only the
-#: main input's. Every round costs DRAM_LATENCY, even one whose loads hit L1 (a re-read of what
-#: the warp just loaded).
+#: main input's.
 COMPILED_BATCH = ("global loads / runs of the blocks holding a full epoch's loads, else of the "
                   "whole code")
 #: Per-SM limits of sm_90 (CUDA occupancy calculator): threads, warps, blocks, 32-bit
@@ -137,7 +115,7 @@ class Traffic:
     l2_write_sectors: int
     l1_wavefronts: int
     rounds: int  # summed over warps
-    block_rounds: int  # summed over blocks: the rounds of each block's slowest warp
+    block_rounds: float  # summed over blocks: each block's slowest warp's waits, in DRAM latencies
     epoch_loads: int  # the most loads (every array's) a thread made in one epoch
     batch: float | None  # the compiled loads per run the rounds used (None: trace only)
     sites: list[Site] = field(default_factory=list)
@@ -224,29 +202,14 @@ def virtual_addresses(launch, addr):
 
 
 def analyze(launch, batching=None) -> Traffic:
-    """The counts of ``launch`` (a :class:`cudacpu.trace.Launch`); ``batching``: the kernel's
-    compiled loads (:class:`cudacpu.sass.LoadBatching`), None: the trace's rounds only (loads
+    """The counts of ``launch`` (a :class:`gpumodel.trace.Launch`); ``batching``: the kernel's
+    compiled loads (:class:`gpumodel.sass.LoadBatching`), None: the trace's rounds only (loads
     as batched as the trace allows)."""
     c = launch.columns()
     n = len(c["addr"])
     arr, vaddr = virtual_addresses(launch, c["addr"])
     write, size, block = c["write"], c["size"], c["block"]
-    site_ids = np.unique(c["site"], return_inverse=True)[1].reshape(-1)
-    thread = block * launch.threads_per_block + c["thread"]
-    position = np.arange(n)
-    # epoch: stores the thread made before this access (a thread's records are in program
-    # order, which the stable sort keeps)
-    order, start = _stable_groups(thread)
-    w = write[order]
-    before = np.cumsum(w) - w
-    epoch = np.empty(n, np.int64)
-    epoch[order] = before - before[np.maximum.accumulate(np.where(start, position, 0))]
-    # occurrence: runs of the same site by the thread earlier in the epoch
-    order, start = _stable_groups(thread, epoch, site_ids)
-    occurrence = np.empty(n, np.int64)
-    occurrence[order] = position - np.maximum.accumulate(np.where(start, position, 0))
-    warp = c["thread"] // WARP
-    req, nreq = _ids(block, warp, site_ids, epoch, occurrence)
+    site_ids, epoch, occurrence, req, nreq = _requests(launch, c)
     req_write = np.zeros(nreq, np.int64)
     req_write[req] = write
     lanes = np.bincount(req, minlength=nreq)
@@ -277,8 +240,98 @@ def analyze(launch, batching=None) -> Traffic:
         l2_read_sectors=_ids(read_blocks, read_sectors)[1],
         l2_write_sectors=int(sectors[stores].sum()), l1_wavefronts=int(lines.sum()),
         **_rounds(launch, arr, write, block, c["thread"], epoch, site_ids, occurrence,
-                  batching),
+                  batching, req, vaddr),
         sites=_sites(c["site"], req, req_write, arr, sectors, ideal, lanes))
+
+
+def _requests(launch, c):
+    """Per record of ``c`` (:meth:`~gpumodel.trace.Launch.columns`): its site id, epoch and
+    occurrence (see the module docstring), its warp request's id, and the number of
+    requests."""
+    n = len(c["addr"])
+    write, block = c["write"], c["block"]
+    site_ids = np.unique(c["site"], return_inverse=True)[1].reshape(-1)
+    thread = block * launch.threads_per_block + c["thread"]
+    position = np.arange(n)
+    # epoch: stores the thread made before this access (a thread's records are in program
+    # order, which the stable sort keeps)
+    order, start = _stable_groups(thread)
+    w = write[order]
+    before = np.cumsum(w) - w
+    epoch = np.empty(n, np.int64)
+    epoch[order] = before - before[np.maximum.accumulate(np.where(start, position, 0))]
+    # occurrence: runs of the same site by the thread earlier in the epoch
+    order, start = _stable_groups(thread, epoch, site_ids)
+    occurrence = np.empty(n, np.int64)
+    occurrence[order] = position - np.maximum.accumulate(np.where(start, position, 0))
+    req, nreq = _ids(block, c["thread"] // WARP, site_ids, epoch, occurrence)
+    return site_ids, epoch, occurrence, req, nreq
+
+
+def warp_requests(launch) -> dict[str, np.ndarray]:
+    """The warp requests of ``launch`` (a warp's global loads or stores at one site, epoch
+    and occurrence: one executed memory instruction of the warp), as columns: block, warp,
+    write (0/1) and size (bytes per lane)."""
+    c = launch.columns()
+    _, _, _, req, nreq = _requests(launch, c)
+    first = np.zeros(nreq, np.int64)
+    first[req[::-1]] = np.arange(len(req))[::-1]  # a record of each request
+    return {"block": c["block"][first], "warp": c["thread"][first] // WARP,
+            "write": c["write"][first], "size": c["size"][first]}
+
+
+def main_input(launch) -> int | None:
+    """Index of the main input: the largest array argument the kernel only reads."""
+    const = [i for i, a in enumerate(launch.arrays) if a.const]
+    return max(const, key=lambda i: launch.arrays[i].nbytes) if const else None
+
+
+def line_counts(launch, levels: int) -> tuple[np.ndarray, np.ndarray]:
+    """(warp ids, block x warps per block + warp; per warp and level 1..``levels``, its
+    epochs' most *lines* of any lane summed): the lines a thread's main-input loads walk in
+    an epoch. A line (level 1) is a run of loads at a constant address step (a window's row);
+    a line of level k + 1 a run of level-k lines whose starts keep a constant step (a
+    window's plane). A step that changes starts a run, unless the load before started
+    one."""
+    main = main_input(launch)
+    warps_per_block = -(-launch.threads_per_block // WARP)
+    if main is None or not levels:
+        return np.zeros(0, np.int64), np.zeros((0, levels), np.int64)
+    c = launch.columns()
+    arr, vaddr = virtual_addresses(launch, c["addr"])
+    _, epoch, _, _, _ = _requests(launch, c)
+    m = (arr == main) & (c["write"] == 0)
+    thread = (c["block"] * launch.threads_per_block + c["thread"])[m]
+    order, _ = _stable_groups(thread, epoch[m])
+    te, n_te = _ids(thread[order], epoch[m][order])
+    addr = vaddr[m][order]
+    counts = np.zeros((n_te, levels), np.int64)
+    for level in range(levels):
+        step = np.r_[0, np.diff(addr)]
+        first = np.r_[True, te[1:] != te[:-1]] if len(te) else np.zeros(0, bool)
+        second = np.r_[False, first[:-1]] & ~first
+        change = ~first & ~second & np.r_[False, step[1:] != step[:-1]]
+        start = first | (change & ~np.r_[False, change[:-1]])
+        counts[:, level] = np.bincount(te[start], minlength=n_te)
+        te, addr = te[start], addr[start]
+    thread_of = np.zeros(n_te, np.int64)
+    ids, _ = _ids(thread[order], epoch[m][order])
+    thread_of[ids] = thread[order]
+    epoch_of = np.zeros(n_te, np.int64)
+    epoch_of[ids] = epoch[m][order]
+    block = thread_of // launch.threads_per_block
+    warp_global = block * warps_per_block + (thread_of % launch.threads_per_block) // WARP
+    we, n_we = _ids(warp_global, epoch_of)
+    most = np.zeros((n_we, levels), np.int64)
+    for level in range(levels):
+        np.maximum.at(most[:, level], we, counts[:, level])
+    warp_of = np.zeros(n_we, np.int64)
+    warp_of[we] = warp_global
+    ids, inverse = np.unique(warp_of, return_inverse=True)
+    total = np.zeros((len(ids), levels), np.int64)
+    for level in range(levels):
+        np.add.at(total[:, level], inverse.reshape(-1), most[:, level])
+    return ids, total
 
 
 def _distinct_spans(req, new_request, first, last, nreq):
@@ -312,17 +365,17 @@ def _distinct_per_array(sectors, arrays, narrays) -> list[int]:
 
 
 def _rounds(launch, arr, write, block, thread, epoch, site_ids, occurrence,
-            batching) -> dict:
+            batching, req, vaddr) -> dict:
     """Waits for the main input: ``rounds``, summed over warps and epochs, per epoch the most,
     over its sites, of ceil(runs of the site / LOOP_LOADS_IN_FLIGHT), and with ``batching`` at
     least ceil(a thread's loads in the epoch / the compiled batch, COMPILED_BATCH);
-    ``block_rounds``, summed over blocks, the most of any warp of the block (its warps' sums);
+    ``block_rounds``, summed over blocks, the most of any warp of the block (its warps' sums,
+    in DRAM latencies: a round whose loads all hit L1 counts L1_LATENCY / DRAM_LATENCY);
     ``batch``: the compiled batch used (None: none given, or no main-input load)."""
     none = {"rounds": 0, "block_rounds": 0, "epoch_loads": 0, "batch": None}
-    const = [i for i, a in enumerate(launch.arrays) if a.const]
-    if not const:
+    main = main_input(launch)
+    if main is None:
         return none
-    main = max(const, key=lambda i: launch.arrays[i].nbytes)
     m = (arr == main) & (write == 0)
     if not m.any():
         return none
@@ -347,17 +400,23 @@ def _rounds(launch, arr, write, block, thread, epoch, site_ids, occurrence,
         batch = batching.batch_for(int(most.max()))
         if math.isfinite(batch):
             waits = np.maximum(waits, np.ceil(most / batch - 1e-9).astype(np.int64))
+    # misses: the requests that touch a sector first in their warp's epoch
+    order, first = _stable_groups(warp_epoch, vaddr[m] // SECTOR)
+    firsts = np.unique(np.stack([warp_epoch[order][first], req[m][order][first]]), axis=1)
+    misses = np.bincount(firsts[0], minlength=n_epochs)
+    slow = np.minimum(waits, misses)
+    cost = slow + (waits - slow) * (L1_LATENCY / DRAM_LATENCY)
     # per warp, then per block its slowest warp
     warp_id, n_warps = _ids(block[m], warp[m])
     warp_of_epoch = np.zeros(n_epochs, np.int64)
     warp_of_epoch[warp_epoch] = warp_id
-    per_warp = np.bincount(warp_of_epoch, weights=waits, minlength=n_warps).astype(np.int64)
+    per_warp = np.bincount(warp_of_epoch, weights=cost, minlength=n_warps)
     block_of_warp = np.zeros(n_warps, np.int64)
     block_of_warp[warp_id] = block[m]
     block_id, n_blocks = _ids(block_of_warp)
-    slowest = np.zeros(n_blocks, np.int64)
+    slowest = np.zeros(n_blocks)
     np.maximum.at(slowest, block_id, per_warp)
-    return {"rounds": int(waits.sum()), "block_rounds": int(slowest.sum()),
+    return {"rounds": int(waits.sum()), "block_rounds": float(slowest.sum()),
             "epoch_loads": int(most.max()), "batch": batch}
 
 
@@ -374,7 +433,7 @@ def _sites(site, req, req_write, arr, sectors, ideal, lanes) -> list[Site]:
     return out
 
 
-# ------------------------------------------------------------------ occupancy and time
+# ------------------------------------------------------------------ occupancy
 @dataclass(frozen=True)
 class Occupancy:
     blocks_per_sm: int
@@ -401,52 +460,6 @@ def occupancy(threads_per_block: int, registers: int | None = None,
     return Occupancy(blocks, blocks * warps, limiter)
 
 
-@dataclass(frozen=True)
-class LaunchTime:
-    """Modeled time of one launch at full size, by limit (seconds), the largest, and the DRAM
-    bytes the resident blocks keep in flight on average (latency x DRAM bandwidth needs about
-    DRAM_LATENCY x DRAM_PEAK x DRAM_EFFICIENCY = 2.1 MB)."""
-
-    dram: float
-    l2: float
-    l1: float
-    latency: float
-    bytes_in_flight: float
-
-    @property
-    def seconds(self) -> float:
-        return max(self.dram, self.l2, self.l1, self.latency)
-
-    @property
-    def bound(self) -> str:
-        limits = {"dram": self.dram, "l2": self.l2, "l1": self.l1, "latency": self.latency}
-        return max(limits, key=limits.get)
-
-
-def launch_time(traffic: Traffic, work: float, dram_bytes: float, blocks: int,
-                threads_per_block: int, occ: Occupancy) -> LaunchTime:
-    """Time of a launch of ``blocks`` blocks that moves ``dram_bytes`` and whose other counts
-    are ``traffic``'s times ``work`` (the traced launch did the same per-block work on fewer
-    blocks)."""
-    resident = min(blocks, SM_COUNT * occ.blocks_per_sm)
-    block_rounds = work * traffic.block_rounds
-    # Little's law: a resident block holds its slot for its slowest warp's rounds, each a
-    # DRAM_LATENCY; what its warps keep in flight meanwhile is dram_bytes / block_rounds per
-    # block on average
-    return LaunchTime(
-        dram=dram_bytes / (DRAM_PEAK * DRAM_EFFICIENCY),
-        l2=work * SECTOR * (traffic.l2_read_sectors + traffic.l2_write_sectors) / L2_BANDWIDTH,
-        l1=work * traffic.l1_wavefronts / (SM_COUNT * SM_CLOCK * L1_WAVEFRONTS_PER_CLOCK),
-        latency=block_rounds * DRAM_LATENCY / resident,
-        bytes_in_flight=resident * dram_bytes / block_rounds if block_rounds else 0.0)
-
-
-def percent_of_peak(ideal_bytes: float, seconds: float) -> float:
-    """The bandwidth the op shows (its ideal bytes over its time) as a percentage of
-    DRAM_PEAK."""
-    return 100.0 * ideal_bytes / (seconds * DRAM_PEAK)
-
-
 # ------------------------------------------------------------------ registers (ptxas)
 def registers(nvrtc, source: str, names, arch: str = sass.ARCH) -> dict[str, tuple[int, int]]:
     """Name expression -> (registers per thread, static shared bytes) from ptxas
@@ -458,7 +471,7 @@ def registers(nvrtc, source: str, names, arch: str = sass.ARCH) -> dict[str, tup
 
 def register_usage(compiled: sass.Compiled) -> dict[str, tuple[int, int]]:
     """Name expression -> (registers per thread, static shared bytes) from the ptxas report
-    of a :func:`cudacpu.sass.compile_kernels` compile."""
+    of a :func:`gpumodel.sass.compile_kernels` compile."""
     used, current = {}, None
     for line in compiled.log.splitlines():
         m = re.search(r"Compiling entry function '(\S+)'", line)

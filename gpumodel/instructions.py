@@ -1,0 +1,348 @@
+"""Executed warp instructions of a launch: the kernel's sm_90 machine code (nvdisasm of the
+NVRTC build, :mod:`gpumodel.sass`) walked with the global loads and stores its trace recorded
+(:mod:`gpumodel.trace`).
+
+The machine code is split into basic blocks (a block starts at a label or after a branch,
+an ``EXIT`` or a ``RET``) joined by its branches: the control-flow graph. A warp runs one path
+through it, from the entry to an ``EXIT``; every instruction on the path is issued once, a
+predicated one too (as ``inst_executed`` counts). Which path: the trace tells, per warp, how
+many global loads and stores of each width it executed (its warp requests: each is one
+``LDG`` or ``STG`` of the warp), and how many window lines its loads walked
+(:func:`gpumodel.traffic.line_counts`: runs of loads at a constant address step, runs of those
+runs). Among the paths that execute exactly those accesses and run each *load loop* outside
+the innermost once per line of its level (:func:`load_loop_levels`), the warp's is taken to
+be the one of the fewest instructions: a flow of one unit through the graph (each block's
+count is the flow through it, loops any number of times), found by a small integer program
+(:func:`scipy.optimize.milp`) once per distinct count of accesses and lines. So a loop that
+loads runs as often as the trace says, an outer loop once per row, unrolled copies of a loop
+as far as they go and remainders for the rest, and code without loads (a division's slow
+path, a loop that only moves a window's start) its shortest way.
+
+What this leaves out, so the count is a lower bound in these cases:
+
+* branches without global accesses are taken their shortest way: a division's 64-bit slow
+  path (the kernels' offsets fit in 32 bits), a skipped ``while`` (a window inside the
+  input);
+* the lines of a warp are counted, not the loads of each: the program may put more of a
+  window's taps in one row's pass than the hardware does, to run an unrolled body more;
+* a warp whose lanes diverge issues both sides of the branch; one path counts one side (the
+  pooling kernels diverge at the edges of a plane only);
+* a subroutine call (``CALL``) costs the subroutine's shortest path to its ``RET``.
+
+When no path matches the trace's counts exactly (the host compiler made a different number
+of accesses than the GPU's, e.g. two loads merged into one wider one), the path that misses
+by the fewest accesses is taken and :attr:`IssueCount.unmatched` says by how many.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import traffic
+
+#: Opcodes (before their first ".") after which a basic block ends.
+BLOCK_END = frozenset({"BRA", "EXIT", "RET", "BRX", "JMP", "JMX", "KILL"})
+#: Global memory instructions the trace records (atomics are not recorded by the trace).
+GLOBAL_LOADS = frozenset({"LDG", "LD"})
+GLOBAL_STORES = frozenset({"STG", "ST"})
+#: Bytes per lane by an access's size suffix (none: 32 bits).
+ACCESS_BYTES = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
+#: Objective weight of one access the path misses or adds against the trace: larger than any
+#: kernel's instruction count, so a path matching the trace always wins.
+MISMATCH_COST = 1e6
+#: Objective weight of one pass of a load loop more or fewer than the trace's lines: above
+#: any pass's instructions, below an access missed.
+PASS_MISMATCH_COST = 1e4
+
+_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+_LABEL = re.compile(r"^\s*([.$][\w.$]*):\s*$")
+_TARGET = re.compile(r"`\(([^)]+)\)")
+
+
+@dataclass(frozen=True)
+class SassInstruction:
+    address: int
+    opcode: str  # with its suffixes
+    guarded: bool  # a predicate other than PT guards it
+    target: str | None  # the label a branch or call names
+
+    @property
+    def base(self) -> str:
+        return self.opcode.split(".")[0]
+
+    def access(self) -> tuple[int, int] | None:
+        """(write 0/1, bytes per lane) of a global load or store, else None."""
+        if self.base not in GLOBAL_LOADS and self.base not in GLOBAL_STORES:
+            return None
+        size = next((ACCESS_BYTES[s] for s in self.opcode.split(".")[1:] if s in ACCESS_BYTES),
+                    4)
+        return int(self.base in GLOBAL_STORES), size
+
+
+@dataclass(frozen=True)
+class Block:
+    start: int  # index of its first instruction
+    instructions: tuple
+    successors: tuple  # block indices; the exit is -1
+
+    def accesses(self) -> dict[tuple[int, int], int]:
+        out: dict[tuple[int, int], int] = {}
+        for ins in self.instructions:
+            a = ins.access()
+            if a:
+                out[a] = out.get(a, 0) + 1
+        return out
+
+
+@dataclass(frozen=True)
+class ControlFlow:
+    """A kernel's basic blocks (the entry is block 0), each with its cost in issued
+    instructions (a call costing its subroutine's shortest path)."""
+
+    blocks: tuple
+    costs: tuple
+    #: per loop level of the load loops, outermost first, the header blocks of that level's
+    #: loops (see :func:`load_loop_levels`); the innermost level is left out
+    pass_headers: tuple = ()
+
+    @property
+    def instructions(self) -> int:
+        """Static instructions of the kernel's own code (subroutines apart)."""
+        return sum(len(b.instructions) for b in self.blocks)
+
+
+def parse(sass: str) -> tuple[list[SassInstruction], dict[str, int]]:
+    """The instructions of one function's SASS text (``nvdisasm -c``) in address order, and
+    each label's instruction index."""
+    code, labels = [], {}
+    for line in sass.splitlines():
+        m = _LABEL.match(line)
+        if m:
+            labels[m.group(1)] = len(code)
+            continue
+        m = _LINE.search(line)
+        if not m:
+            continue
+        guard = (m.group(2) or "").strip()
+        target = _TARGET.search(m.group(4))
+        code.append(SassInstruction(int(m.group(1), 16), m.group(3),
+                                    bool(guard) and guard not in ("@PT",),
+                                    target.group(1) if target else None))
+    return code, labels
+
+
+def _blocks(code, labels, start: int, end: int) -> list[Block]:
+    """The basic blocks of ``code[start:end]`` (one function), successors as block indices."""
+    leaders = {start} | {i for i in labels.values() if start <= i < end}
+    for i in range(start, end):
+        if code[i].base in BLOCK_END and i + 1 < end:
+            leaders.add(i + 1)
+    starts = sorted(leaders)
+    index = {s: k for k, s in enumerate(starts)}
+    blocks = []
+    for k, s in enumerate(starts):
+        stop = starts[k + 1] if k + 1 < len(starts) else end
+        body = tuple(code[s:stop])
+        last = body[-1]
+        nxt = [k + 1] if k + 1 < len(starts) else []
+        if last.base in ("BRX", "JMX", "JMP"):
+            raise ValueError(f"gpumodel.instructions: indirect branch {last.opcode} at "
+                             f"{last.address:#x} is not modeled")
+        if last.base == "BRA":
+            succ = [index[labels[last.target]]] + (nxt if last.guarded else [])
+        elif last.base in ("EXIT", "RET", "KILL"):
+            succ = [-1] + (nxt if last.guarded else [])
+        else:
+            succ = nxt
+        blocks.append(Block(s, body, tuple(dict.fromkeys(succ))))
+    return blocks
+
+
+def control_flow(sass: str) -> ControlFlow:
+    """The control-flow graph of one kernel's SASS text (its subroutines, labelled ``$...``,
+    after its own code, costed into the calls)."""
+    code, labels = parse(sass)
+    subroutines = sorted(i for name, i in labels.items() if name.startswith("$"))
+    end = subroutines[0] if subroutines else len(code)
+    bounds = {i: (subroutines[k + 1] if k + 1 < len(subroutines) else len(code))
+              for k, i in enumerate(subroutines)}
+
+    @functools.lru_cache(maxsize=None)
+    def subroutine_cost(name: str) -> float:
+        first = labels[name]
+        blocks = _blocks(code, labels, first, bounds[first])
+        return _shortest(blocks, [cost_of(b) for b in blocks])
+
+    def cost_of(block: Block) -> float:
+        return len(block.instructions) + sum(subroutine_cost(i.target)
+                                             for i in block.instructions if i.base == "CALL")
+
+    blocks = _blocks(code, labels, 0, end)
+    return ControlFlow(tuple(blocks), tuple(cost_of(b) for b in blocks),
+                       load_loop_levels(blocks))
+
+
+def load_loop_levels(blocks) -> tuple:
+    """The header blocks of the *load loops* by nesting level, outermost first, the innermost
+    level left out. A loop is a back edge's span of blocks (header to branch, in address
+    order, as NVCC lays loops out); a load loop is one that holds a global load and no global
+    store (a store marks the loop over outputs). Levels: how many load loops hold a loop. The
+    innermost level walks the taps of a window line (however unrolled: the load count fixes
+    it); each level outside it walks lines, planes... whose counts the trace gives
+    (:func:`line_counts`)."""
+    spans = {}
+    for b, block in enumerate(blocks):
+        for s in block.successors:
+            if 0 <= s <= b:
+                spans[s] = max(spans.get(s, s), b)
+    def holds(h, write):
+        return any(w == write for k in range(h, spans[h] + 1)
+                   for w, _ in blocks[k].accesses())
+    loops = [(h, e) for h, e in spans.items() if holds(h, 0) and not holds(h, 1)]
+    depth = {h: sum(1 for g, f in loops if g <= h and e <= f and (g, f) != (h, e))
+             for h, e in loops}
+    levels = max(depth.values(), default=-1) + 1
+    return tuple(tuple(sorted(h for h in depth if depth[h] == d)) for d in range(levels - 1))
+
+
+def _shortest(blocks, costs) -> float:
+    return _solve(blocks, tuple(costs), ())[0]
+
+
+def _solve(blocks, costs, targets, passes=()) -> tuple[float, float]:
+    """(instructions, accesses missed) of the cheapest unit flow from block 0 to the exit
+    whose global accesses meet ``targets`` ((class, count) pairs; class (write, bytes)) and
+    whose loop headers run ``passes`` ((header blocks, count) pairs) times, as nearly as
+    they can (a missed pass costs PASS_MISMATCH_COST)."""
+    from scipy.optimize import LinearConstraint, milp
+    edges = [(b, s) for b, block in enumerate(blocks) for s in block.successors]
+    n_edges = len(edges)
+    classes = [k for k, _ in targets]
+    n_vars = n_edges + 2 * len(classes) + 2 * len(passes)
+    # conservation: flow out of a block = flow into it (+1 for the entry)
+    rows = np.zeros((len(blocks), n_vars))
+    for e, (b, s) in enumerate(edges):
+        rows[b, e] += 1
+        if s >= 0:
+            rows[s, e] -= 1
+    bound = np.zeros(len(blocks))
+    bound[0] = 1
+    constraints = [LinearConstraint(rows, bound, bound)]
+    objective = np.zeros(n_vars)
+    for e, (b, _) in enumerate(edges):
+        objective[e] = costs[b]
+    if classes:
+        acc = np.zeros((len(classes), n_vars))
+        made = [block.accesses() for block in blocks]
+        for e, (b, _) in enumerate(edges):
+            for k, cls in enumerate(classes):
+                acc[k, e] = made[b].get(cls, 0)
+        for k in range(len(classes)):
+            acc[k, n_edges + 2 * k] = 1
+            acc[k, n_edges + 2 * k + 1] = -1
+        want = np.array([c for _, c in targets], float)
+        constraints.append(LinearConstraint(acc, want, want))
+        objective[n_edges:n_edges + 2 * len(classes)] = MISMATCH_COST
+    if passes:
+        first = n_edges + 2 * len(classes)
+        runs = np.zeros((len(passes), n_vars))
+        for k, (headers, _) in enumerate(passes):
+            for e, (b, _) in enumerate(edges):
+                runs[k, e] = b in headers
+            runs[k, first + 2 * k] = 1
+            runs[k, first + 2 * k + 1] = -1
+        want = np.array([c for _, c in passes], float)
+        constraints.append(LinearConstraint(runs, want, want))
+        objective[first:] = PASS_MISMATCH_COST
+    done = milp(objective, constraints=constraints, integrality=np.ones(n_vars),
+                bounds=(0, np.inf))
+    if done.x is None:
+        raise RuntimeError(f"gpumodel.instructions: no path through the kernel ({done.message})")
+    flow = np.round(done.x)
+    return (float(objective[:n_edges] @ flow[:n_edges]),
+            float(flow[n_edges:n_edges + 2 * len(classes)].sum()))
+
+
+@dataclass(frozen=True)
+class IssueCount:
+    """Executed warp instructions of one traced launch."""
+
+    warp_instructions: float
+    warps: int
+    unmatched: float  # accesses of the trace no path of the machine code makes, over warps
+    paths: dict  # warp accesses ((class, count), ...) -> (warps, instructions per warp)
+
+
+def count(launch, flow: ControlFlow) -> IssueCount:
+    """The executed warp instructions of ``launch`` (a :class:`gpumodel.trace.Launch`) whose
+    kernel's machine code is ``flow`` (see the module docstring). A warp with no global access
+    (every lane out of range) takes the shortest path to an exit."""
+    r = traffic.warp_requests(launch)
+    warps_per_block = -(-launch.threads_per_block // traffic.WARP)
+    warps = launch.recorded_blocks * warps_per_block
+    warp_id = r["block"] * warps_per_block + r["warp"]
+    per_warp: dict[int, list] = {}
+    if len(warp_id):
+        cls = r["write"] * 64 + r["size"]
+        keys, counts = np.unique(np.stack([warp_id, cls]), axis=1, return_counts=True)
+        for w, c, n in zip(keys[0].tolist(), keys[1].tolist(), counts.tolist()):
+            per_warp.setdefault(w, []).append(((c // 64, c % 64), n))
+    levels = len(flow.pass_headers)
+    line_warps, lines = traffic.line_counts(launch, levels)
+    by_warp = dict(zip(line_warps.tolist(), map(tuple, lines.tolist())))
+    signatures: dict[tuple, int] = {}
+    for w, items in per_warp.items():
+        sig = (tuple(items), by_warp.get(w, (0,) * levels))
+        signatures[sig] = signatures.get(sig, 0) + 1
+    silent = warps - sum(signatures.values())
+    if silent:
+        empty = ((), (0,) * levels)
+        signatures[empty] = signatures.get(empty, 0) + silent
+    paths, total, missed = {}, 0.0, 0.0
+    for sig, n in signatures.items():
+        instructions, miss = _path(flow, sig)
+        paths[sig] = (n, instructions)
+        total += n * instructions
+        missed += n * miss
+    return IssueCount(total, warps, missed, paths)
+
+
+def _path(flow: ControlFlow, signature: tuple) -> tuple[float, float]:
+    """(instructions, accesses missed) of a warp making ``signature``'s accesses (and walking
+    its lines, :func:`gpumodel.traffic.line_counts`): per class (write, bytes) if some path
+    matches that, else per direction, bytes apart."""
+    signature, lines = signature
+    # the outermost pass level walks the trace's highest line level
+    passes = tuple((headers, n) for headers, n in zip(flow.pass_headers, lines[::-1]))
+    instructions, missed = _solve(flow.blocks, flow.costs, signature, passes)
+    if missed:
+        merged: dict[tuple, int] = {}
+        for (write, size), n in signature:
+            merged[write] = merged.get(write, 0) + n
+        coarse = _solve(_by_direction(flow.blocks), flow.costs, tuple(
+            ((w, 0), n) for w, n in sorted(merged.items())), passes)
+        if coarse[1] < missed:
+            instructions, missed = coarse
+    return instructions, missed
+
+
+@functools.lru_cache(maxsize=64)
+def _by_direction(blocks):
+    """``blocks`` with every access's width set to 0 (accesses counted by direction)."""
+    def widthless(ins):
+        a = ins.access()
+        if a is None:
+            return ins
+        return _Widthless(ins.address, ins.opcode, ins.guarded, ins.target)
+    return tuple(Block(b.start, tuple(widthless(i) for i in b.instructions), b.successors)
+                 for b in blocks)
+
+
+@dataclass(frozen=True)
+class _Widthless(SassInstruction):
+    def access(self):
+        a = super().access()
+        return None if a is None else (a[0], 0)
