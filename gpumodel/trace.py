@@ -112,8 +112,7 @@ def build_library(code: str, names: tuple[str, ...], build: executor.Build,
     without ``build``'s sanitizers; ``build`` gives the compiler."""
     unit = (executor.translation_unit(names, defines + ("CUDACPU_TRACE",),
                                       executor.launch_bounds(code, build))
-            + f'#include "{RUNTIME.name}"
-')
+            + f'#include "{RUNTIME.name}"\n')
     flags = executor.Build("-O1", "", build.cxx).flags() + [
         "-g1", "-gdwarf-4", "-fsanitize=thread", "-static-libtsan", f"-I{RUNTIME.parent}"]
     return executor.compile_cached(build.cxx, flags, unit, trace_source(code), "trace_",
