@@ -33,8 +33,7 @@ WINDOW_PARAM_MAX = 2**31 - 1
 FLOAT32_RANGE = (2.0**-126, 3.4028234663852886e38)
 FLOAT64_RANGE = (sys.float_info.min, sys.float_info.max)
 #: the float type of the scalars and accumulators of each float dtype's kernels
-ACC_DTYPES = {"float16": "float32", "bfloat16": "float32", "float32": "float32",
-              "float64": "float64"}
+ACC_DTYPES = dict.fromkeys(("float16", "bfloat16", "float32"), "float32") | {"float64": "float64"}
 #: largest output, in bytes (values, plus int64 indices where returned), counting at least one
 #: plane: 2**48 bytes = 256 TiB, the 48-bit virtual address space of x86-64 and of CUDA GPUs.
 #: No machine can allocate more, so a larger output is a geometry error, not an allocation.
