@@ -7,17 +7,26 @@ through the float ops gradients flow in PyTorch's autograd and in JAX's ``grad``
 (:mod:`gpupool.interop.autograd`).
 ``import gpupool`` needs neither CuPy nor a GPU.
 """
+import importlib as _importlib
+import sys as _sys
+
 from .ops import (adaptive_avg_pool, adaptive_max_pool, avg_pool, global_avg_pool,
                   global_max_pool, lp_pool, max_pool, max_unpool)
 from .gradients import (adaptive_avg_pool_backward, adaptive_max_pool_backward,
                         avg_pool_backward, global_avg_pool_backward, global_max_pool_backward,
                         lp_pool_backward, max_pool_backward)
 from . import quantized
+from .interop import dlpack as _dlpack
 from .interop.autograd import install as _install_gradients
 from .cuda.explain import explain
 from .cpu.threads import get_num_threads, set_num_threads
 
-_install_gradients()  # PyTorch autograd and JAX transformations through the float ops
+_install_gradients()  # JAX transformations through the float ops
+# PyTorch's operators of the float ops: registered now where PyTorch is loaded (so that a
+# first call inside torch.compile finds them), else by the first tensor
+_dlpack.TORCH_OPERATORS = "gpupool.interop.torch_ops"
+if "torch" in _sys.modules:
+    _importlib.import_module(_dlpack.TORCH_OPERATORS)
 
 __version__ = "0.1.0"
 __all__ = ["max_pool", "avg_pool", "lp_pool", "global_avg_pool", "global_max_pool",
