@@ -42,9 +42,9 @@ def call(op, x, args: tuple, kwargs: dict):
     if not isinstance(x, torch.Tensor):  # another type of torch's: the adapter refuses it
         return dlpack.run(op, "torch", x, args, kwargs)
     if plain(x):
+        if kwargs.get("out") is None and name in EAGER:
+            return EAGER[name](x, autograd.op_arguments(op, args, kwargs))
         with stream(x):
-            if kwargs.get("out") is None and name in EAGER:
-                return EAGER[name](x, autograd.op_arguments(op, args, kwargs))
             return dlpack.run(op, "torch", x, args, kwargs)
     operator = _OPERATORS.get(name)
     first = "grad_output" if name.endswith("_backward") else "x"

@@ -13,6 +13,7 @@ operators in :mod:`gpupool.interop.torch_ops`, and the eager path of plain tenso
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 
 import torch
@@ -47,12 +48,15 @@ def stream(t):
     if t.device.type != "cuda":
         return contextlib.nullcontext()
     cupy = sys.modules["cupy"]  # loaded by the view of t
-    return cupy.cuda.ExternalStream(torch.cuda.currentstream(t.device).cuda_stream,
+    return cupy.cuda.ExternalStream(torch.cuda.current_stream(t.device).cuda_stream,
                                     t.device.index)
 
 
 def array_view(func: str, t: Tensor, name: str):
     """The NumPy (CPU) or CuPy (CUDA) array over ``t``'s memory."""
+    if (t.device.type == "cpu" and t.dtype in _DTYPES and t.layout is torch.strided
+            and not t.is_neg()):  # the common case: what the checks below would pass
+        return t.detach().numpy()
     return dlpack.view(func, "torch", dlpack.device(func, t, name), t, name)
 
 
@@ -63,46 +67,45 @@ def channels_last(x: Tensor, layout: str) -> bool:
             and x.is_contiguous(memory_format=fmt))
 
 
-def _empty(shape, dtype, device) -> Tensor:
-    return torch.empty(tuple(shape), dtype=dtype, device=device)
-
-
 def dtype_name(t: Tensor) -> str:
     """``t``'s dtype by gpupool's name (the spec refuses one it does not take)."""
     return _DTYPES.get(t.dtype) or str(t.dtype).removeprefix("torch.")
 
 
+def _run(name: str, func, x: Tensor, arrays: tuple, shape, **params):
+    """``func`` (op ``name`` on arrays) on ``arrays``, its result as a tensor on ``x``'s
+    device: on the CPU NumPy's array as it is, on a GPU written into a tensor of ``shape``
+    that PyTorch allocates (``shape()`` gives it), on the caller's stream."""
+    if x.device.type == "cpu":
+        result = func(*arrays, **params)
+        return tuple(map(torch.from_numpy, result)) if isinstance(result, tuple) else \
+            torch.from_numpy(result)
+    values = torch.empty(tuple(shape()), dtype=x.dtype, device=x.device)
+    with stream(x):
+        result = func(*arrays, **params, out=array_view(name, values, "out"))
+    return (values, torch.from_dlpack(result[1])) if isinstance(result, tuple) else values
+
+
 def pool(name: str, x: Tensor, params: dict, indices: bool):
     """Op ``name``'s values (and int64 indices where ``indices``) on ``x``, with the op's
-    arguments ``params``, into tensors PyTorch allocates on ``x``'s device."""
+    arguments ``params``, as tensors on ``x``'s device."""
     nhwc = channels_last(x, params["layout"])
     if nhwc:
         x = x.movedim(1, -1)
         params = {**params, "layout": "NHWC"}
-    spec = autograd.pooling_spec(name, x.shape, dtype_name(x), params)
-    values = _empty(spec.out_shape, x.dtype, x.device)
-    with stream(x):
-        a, out = array_view(name, x, "x"), array_view(name, values, "out")
-        if not indices:
-            getattr(ops, name)(a, **params, out=out)
-            found = None
-        elif name == "global_max_pool":
-            found = ops.adaptive_max_pool(a, spec.out_spatial, return_indices=True,
-                                          layout=params["layout"], out=out)[1]
-        else:
-            found = getattr(ops, name)(a, **params, return_indices=True, out=out)[1]
-    if found is not None:
-        found = torch.from_dlpack(found)
+    result = _run(name, getattr(ops, name), x, (array_view(name, x, "x"),),
+                  lambda: autograd.pooling_spec(name, x.shape, dtype_name(x), params).out_shape,
+                  **params, **({"return_indices": True} if indices else {}))
     if nhwc:
-        values = values.movedim(-1, 1)
-        found = None if found is None else found.movedim(-1, 1)
-    return values if found is None else (values, found)
+        return (tuple(r.movedim(-1, 1) for r in result) if indices
+                else result.movedim(-1, 1))
+    return result
 
 
 def backward(name: str, grad: Tensor, operand: Tensor | None, params: dict,
-              trusted: bool = False) -> Tensor:
+             trusted: bool = False) -> Tensor:
     """Backward op ``name`` on ``grad`` (and ``operand``, its indices or ``x``) with its
-    arguments ``params``, into a tensor PyTorch allocates; ``trusted``: indices a max of
+    arguments ``params``, as a tensor on ``grad``'s device; ``trusted``: indices a max of
     gpupool returned (not checked)."""
     nhwc = channels_last(grad, params["layout"])
     if nhwc:
@@ -112,18 +115,16 @@ def backward(name: str, grad: Tensor, operand: Tensor | None, params: dict,
         if "input_shape" in params:
             shape = tuple(params["input_shape"])
             params["input_shape"] = (shape[0],) + shape[2:] + (shape[1],)
+    arrays = (array_view(name, grad, "grad_output"),)
+    if operand is not None:
+        arrays += (array_view(name, operand, _OPERAND_NAMES[name]),)
     shape = params["input_shape"] if "input_shape" in params else operand.shape
-    result = _empty(shape, grad.dtype, grad.device)
-    with stream(grad):
-        g, out = array_view(name, grad, "grad_output"), array_view(name, result, "out")
-        other = None if operand is None else array_view(name, operand, _OPERAND_NAMES[name])
-        if trusted:
-            gradients.max_backward_of_own_indices(g, other, _max_grad_spec(name, g, other,
-                                                                          params), out=out)
-        elif other is None:
-            getattr(gradients, name)(g, **params, out=out)
-        else:
-            getattr(gradients, name)(g, other, **params, out=out)
+    if trusted:
+        result = _run(name, functools.partial(gradients.max_backward_of_own_indices,
+                                              spec=_max_grad_spec(name, *arrays, params)),
+                      grad, arrays, lambda: shape)
+    else:
+        result = _run(name, getattr(gradients, name), grad, arrays, lambda: shape, **params)
     return result.movedim(-1, 1) if nhwc else result
 
 
