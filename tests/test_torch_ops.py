@@ -4,6 +4,8 @@ values come from PyTorch's own pooling."""
 from __future__ import annotations
 
 import io
+import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -216,3 +218,17 @@ def test_gradient_ignores_lists_mutated_after_the_forward():
     reference = torch.tensor(a, requires_grad=True)
     F.avg_pool2d(reference, 2, 1, 1, count_include_pad=False).backward(g)
     torch.testing.assert_close(t.grad, reference.grad, rtol=0, atol=1e-12)
+
+
+# PyTorch's inductor itself still calls torch.jit.script_method
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_the_readme_example_runs_as_written():
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"^### PyTorch operators.*?^```python\n(.*?)^```", readme,
+                      re.M | re.S).group(1)
+    namespace: dict = {}
+    exec(block, namespace)  # noqa: S102 - the README's own example
+    x = namespace["x"]
+    want = torch.autograd.functional.hessian(lambda t: F.lp_pool2d(t, 2, 2).sum(), x)
+    torch.testing.assert_close(namespace["hessian"], want)
+    assert "gpupool.max_pool" in str(namespace["program"].graph)
