@@ -54,9 +54,9 @@ def stream(t):
 
 def array_view(func: str, t: Tensor, name: str):
     """The NumPy (CPU) or CuPy (CUDA) array over ``t``'s memory."""
-    if (t.device.type == "cpu" and t.dtype in _DTYPES and t.layout is torch.strided
+    if (t.is_cpu and t.dtype in _DTYPES and t.layout is torch.strided
             and not t.is_neg()):  # the common case: what the checks below would pass
-        return t.detach().numpy()
+        return (t.detach() if t.requires_grad else t).numpy()
     return dlpack.view(func, "torch", dlpack.device(func, t, name), t, name)
 
 
@@ -76,7 +76,7 @@ def _run(name: str, func, x: Tensor, arrays: tuple, shape, **params):
     """``func`` (op ``name`` on arrays) on ``arrays``, its result as a tensor on ``x``'s
     device: on the CPU NumPy's array as it is, on a GPU written into a tensor of ``shape``
     that PyTorch allocates (``shape()`` gives it), on the caller's stream."""
-    if x.device.type == "cpu":
+    if x.is_cpu:
         result = func(*arrays, **params)
         return tuple(map(torch.from_numpy, result)) if isinstance(result, tuple) else \
             torch.from_numpy(result)
