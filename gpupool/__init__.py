@@ -3,7 +3,8 @@
 The backend follows the input: a NumPy array runs on the CPU and returns NumPy, a CuPy array
 runs on its GPU and returns CuPy. PyTorch tensors and JAX arrays go the same way without
 copies, through DLPack (:mod:`gpupool.interop.dlpack`), and come back as the input's kind;
-through the float ops gradients flow in PyTorch's autograd and in JAX's ``grad`` and ``jit``
+the float ops and their backward ops are PyTorch operators (:mod:`gpupool.interop.torch_ops`:
+autograd, ``torch.compile``, export), and gradients flow in JAX's ``grad`` and ``jit``
 (:mod:`gpupool.interop.autograd`).
 ``import gpupool`` needs neither CuPy nor a GPU.
 """

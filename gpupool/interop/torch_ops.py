@@ -1,7 +1,7 @@
 """The float ops as PyTorch operators: ``torch.library`` custom ops in namespace ``gpupool``.
 
-Imported by :mod:`gpupool.interop.dlpack` when the first tensor arrives (``import gpupool``
-imports it only where PyTorch is already loaded; gpupool never loads PyTorch).
+``import gpupool`` imports this module where PyTorch is already loaded, else the first tensor
+does (:mod:`gpupool.interop.dlpack`): gpupool never loads PyTorch.
 
 * A plain tensor (untracked, with nothing intercepting it: no ``torch.compile``, export, JIT
   trace, ``torch.func`` transform or dispatch mode) runs the op at once, without PyTorch's
@@ -14,12 +14,8 @@ imports it only where PyTorch is already loaded; gpupool never loads PyTorch).
   a list the caller mutates afterwards changes nothing.
 * A max's backward runs from the indices its forward returned, without the backward ops'
   index check (which costs host syncs on a GPU); the public backward ops keep it.
-* Outputs are allocated by PyTorch on the input's device (on a GPU: PyTorch's caching
-  allocator), and on a GPU the work runs on the caller's current PyTorch stream (CuPy's
-  ``ExternalStream``), so ``out=`` and the results are ordered with the caller's work. A max's
-  indices on a GPU are the one exception: CuPy allocates them.
-* A 4-D (5-D) ``channels_last`` (``channels_last_3d``) tensor in layout NCHW runs the NHWC
-  path on its memory as it lies, and its results are ``channels_last`` too.
+* The kernels, and the eager path (allocation, streams, channels_last), are in
+  :mod:`gpupool.interop.torch_tensors`.
 """
 from __future__ import annotations
 
@@ -57,11 +53,11 @@ def call(op, x, args: tuple, kwargs: dict):
     if params.pop("out", None) is not None:
         raise TypeError(f"gpupool.{name}: out cannot be used while {first} requires grad or "
                         f"is traced: a result written into out would not be part of the "
-                        f"autograd graph; leave out None, or pass {first}.detach() (or call it under "
-                        f"torch.no_grad())")
+                        f"autograd graph; leave out None, or pass {first}.detach() (or call "
+                        f"it under torch.no_grad())")
     if torch.jit.is_tracing():
-        raise TypeError(f"gpupool.{name}: torch.jit.trace cannot record gpupool's operators "
-                        f"with their arguments; use torch.compile or torch.export")
+        raise TypeError(f"gpupool.{name}: torch.jit.trace is not supported; use "
+                        f"torch.compile or torch.export")
     return operator(x, params)
 
 
@@ -161,8 +157,8 @@ def _max_pool_setup(ctx, inputs, output):
 
 def _max_pool_grad(ctx, grad, _):
     (indices,) = ctx.saved_tensors
-    gx = torch.ops.gpupool.max_pool_backward(_in_format(ctx, grad), indices, ctx.input_shape, *ctx.arguments,
-                                             False)
+    gx = torch.ops.gpupool.max_pool_backward(_in_format(ctx, grad), indices, ctx.input_shape,
+                                             *ctx.arguments, False)
     return (gx,) + _no_grads(ctx.arguments)
 
 
@@ -414,8 +410,9 @@ def _adaptive_max_setup(ctx, inputs, output):
 
 def _adaptive_max_grad(ctx, grad, _):
     (indices,) = ctx.saved_tensors
-    return (torch.ops.gpupool.adaptive_max_pool_backward(_in_format(ctx, grad), indices, ctx.input_shape,
-                                                         ctx.output_size, ctx.layout, False),
+    return (torch.ops.gpupool.adaptive_max_pool_backward(_in_format(ctx, grad), indices,
+                                                         ctx.input_shape, ctx.output_size,
+                                                         ctx.layout, False),
             None, None)
 
 
@@ -462,8 +459,9 @@ def _global_avg_setup(ctx, inputs, output):
 
 
 def _global_avg_grad(ctx, grad):
-    return (torch.ops.gpupool.global_avg_pool_backward(_in_format(ctx, grad), ctx.input_shape, ctx.spatial_dims,
-                                                       ctx.layout), None, None)
+    return (torch.ops.gpupool.global_avg_pool_backward(_in_format(ctx, grad), ctx.input_shape,
+                                                       ctx.spatial_dims, ctx.layout),
+            None, None)
 
 
 def _global_avg_backward_setup(ctx, inputs, output):
