@@ -1,4 +1,5 @@
-"""Gradients through the float ops (:mod:`gpupool.interop.autograd`): PyTorch autograd against
+"""Gradients through the float ops (:mod:`gpupool.interop.torch_ops`,
+:mod:`gpupool.interop.autograd`): PyTorch autograd against
 PyTorch's own pooling on random geometry within PyTorch's rules, ``gradcheck``, the graph,
 ``no_grad`` and the refusals; JAX ``grad`` (through ``jit`` and ``vmap``) against the same
 pooling written with ``jax.lax.reduce_window`` and ``jnp.mean``/``jnp.max``."""

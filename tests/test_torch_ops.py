@@ -29,6 +29,7 @@ def _samples():
     grad = _tensor((2, 3, 4, 3), seed=1, requires_grad=True)
     window = ([2, 2], [2, 2], [1, 1, 0, 0], "", [1, 1], True)
     values, indices = OPS.max_pool(x.detach(), *window, "NCHW")
+    adaptive_indices = OPS.adaptive_max_pool(x.detach(), [4, 3], "NCHW")[1]
     return [
         (OPS.max_pool.default, (x, *window, "NCHW")),
         (OPS.max_pool.default, (x, [3, 3], [2, 1], [], "same", [1, 2], False, "NHWC")),
@@ -42,6 +43,8 @@ def _samples():
         (OPS.avg_pool_backward.default, (grad, [2, 3, 7, 6], *window, True, None, "NCHW")),
         (OPS.lp_pool_backward.default, (grad, x, 2.0, *window, "NCHW")),
         (OPS.adaptive_avg_pool_backward.default, (grad, [2, 3, 7, 6], [4, 3], "NCHW")),
+        (OPS.adaptive_max_pool_backward.default,
+         (grad, adaptive_indices, [2, 3, 7, 6], [4, 3], "NCHW", False)),
         (OPS.global_avg_pool_backward.default,
          (_tensor((2, 3, 1, 1), requires_grad=True), [2, 3, 7, 6], 2, "NCHW")),
     ]
