@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from .arrays import is_cupy_array, is_dask_array
+from .interop import dlpack
 from .registry import registered
 
 #: the modules of each backend: the float ops, the quantized ones, then the backward ops.
@@ -58,7 +59,7 @@ def foreign_handler(x):
     if is_dask_array(x):
         return importlib.import_module("gpupool.interop.dask")
     if hasattr(x, "__dlpack__"):
-        return importlib.import_module("gpupool.interop.dlpack")
+        return dlpack
     return None
 
 

@@ -57,6 +57,15 @@ def _grad(func: str, grad_output):
     return grad, backend, xp, dtype_name(grad.dtype)
 
 
+def max_backward_of_own_indices(grad_output, indices, spec: G.GradSpec, out=None):
+    """The gradient of a max (``spec``: max_pool's or adaptive_max_pool's backward) from
+    indices that gpupool's forward returned itself, so lie in their windows: the backward ops'
+    index check (host syncs on a GPU) is skipped. Arrays of one backend and device."""
+    func = spec.forward.geom.func
+    grad, backend, xp, _ = _grad(func, grad_output)
+    return _run(func, spec, grad, backend, xp, out, indices=indices)
+
+
 @accepts_foreign
 def max_pool_backward(grad_output: ArrayLike, indices: ArrayLike, input_shape: Sequence[int],
                       kernel_size: Size, stride: Size | None = None, padding: Padding = 0,

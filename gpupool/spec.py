@@ -336,6 +336,18 @@ class WindowSpec:
         return self.geom.with_spatial(self.out_spatial)
 
 
+def window_arguments(func: str, kernel_size, stride, padding, dilation):
+    """``(kernel, stride, dilation, padding)`` validated without the input: ``padding`` as
+    (begin, end) pairs per dim, or a padding string's canonical name."""
+    nd = spatial_rank(func, kernel_size)
+    kernel = _window_ints(func, "kernel_size", kernel_size, nd, 1)
+    stride = kernel if stride is None else _window_ints(func, "stride", stride, nd, 1)
+    dilation = _window_ints(func, "dilation", dilation, nd, 1)
+    return kernel, stride, dilation, (choice(func, "padding", padding, PADDING_STRINGS)
+                                      if isinstance(padding, str) else resolve_padding(
+                                          func, padding, nd, None, kernel, stride, dilation))
+
+
 @memoized
 def window_spec(func: str, op: str, shape, dtype: str, kernel_size, stride, padding, dilation,
                 ceil_mode, layout, *, return_indices=False, count_include_pad=False,
@@ -345,10 +357,8 @@ def window_spec(func: str, op: str, shape, dtype: str, kernel_size, stride, padd
     nd = spatial_rank(func, kernel_size)
     g = geometry(func, shape, dtype, layout, nd,
                  integers=(op == "max") if integers is None else integers)
-    kernel = _window_ints(func, "kernel_size", kernel_size, nd, 1)
-    stride = kernel if stride is None else _window_ints(func, "stride", stride, nd, 1)
-    dilation = _window_ints(func, "dilation", dilation, nd, 1)
-    pads = resolve_padding(func, padding, nd, g.spatial, kernel, stride, dilation)
+    kernel, stride, dilation, given = window_arguments(func, kernel_size, stride, padding, dilation)
+    pads = resolve_padding(func, given, nd, g.spatial, kernel, stride, dilation)
     ceil_mode = check_bool(func, "ceil_mode", ceil_mode)
     return_indices = check_bool(func, "return_indices", return_indices)
     count_include_pad = check_bool(func, "count_include_pad", count_include_pad)
@@ -528,10 +538,8 @@ def unpool_spec(func: str, shape, dtype: str, indices_shape, indices_dtype: str,
     if indices_dtype not in INT_DTYPES:
         fail(func, f"indices dtype {indices_dtype} is not supported: use int64 (as max_pool "
                     f"returns)", TypeError)
-    kernel = _window_ints(func, "kernel_size", kernel_size, nd, 1)
-    stride = kernel if stride is None else _window_ints(func, "stride", stride, nd, 1)
-    dilation = _window_ints(func, "dilation", dilation, nd, 1)
-    mode = choice(func, "padding", padding, PADDING_STRINGS) if isinstance(padding, str) else None
+    kernel, stride, dilation, given = window_arguments(func, kernel_size, stride, padding, dilation)
+    mode = given if isinstance(given, str) else None
     if output_size is None:
         if mode in ("same", "same_lower"):
             fail(func, f"padding={padding!r} depends on the unknown unpooled size; pass "

@@ -1,32 +1,17 @@
-"""Gradients through the float ops in PyTorch autograd, and what every framework adapter shares.
+"""What the framework adapters of the float ops share: each op's arguments, spec, forward
+with what its backward keeps (:data:`SAVED`), and backward through :mod:`gpupool.gradients`.
 
-:mod:`gpupool.interop.dlpack` hands an input here when a framework tracks it (this module
-is installed in :data:`gpupool.interop.dlpack.TRACKED_CALLS` when gpupool is imported):
-
-* PyTorch, a tensor that requires grad while grad mode is on: the op runs as a
-  ``torch.autograd.Function`` (:func:`torch_call`). Its forward runs the gpupool op on the
-  detached tensor through DLPack, on the tensor's device (NumPy on the CPU, CuPy on a CUDA
-  GPU), and keeps what the backward needs: the indices of a max (the forward runs with
-  ``return_indices=True``; a global max as an adaptive max to one position), ``x`` for Lp,
-  only the input's shape for the averages. Its backward runs the matching backward op of
-  :mod:`gpupool.gradients` on the same device. Returned indices are not differentiable.
-  The backward is ``once_differentiable``: a second derivative through it is an error from
-  PyTorch. ``out=`` with such a tensor is a ``TypeError`` (a result written in place would
-  not be part of the graph); in ``torch.no_grad()`` the tensor is pooled without tracking,
-  as PyTorch's own ops do.
-
-The other ops (``max_unpool``, the backward ops) have no gradient here: a tracked input to
-them is a ``TypeError`` naming the way out.
+* PyTorch: the float ops and their backward ops are PyTorch operators with autograd
+  formulas (:mod:`gpupool.interop.torch_ops`).
+* JAX: traced values go through buffer callbacks with ``custom_jvp`` tangents
+  (:mod:`gpupool.interop.jax_ops`).
 """
 from __future__ import annotations
 
-import functools
-import importlib
 import inspect
 
 from .. import gradients, ops
 from .. import spec as S
-from . import dlpack
 
 #: the ops with a gradient, each with what its backward keeps from the forward: "indices"
 #: (a max), "x" (Lp) or "shape" (an average: only the input's shape)
@@ -35,20 +20,50 @@ SAVED = {"max_pool": "indices", "avg_pool": "shape", "lp_pool": "x",
          "adaptive_avg_pool": "shape", "adaptive_max_pool": "indices"}
 
 
-@functools.cache
-def _signature(op) -> inspect.Signature:
-    return inspect.signature(op)
+#: each op's parameters after its first, by op: (positional names, keyword-only names,
+#: defaults by name), plain tuples and dicts that torch.compile traces (:func:`op_arguments`
+#: binds by hand: tracing ``inspect.Signature.bind`` breaks the graph). :func:`keep_signatures`
+#: fills it before any trace, which would otherwise guard on its size.
+_PARAMETERS: dict = {}
+
+
+def keep_signatures(ops_) -> None:
+    """Keep the parameters of ``ops_`` now (the functions behind the public ops)."""
+    for op in ops_:
+        _parameters(op)
+
+
+def _parameters(op) -> tuple:
+    found = _PARAMETERS.get(op)
+    if found is None:
+        params = list(inspect.signature(op).parameters.values())[1:]
+        found = _PARAMETERS[op] = (
+            tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD),
+            tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY),
+            {p.name: p.default for p in params if p.default is not p.empty})
+    return found
 
 
 def op_arguments(op, args: tuple, kwargs: dict) -> dict:
-    """``op``'s arguments after ``x``, by name, with the defaults filled in."""
-    try:
-        bound = _signature(op).bind(None, *args, **kwargs)
-    except TypeError as e:
-        raise TypeError(f"gpupool.{op.__name__}: {e}") from None
-    bound.apply_defaults()
-    params = dict(bound.arguments)
-    del params["x"]
+    """``op``'s arguments after its first (``x`` or ``grad_output``), by name, with the
+    defaults filled in; a ``TypeError`` as Python's where they do not fit its signature."""
+    positional, keyword, defaults = _parameters(op)
+    name = op.__name__
+    if len(args) > len(positional):
+        raise TypeError(f"gpupool.{name}: takes {len(positional) + 1} positional arguments "
+                        f"but {len(args) + 1} were given")
+    params = dict(zip(positional, args))
+    for key, value in kwargs.items():
+        if key in params:
+            raise TypeError(f"gpupool.{name}: got multiple values for argument '{key}'")
+        if key not in positional and key not in keyword:
+            raise TypeError(f"gpupool.{name}: got an unexpected keyword argument '{key}'")
+        params[key] = value
+    for key in positional + keyword:
+        if key not in params:
+            if key not in defaults:
+                raise TypeError(f"gpupool.{name}: missing a required argument: '{key}'")
+            params[key] = defaults[key]
     return params
 
 
@@ -107,76 +122,3 @@ def backward(name: str, grad, saved, input_shape: tuple, params: dict, spec):
     # adaptive_max_pool, and global_max_pool as an adaptive max to one position
     return gradients.adaptive_max_pool_backward(grad, saved, input_shape, spec.out_spatial,
                                                 layout=p["layout"])
-
-
-def _first(name: str) -> str:
-    """The name of op ``name``'s first parameter."""
-    return "grad_output" if name.endswith("_backward") else "x"
-
-
-def _split(name: str, op, args: tuple, kwargs: dict):
-    """``(params, return_indices, out)``: the op's arguments without the last two."""
-    params = op_arguments(op, args, kwargs)
-    wanted = S.check_bool(name, "return_indices", params.pop("return_indices", False))
-    return params, wanted, params.pop("out")
-
-
-# ----------------------------------------------------------------------------- PyTorch
-
-@functools.cache
-def _torch_function():
-    """The ``torch.autograd.Function`` of the pooling ops (made once PyTorch is loaded)."""
-    torch = importlib.import_module("torch")
-    once_differentiable = importlib.import_module("torch.autograd.function").once_differentiable
-
-    class Pooling(torch.autograd.Function):
-        """A gpupool float op: forward on the detached input, backward through
-        :mod:`gpupool.gradients`; the indices of a max are outputs without gradient."""
-
-        @staticmethod
-        def forward(ctx, x, name, params, spec):
-            indexed = SAVED[name] == "indices"
-            values, indices = forward(name, x.detach(), params, spec, indexed)
-            ctx.pooling = name, params, spec, tuple(x.shape)
-            if SAVED[name] == "x":
-                ctx.save_for_backward(x)
-            if not indexed:
-                return values
-            ctx.save_for_backward(indices)
-            ctx.mark_non_differentiable(indices)
-            return values, indices
-
-        @staticmethod
-        @once_differentiable
-        def backward(ctx, grad, *unused):
-            name, params, spec, input_shape = ctx.pooling
-            saved = ctx.saved_tensors[0].detach() if ctx.saved_tensors else None
-            return backward(name, grad, saved, input_shape, params, spec), None, None, None
-
-    return Pooling
-
-
-def torch_call(op, x, args: tuple, kwargs: dict):
-    """Run ``op`` on ``x``, a tensor that requires grad while grad mode is on, as part of the
-    autograd graph."""
-    name = op.__name__
-    if name not in SAVED:
-        first = _first(name)
-        raise TypeError(f"gpupool.{name}: {first} requires grad, and gpupool has no gradient "
-                        f"of {name}; pass {first}.detach() (or call it under torch.no_grad())")
-    params, wanted, out = _split(name, op, args, kwargs)
-    if out is not None:
-        raise TypeError(f"gpupool.{name}: out cannot be used while x requires grad: a result "
-                        f"written into out would not be part of the autograd graph; leave out "
-                        f"None, or pass x.detach() (or call it under torch.no_grad())")
-    spec = pooling_spec(name, x.shape, str(x.dtype).removeprefix("torch."), params)
-    result = _torch_function().apply(x, name, params, spec)
-    if SAVED[name] != "indices":
-        return result
-    return result if wanted else result[0]
-
-
-def install() -> None:
-    """Make :func:`torch_call` the path of tracked PyTorch tensors in
-    :mod:`gpupool.interop.dlpack` (``import gpupool`` does this)."""
-    dlpack.TRACKED_CALLS.update(torch=torch_call)

@@ -16,13 +16,14 @@ arrives, so they are already loaded: gpupool never loads them.
   NumPy and CuPy import no DLPack bfloat16, so a bfloat16 tensor travels as its int16 bits
   (PyTorch: a view; JAX: a bitcast) and is viewed as ml_dtypes' bfloat16 (``pip install
   "gpupool[bfloat16]"``), and results go back the same way.
-* Gradients: a PyTorch tensor that requires grad while grad mode is on, and a traced JAX value
-  (inside ``jax.jit``, ``grad``, ``vmap``), go to the handler of their library in
-  :data:`TRACKED_CALLS` (:mod:`gpupool.interop.autograd`: a ``torch.autograd.Function``;
-  :mod:`gpupool.interop.jax_ops`: a ``jax.custom_jvp`` over XLA buffer callbacks) for the float
-  pooling ops; for the other ops that is a ``TypeError``. Under ``torch.no_grad()`` a tensor that requires grad is pooled
-  without tracking, as by PyTorch's own ops. ``out`` that requires grad is a ``TypeError``:
-  autograd would not see it written in place; so is ``out`` for an input that is tracked.
+* PyTorch tensors all go to :mod:`gpupool.interop.torch_ops` (gpupool's PyTorch operators),
+  which runs a plain one through :func:`run` here. A traced JAX value (inside ``jax.jit``,
+  ``grad``, ``vmap``) goes to the handler in :data:`TRACKED_CALLS`
+  (:mod:`gpupool.interop.jax_ops`: a ``jax.custom_jvp`` over XLA buffer callbacks) for the
+  float pooling ops; for the other ops that is a ``TypeError``. Under ``torch.no_grad()`` a
+  tensor that requires grad is pooled without tracking, as by PyTorch's own ops. ``out`` that
+  requires grad is a ``TypeError``: autograd would not see it written in place; so is
+  ``out`` for an input that is tracked.
 * The backward ops (:mod:`gpupool.gradients`) take tensors of ``grad_output``'s library and
   device as ``indices`` and ``x``, as ``max_unpool`` its ``indices``.
 * A PyTorch tensor with the negative bit set (a lazily negated view such as ``t.conj().imag``
@@ -36,6 +37,7 @@ arrives, so they are already loaded: gpupool never loads them.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Callable
 
 import numpy as np
@@ -61,9 +63,11 @@ _OPERANDS = {"max_unpool": "indices", "max_pool_backward": "indices",
              "global_max_pool_backward": "x"}
 #: what runs an op on an input that its library tracks, by library: ``"torch"``, a tensor that
 #: requires grad while grad mode is on; ``"jax"``, a traced value. Each is called as
-#: ``handler(op, x, args, kwargs)``; :mod:`gpupool.interop.autograd` and
-#: :mod:`gpupool.interop.jax_ops` install them.
+#: ``handler(op, x, args, kwargs)``; :mod:`gpupool.interop.jax_ops` installs JAX's.
 TRACKED_CALLS: dict[str, Callable] = {}
+#: the module of gpupool's PyTorch operators, whose ``call(op, x, args, kwargs)`` runs an op on
+#: any tensor; the package names it (``import gpupool``)
+TORCH_OPERATORS = ""
 
 
 def call(op, x, *args, **kwargs):
@@ -73,48 +77,50 @@ def call(op, x, *args, **kwargs):
     func = op.__name__
     lib = _LIBRARIES.get(type(x).__module__.split(".")[0])
     if lib is None:
-        raise TypeError(f"gpupool.{func}: x is a {_type_name(x)}; gpupool takes NumPy and CuPy "
+        raise TypeError(f"gpupool.{func}: x is a {type_name(x)}; gpupool takes NumPy and CuPy "
                         f"arrays, PyTorch tensors, JAX arrays and nested lists")
-    out = kwargs.get("out")
-    if lib == "jax" and out is not None:
+    if lib == "torch":  # sys.modules, not importlib: torch.compile traces this line
+        operators = sys.modules.get(TORCH_OPERATORS) or importlib.import_module(TORCH_OPERATORS)
+        return operators.call(op, x, args, kwargs)
+    if kwargs.get("out") is not None:
         raise TypeError(f"gpupool.{func}: out must be None for a JAX input: JAX arrays are "
                         f"immutable, use the returned array")
-    if _tracked(lib, x):
+    if isinstance(x, importlib.import_module("jax").core.Tracer):
         handler = TRACKED_CALLS.get(lib)
         if handler is None:
-            raise TypeError(f"gpupool.{func}: x is tracked by {lib} (it requires grad, or is "
-                            f"a traced JAX value), and gpupool.interop.autograd is not loaded")
+            raise TypeError(f"gpupool.{func}: x is a traced JAX value, and "
+                            f"gpupool.interop.autograd is not loaded")
         return handler(op, x, args, kwargs)
+    return run(op, lib, x, args, kwargs)
+
+
+def run(op, lib: str, x, args: tuple, kwargs: dict):
+    """``op`` on the NumPy/CuPy view of ``x`` (an untracked tensor of ``lib``) and of its
+    tensor operands; results as tensors of ``lib`` on ``x``'s device, ``out`` itself where
+    given."""
+    func = op.__name__
+    out = kwargs.get("out")
     first = "grad_output" if func.endswith("_backward") else "x"
-    device = _device(func, x, first)
-    view = _view(func, lib, device, x, first)
+    where = device(func, x, first)
+    array = view(func, lib, where, x, first)
     if out is not None:
-        kwargs["out"] = _operand(func, lib, device, out, "out")
+        kwargs["out"] = operand_view(func, lib, where, out, "out")
     operand = _OPERANDS.get(func)
     if operand is not None:
         if args:
-            args = (_operand(func, lib, device, args[0], operand),) + args[1:]
+            args = (operand_view(func, lib, where, args[0], operand),) + args[1:]
         elif operand in kwargs:
-            kwargs[operand] = _operand(func, lib, device, kwargs[operand], operand)
-    result = op(view, *args, **kwargs)
+            kwargs[operand] = operand_view(func, lib, where, kwargs[operand], operand)
+    result = op(array, *args, **kwargs)
     if not isinstance(result, tuple):
         return out if out is not None else _to_library(lib, result)
     values, indices = result
-    if lib == "jax" and view.size > _INT32_MAX and indices.size:
+    if lib == "jax" and array.size > _INT32_MAX and indices.size:
         _check_jax_indices(func, indices)
     return (out if out is not None else _to_library(lib, values)), _to_library(lib, indices)
 
 
-def _tracked(lib: str, x) -> bool:
-    """Whether ``x`` is tracked by its library: a PyTorch tensor that requires grad while
-    grad mode is on, or a traced JAX value."""
-    if lib == "torch":
-        return (getattr(x, "requires_grad", False)
-                and importlib.import_module("torch").is_grad_enabled())
-    return isinstance(x, importlib.import_module("jax").core.Tracer)
-
-
-def _type_name(t) -> str:
+def type_name(t) -> str:
     lib = _LIBRARIES.get(type(t).__module__.split(".")[0])
     return _TYPE_NAMES[lib] if lib else f"{type(t).__module__}.{type(t).__name__}"
 
@@ -124,12 +130,12 @@ def _device_name(device: tuple[int, int]) -> str:
     return f"{_DEVICE_TYPES.get(kind, f'DLPack device type {kind}')}:{index}"
 
 
-def _device(func: str, t, name: str) -> tuple[int, int]:
+def device(func: str, t, name: str) -> tuple[int, int]:
     """``(DLPack device type, index)`` of ``t``: the CPU or a CUDA GPU."""
     try:
         kind, index = t.__dlpack_device__()
     except _EXPORT_ERRORS as e:
-        raise TypeError(f"gpupool.{func}: {name} ({_type_name(t)}) cannot be shared through "
+        raise TypeError(f"gpupool.{func}: {name} ({type_name(t)}) cannot be shared through "
                         f"DLPack ({e})") from e
     device = (int(kind), int(index))
     if device[0] not in (_CPU, _CUDA):
@@ -138,19 +144,19 @@ def _device(func: str, t, name: str) -> tuple[int, int]:
     return device
 
 
-def _operand(func: str, lib: str, device: tuple[int, int], t, name: str):
+def operand_view(func: str, lib: str, x_device: tuple[int, int], t, name: str):
     """The NumPy/CuPy view of ``out`` or ``indices``: a tensor of ``x``'s library and device."""
     if _LIBRARIES.get(type(t).__module__.split(".")[0]) != lib or not hasattr(t, "__dlpack__"):
-        raise TypeError(f"gpupool.{func}: {name} is a {_type_name(t)}; expected a "
+        raise TypeError(f"gpupool.{func}: {name} is a {type_name(t)}; expected a "
                         f"{_TYPE_NAMES[lib]} like x")
-    where = _device(func, t, name)
-    if where != device:
+    where = device(func, t, name)
+    if where != x_device:
         raise ValueError(f"gpupool.{func}: {name} is on device {_device_name(where)}, x on "
-                         f"{_device_name(device)}")
-    return _view(func, lib, where, t, name)
+                         f"{_device_name(x_device)}")
+    return view(func, lib, where, t, name)
 
 
-def _view(func: str, lib: str, device: tuple[int, int], t, name: str):
+def view(func: str, lib: str, device: tuple[int, int], t, name: str):
     """``t`` as a NumPy (CPU) or CuPy (CUDA) array over the same memory."""
     if lib == "torch" and t.requires_grad:
         if name == "out":

@@ -18,7 +18,8 @@ without a usable GPU) and ``gpupool.cuda.backend`` / ``gpupool.cuda.quantized`` 
 * ``cuda.Device``, ``cuda.runtime``: ``CUDACPU_DEVICES`` devices (default 2) with an H100's
   properties, so the planner makes the launches it makes on an H100 (``CUDACPU_SM_COUNT``, read
   at each query, replaces its 132 SMs).
-* ``cuda.Stream``: streams with CUDA's ordering rules (the legacy null stream is ordered with
+* ``cuda.Stream`` (and ``cuda.ExternalStream``, another library's stream by its pointer):
+  streams with CUDA's ordering rules (the legacy null stream is ordered with
   blocking streams; two other streams are not). A kernel, ``get`` or copy touching an array
   last written on a stream it is not ordered with, and not synchronised since, is refused:
   on a GPU it would race. A stream belongs to the device current at its creation, and each
@@ -103,6 +104,18 @@ class Stream:
     def __exit__(self, *exc):
         _streams(self._entered.pop()).pop()
         return False
+
+
+class ExternalStream(Stream):
+    """A stream another library made (``ptr``, its ``cudaStream_t``), as CuPy's: 0 is the
+    legacy null stream; another one is taken as non-blocking (PyTorch makes its own so), of
+    ``device_id`` (default: the current device)."""
+
+    def __init__(self, ptr: int, device_id: int = -1):
+        super().__init__(non_blocking=ptr != 0, null=ptr == 0)
+        self.ptr = ptr
+        if ptr != 0 and device_id >= 0:
+            self.device_id = device_id
 
 
 def _stack(name: str) -> list:
@@ -678,6 +691,7 @@ cuda.profiler.stop = _profiler.stop
 cuda.profiler.ranges = _profiler.ranges
 cuda.Device = Device
 cuda.Stream = Stream
+cuda.ExternalStream = ExternalStream
 cuda.get_current_stream = get_current_stream
 cuda.set_allocator = set_allocator
 cuda.get_allocator = get_allocator

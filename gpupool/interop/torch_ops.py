@@ -1,0 +1,585 @@
+"""The float ops as PyTorch operators: ``torch.library`` custom ops in namespace ``gpupool``.
+
+``import gpupool`` imports this module where PyTorch is already loaded, else the first tensor
+does (:mod:`gpupool.interop.dlpack`): gpupool never loads PyTorch.
+
+* A plain tensor (untracked, with nothing intercepting it: no ``torch.compile``, export, JIT
+  trace, ``torch.func`` transform or dispatch mode) runs the op at once, without PyTorch's
+  dispatcher, so an eager call costs little more than on a NumPy array.
+* Any other goes through ``torch.ops.gpupool.*``: one operator per float op and per backward
+  op, each with a fake kernel (output shapes from :mod:`gpupool.spec`, on symbolic sizes too),
+  and an autograd formula (``register_autograd``) written with these operators, so that
+  compile, export, ``torch.func`` and higher derivatives see PyTorch operators throughout.
+  The arguments are normalised to values (lists of ints, a padding string) before the call:
+  a list the caller mutates afterwards changes nothing.
+* A max's backward runs from the indices its forward returned, without the backward ops'
+  index check (which costs host syncs on a GPU); the public backward ops keep it.
+* The kernels, and the eager path (allocation, streams, channels_last), are in
+  :mod:`gpupool.interop.torch_tensors`.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import gradients, ops
+from .. import grad_spec as G
+from .. import spec as S
+from . import autograd, dlpack
+from .torch_tensors import (CHANNELS_LAST, EAGER, backward, channels_last, fake, fake_like,
+                            plain, pool, stream)
+
+Tensor = torch.Tensor
+
+
+def call(op, x, args: tuple, kwargs: dict):
+    """Run the public op ``op`` on the tensor ``x`` (:mod:`gpupool.interop.dlpack` sends every
+    tensor here)."""
+    name = op.__name__
+    if not isinstance(x, torch.Tensor):  # another type of torch's: the adapter refuses it
+        return dlpack.run(op, "torch", x, args, kwargs)
+    if plain(x):
+        if kwargs.get("out") is None and name in EAGER:
+            return EAGER[name](x, autograd.op_arguments(op, args, kwargs))
+        with stream(x):
+            return dlpack.run(op, "torch", x, args, kwargs)
+    operator = _OPERATORS.get(name)
+    first = "grad_output" if name.endswith("_backward") else "x"
+    if operator is None:
+        raise TypeError(f"gpupool.{name}: {first} requires grad or is traced (torch.compile, "
+                        f"export, jit.trace, torch.func), and gpupool has no PyTorch operator "
+                        f"for {name}; pass {first}.detach() (or call it under torch.no_grad()) "
+                        f"outside the transformation")
+    params = autograd.op_arguments(op, args, kwargs)
+    if params.pop("out", None) is not None:
+        raise TypeError(f"gpupool.{name}: out cannot be used while {first} requires grad or "
+                        f"is traced: a result written into out would not be part of the "
+                        f"autograd graph; leave out None, or pass {first}.detach() (or call "
+                        f"it under torch.no_grad())")
+    if torch.jit.is_tracing():
+        raise TypeError(f"gpupool.{name}: torch.jit.trace is not supported; use "
+                        f"torch.compile or torch.export")
+    return operator(x, params)
+
+
+# ----------------------------------------------------------------------------- operators
+# Arguments as the operators take them: a window as (kernel_size, stride, padding,
+# padding_mode, dilation, ceil_mode) with padding flat (begin, end) pairs where padding_mode
+# is "" (else a padding string, resolved on the input's size).
+
+def _window(func: str, p: dict) -> tuple:
+    """The window arguments of op ``func``'s parameters ``p``, validated, as values."""
+    kernel, stride, dilation, padding = S.window_arguments(func, p["kernel_size"], p["stride"],
+                                                           p["padding"], p["dilation"])
+    text = isinstance(padding, str)
+    return (list(kernel), list(stride), [] if text else [v for pair in padding for v in pair],
+            padding if text else "", list(dilation), S.check_bool(func, "ceil_mode",
+                                                                   p["ceil_mode"]))
+
+
+def _window_params(kernel_size, stride, padding, padding_mode, dilation, ceil_mode) -> dict:
+    """The window arguments as the op's parameters."""
+    pads = padding_mode or tuple(zip(padding[::2], padding[1::2]))
+    return dict(kernel_size=tuple(kernel_size), stride=tuple(stride), padding=pads,
+                dilation=tuple(dilation), ceil_mode=ceil_mode)
+
+
+def _layout(func: str, p: dict) -> str:
+    return S.check_layout(func, p["layout"])
+
+
+def _no_grads(ctx_args) -> tuple:
+    return (None,) * len(ctx_args)
+
+
+def _keep_format(ctx, x: Tensor, layout: str) -> None:
+    """Note in ``ctx`` the memory format of a channels_last input, which its gradient keeps."""
+    ctx.memory_format = CHANNELS_LAST[x.dim()] if channels_last(x, layout) else None
+
+
+def _in_format(ctx, grad: Tensor) -> Tensor:
+    """``grad`` in the input's memory format, so the input's gradient comes back in it."""
+    if ctx.memory_format is None:
+        return grad
+    return grad.contiguous(memory_format=ctx.memory_format)
+
+
+@torch.library.custom_op("gpupool::max_pool", mutates_args=())
+def max_pool(x: Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
+             padding_mode: str, dilation: list[int], ceil_mode: bool,
+             layout: str) -> tuple[Tensor, Tensor]:
+    """gpupool.max_pool with its indices."""
+    params = _window_params(kernel_size, stride, padding, padding_mode, dilation, ceil_mode)
+    return pool("max_pool", x, {**params, "layout": layout}, True)
+
+
+@max_pool.register_fake
+def _(x, kernel_size, stride, padding, padding_mode, dilation, ceil_mode, layout):
+    params = {**_window_params(kernel_size, stride, padding, padding_mode, dilation,
+                               ceil_mode), "layout": layout}
+    return fake("max_pool", x, params), fake("max_pool", x, params, torch.int64)
+
+
+@torch.library.custom_op("gpupool::max_pool_backward", mutates_args=())
+def max_pool_backward(grad: Tensor, indices: Tensor, input_shape: list[int],
+                      kernel_size: list[int], stride: list[int], padding: list[int],
+                      padding_mode: str, dilation: list[int], ceil_mode: bool, layout: str,
+                      check_indices: bool) -> Tensor:
+    """gpupool.max_pool_backward; ``check_indices`` False: indices gpupool's max returned."""
+    params = _window_params(kernel_size, stride, padding, padding_mode, dilation, ceil_mode)
+    return backward("max_pool_backward", grad, indices,
+                     {"input_shape": tuple(input_shape), **params, "layout": layout},
+                     trusted=not check_indices)
+
+
+@max_pool_backward.register_fake
+def _(grad, indices, input_shape, kernel_size, stride, padding, padding_mode, dilation,
+      ceil_mode, layout, check_indices):
+    return fake_like(grad, input_shape, layout)
+
+
+def _gather(v: Tensor, indices: Tensor, nd: int, layout: str) -> Tensor:
+    """``v`` (an input's shape) at each of a max's ``indices`` in its plane, 0 at -1: the
+    derivative of a max's backward with respect to its gradient."""
+    if layout == "NHWC":
+        v, indices = v.movedim(-1, -nd - 1), indices.movedim(-1, -nd - 1)
+    flat = indices.flatten(-nd) if nd > 1 else indices
+    taken = torch.gather(v.flatten(-nd) if nd > 1 else v, -1, flat.clamp(min=0))
+    taken = torch.where(flat >= 0, taken, 0).reshape(indices.shape)
+    return taken.movedim(-nd - 1, -1) if layout == "NHWC" else taken
+
+
+def _max_pool_setup(ctx, inputs, output):
+    x, *ctx.arguments = inputs
+    ctx.input_shape = list(x.shape)
+    _keep_format(ctx, x, ctx.arguments[-1])
+    ctx.save_for_backward(output[1])
+
+
+def _max_pool_grad(ctx, grad, _):
+    (indices,) = ctx.saved_tensors
+    gx = torch.ops.gpupool.max_pool_backward(_in_format(ctx, grad), indices, ctx.input_shape,
+                                             *ctx.arguments, False)
+    return (gx,) + _no_grads(ctx.arguments)
+
+
+def _max_pool_backward_setup(ctx, inputs, output):
+    _, indices, _, kernel_size, *_, layout, _ = inputs
+    ctx.nd, ctx.layout, ctx.count = len(kernel_size), layout, len(inputs)
+    ctx.save_for_backward(indices)
+
+
+def _max_grad_grad(ctx, v):
+    (indices,) = ctx.saved_tensors
+    return (_gather(v, indices, ctx.nd, ctx.layout),) + (None,) * (ctx.count - 1)
+
+
+max_pool.register_autograd(_max_pool_grad, setup_context=_max_pool_setup)
+max_pool_backward.register_autograd(_max_grad_grad, setup_context=_max_pool_backward_setup)
+
+
+@torch.library.custom_op("gpupool::avg_pool", mutates_args=())
+def avg_pool(x: Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
+             padding_mode: str, dilation: list[int], ceil_mode: bool, count_include_pad: bool,
+             divisor_override: int | None, layout: str) -> Tensor:
+    """gpupool.avg_pool."""
+    params = _window_params(kernel_size, stride, padding, padding_mode, dilation, ceil_mode)
+    return pool("avg_pool", x, {**params, "count_include_pad": count_include_pad,
+                                 "divisor_override": divisor_override, "layout": layout}, False)
+
+
+@avg_pool.register_fake
+def _(x, kernel_size, stride, padding, padding_mode, dilation, ceil_mode, count_include_pad,
+      divisor_override, layout):
+    params = _window_params(kernel_size, stride, padding, padding_mode, dilation, ceil_mode)
+    return fake("avg_pool", x, {**params, "count_include_pad": count_include_pad,
+                                 "divisor_override": divisor_override, "layout": layout})
+
+
+@torch.library.custom_op("gpupool::avg_pool_backward", mutates_args=())
+def avg_pool_backward(grad: Tensor, input_shape: list[int], kernel_size: list[int],
+                      stride: list[int], padding: list[int], padding_mode: str,
+                      dilation: list[int], ceil_mode: bool, count_include_pad: bool,
+                      divisor_override: int | None, layout: str) -> Tensor:
+    """gpupool.avg_pool_backward."""
+    params = _window_params(kernel_size, stride, padding, padding_mode, dilation, ceil_mode)
+    return backward("avg_pool_backward", grad, None,
+                     {"input_shape": tuple(input_shape), **params,
+                      "count_include_pad": count_include_pad,
+                      "divisor_override": divisor_override, "layout": layout})
+
+
+@avg_pool_backward.register_fake
+def _(grad, input_shape, kernel_size, stride, padding, padding_mode, dilation, ceil_mode,
+      count_include_pad, divisor_override, layout):
+    return fake_like(grad, input_shape, layout)
+
+
+def _avg_pool_setup(ctx, inputs, output):
+    x, *ctx.arguments = inputs
+    ctx.input_shape = list(x.shape)
+    _keep_format(ctx, x, ctx.arguments[-1])
+
+
+def _avg_pool_grad(ctx, grad):
+    gx = torch.ops.gpupool.avg_pool_backward(_in_format(ctx, grad), ctx.input_shape, *ctx.arguments)
+    return (gx,) + _no_grads(ctx.arguments)
+
+
+def _avg_pool_backward_setup(ctx, inputs, output):
+    _, _, *ctx.arguments = inputs
+
+
+def _avg_pool_backward_grad(ctx, v):
+    # avg_pool_backward is the transpose of avg_pool, a linear map: its transpose is avg_pool
+    return (torch.ops.gpupool.avg_pool(v, *ctx.arguments), None) + _no_grads(ctx.arguments)
+
+
+avg_pool.register_autograd(_avg_pool_grad, setup_context=_avg_pool_setup)
+avg_pool_backward.register_autograd(_avg_pool_backward_grad,
+                                    setup_context=_avg_pool_backward_setup)
+
+
+@torch.library.custom_op("gpupool::lp_pool", mutates_args=())
+def lp_pool(x: Tensor, p: float, kernel_size: list[int], stride: list[int],
+            padding: list[int], padding_mode: str, dilation: list[int], ceil_mode: bool,
+            layout: str) -> Tensor:
+    """gpupool.lp_pool."""
+    params = _window_params(kernel_size, stride, padding, padding_mode, dilation, ceil_mode)
+    return pool("lp_pool", x, {"p": p, **params, "layout": layout}, False)
+
+
+@lp_pool.register_fake
+def _(x, p, kernel_size, stride, padding, padding_mode, dilation, ceil_mode, layout):
+    params = _window_params(kernel_size, stride, padding, padding_mode, dilation, ceil_mode)
+    return fake("lp_pool", x, {"p": p, **params, "layout": layout})
+
+
+@torch.library.custom_op("gpupool::lp_pool_backward", mutates_args=())
+def lp_pool_backward(grad: Tensor, x: Tensor, p: float, kernel_size: list[int],
+                     stride: list[int], padding: list[int], padding_mode: str,
+                     dilation: list[int], ceil_mode: bool, layout: str) -> Tensor:
+    """gpupool.lp_pool_backward."""
+    params = _window_params(kernel_size, stride, padding, padding_mode, dilation, ceil_mode)
+    return backward("lp_pool_backward", grad, x, {"p": p, **params, "layout": layout})
+
+
+@lp_pool_backward.register_fake
+def _(grad, x, p, kernel_size, stride, padding, padding_mode, dilation, ceil_mode, layout):
+    return fake_like(grad, x.shape, layout)
+
+
+def _lp_pool_setup(ctx, inputs, output):
+    x, *ctx.arguments = inputs
+    _keep_format(ctx, x, ctx.arguments[-1])
+    ctx.save_for_backward(x)
+
+
+def _lp_pool_grad(ctx, grad):
+    (x,) = ctx.saved_tensors
+    gx = torch.ops.gpupool.lp_pool_backward(_in_format(ctx, grad), x, *ctx.arguments)
+    return (gx,) + _no_grads(ctx.arguments)
+
+
+def _lp_pool_backward_setup(ctx, inputs, output):
+    grad, x, *ctx.arguments = inputs
+    ctx.save_for_backward(grad, x)
+
+
+def _lp_pool_backward_grad(ctx, v):
+    """The derivatives of lp_pool_backward, ``B(g, x) = s |x|**(p-1) * T(g * y**(1-p))``
+    (``s = sign(x)``, ``y = lp_pool(x)``, ``S`` the sum over each window, ``T`` its
+    transpose), in these operators: ``dg = y**(1-p) * S(v s |x|**(p-1))`` and ``dx = (p-1) *
+    (v |x|**(p-2) * T(g y**(1-p)) - s |x|**(p-1) * T(g y**(1-2p) * S(v s |x|**(p-1))))``,
+    0 where ``x`` or ``y`` is 0 as in the backward op."""
+    grad, x = ctx.saved_tensors
+    p, *window, layout = ctx.arguments
+    ops_ = torch.ops.gpupool
+    y = ops_.lp_pool(x, p, *window, layout)
+
+    def window_sum(a):
+        return ops_.avg_pool(a, *window, False, 1, layout)
+
+    def transpose_sum(a):
+        return ops_.avg_pool_backward(a, list(x.shape), *window, False, 1, layout)
+
+    def power(a, e):  # a**e, 0 where a is 0
+        return torch.where(a == 0, 0, a.abs().clamp_min(torch.finfo(a.dtype).tiny) ** e)
+
+    slope = torch.sign(x) * power(x, p - 1)
+    summed = window_sum(v * slope)
+    dgrad = power(y, 1 - p) * summed
+    dx = (p - 1) * (v * power(x, p - 2) * transpose_sum(grad * power(y, 1 - p))
+                    - slope * transpose_sum(grad * power(y, 1 - 2 * p) * summed))
+    return (dgrad, dx) + _no_grads(ctx.arguments)
+
+
+lp_pool.register_autograd(_lp_pool_grad, setup_context=_lp_pool_setup)
+lp_pool_backward.register_autograd(_lp_pool_backward_grad,
+                                   setup_context=_lp_pool_backward_setup)
+
+
+@torch.library.custom_op("gpupool::adaptive_avg_pool", mutates_args=())
+def adaptive_avg_pool(x: Tensor, output_size: list[int], layout: str) -> Tensor:
+    """gpupool.adaptive_avg_pool."""
+    return pool("adaptive_avg_pool", x, {"output_size": tuple(output_size), "layout": layout},
+                 False)
+
+
+@adaptive_avg_pool.register_fake
+def _(x, output_size, layout):
+    return fake("adaptive_avg_pool", x, {"output_size": tuple(output_size), "layout": layout})
+
+
+@torch.library.custom_op("gpupool::adaptive_avg_pool_backward", mutates_args=())
+def adaptive_avg_pool_backward(grad: Tensor, input_shape: list[int], output_size: list[int],
+                               layout: str) -> Tensor:
+    """gpupool.adaptive_avg_pool_backward."""
+    return backward("adaptive_avg_pool_backward", grad, None,
+                     {"input_shape": tuple(input_shape), "output_size": tuple(output_size),
+                      "layout": layout})
+
+
+@adaptive_avg_pool_backward.register_fake
+def _(grad, input_shape, output_size, layout):
+    return fake_like(grad, input_shape, layout)
+
+
+def _adaptive_avg_setup(ctx, inputs, output):
+    x, ctx.output_size, ctx.layout = inputs
+    ctx.input_shape = list(x.shape)
+    _keep_format(ctx, x, ctx.layout)
+
+
+def _adaptive_avg_grad(ctx, grad):
+    return (torch.ops.gpupool.adaptive_avg_pool_backward(_in_format(ctx, grad), ctx.input_shape,
+                                                         ctx.output_size, ctx.layout),
+            None, None)
+
+
+def _adaptive_avg_backward_setup(ctx, inputs, output):
+    _, _, ctx.output_size, ctx.layout = inputs
+
+
+def _adaptive_avg_backward_grad(ctx, v):  # the transpose of a linear map's transpose
+    return (torch.ops.gpupool.adaptive_avg_pool(v, ctx.output_size, ctx.layout),
+            None, None, None)
+
+
+adaptive_avg_pool.register_autograd(_adaptive_avg_grad, setup_context=_adaptive_avg_setup)
+adaptive_avg_pool_backward.register_autograd(_adaptive_avg_backward_grad,
+                                             setup_context=_adaptive_avg_backward_setup)
+
+
+@torch.library.custom_op("gpupool::adaptive_max_pool", mutates_args=())
+def adaptive_max_pool(x: Tensor, output_size: list[int],
+                      layout: str) -> tuple[Tensor, Tensor]:
+    """gpupool.adaptive_max_pool with its indices."""
+    return pool("adaptive_max_pool", x, {"output_size": tuple(output_size), "layout": layout},
+                 True)
+
+
+@adaptive_max_pool.register_fake
+def _(x, output_size, layout):
+    params = {"output_size": tuple(output_size), "layout": layout}
+    return (fake("adaptive_max_pool", x, params),
+            fake("adaptive_max_pool", x, params, torch.int64))
+
+
+@torch.library.custom_op("gpupool::adaptive_max_pool_backward", mutates_args=())
+def adaptive_max_pool_backward(grad: Tensor, indices: Tensor, input_shape: list[int],
+                               output_size: list[int], layout: str,
+                               check_indices: bool) -> Tensor:
+    """gpupool.adaptive_max_pool_backward; ``check_indices`` False: indices gpupool's max
+    returned."""
+    return backward("adaptive_max_pool_backward", grad, indices,
+                     {"input_shape": tuple(input_shape), "output_size": tuple(output_size),
+                      "layout": layout}, trusted=not check_indices)
+
+
+@adaptive_max_pool_backward.register_fake
+def _(grad, indices, input_shape, output_size, layout, check_indices):
+    return fake_like(grad, input_shape, layout)
+
+
+def _adaptive_max_setup(ctx, inputs, output):
+    x, ctx.output_size, ctx.layout = inputs
+    ctx.input_shape = list(x.shape)
+    _keep_format(ctx, x, ctx.layout)
+    ctx.save_for_backward(output[1])
+
+
+def _adaptive_max_grad(ctx, grad, _):
+    (indices,) = ctx.saved_tensors
+    return (torch.ops.gpupool.adaptive_max_pool_backward(_in_format(ctx, grad), indices,
+                                                         ctx.input_shape, ctx.output_size,
+                                                         ctx.layout, False),
+            None, None)
+
+
+def _adaptive_max_backward_setup(ctx, inputs, output):
+    _, indices, _, output_size, layout, _ = inputs
+    ctx.nd, ctx.layout, ctx.count = len(output_size), layout, len(inputs)
+    ctx.save_for_backward(indices)
+
+
+adaptive_max_pool.register_autograd(_adaptive_max_grad, setup_context=_adaptive_max_setup)
+adaptive_max_pool_backward.register_autograd(_max_grad_grad,
+                                             setup_context=_adaptive_max_backward_setup)
+
+
+@torch.library.custom_op("gpupool::global_avg_pool", mutates_args=())
+def global_avg_pool(x: Tensor, spatial_dims: int, layout: str) -> Tensor:
+    """gpupool.global_avg_pool."""
+    return pool("global_avg_pool", x, {"spatial_dims": spatial_dims, "layout": layout}, False)
+
+
+@global_avg_pool.register_fake
+def _(x, spatial_dims, layout):
+    return fake("global_avg_pool", x, {"spatial_dims": spatial_dims, "layout": layout})
+
+
+@torch.library.custom_op("gpupool::global_avg_pool_backward", mutates_args=())
+def global_avg_pool_backward(grad: Tensor, input_shape: list[int], spatial_dims: int,
+                             layout: str) -> Tensor:
+    """gpupool.global_avg_pool_backward."""
+    return backward("global_avg_pool_backward", grad, None,
+                     {"input_shape": tuple(input_shape), "spatial_dims": spatial_dims,
+                      "layout": layout})
+
+
+@global_avg_pool_backward.register_fake
+def _(grad, input_shape, spatial_dims, layout):
+    return fake_like(grad, input_shape, layout)
+
+
+def _global_avg_setup(ctx, inputs, output):
+    x, ctx.spatial_dims, ctx.layout = inputs
+    ctx.input_shape = list(x.shape)
+    _keep_format(ctx, x, ctx.layout)
+
+
+def _global_avg_grad(ctx, grad):
+    return (torch.ops.gpupool.global_avg_pool_backward(_in_format(ctx, grad), ctx.input_shape,
+                                                       ctx.spatial_dims, ctx.layout),
+            None, None)
+
+
+def _global_avg_backward_setup(ctx, inputs, output):
+    _, _, ctx.spatial_dims, ctx.layout = inputs
+
+
+def _global_avg_backward_grad(ctx, v):
+    return (torch.ops.gpupool.global_avg_pool(v, ctx.spatial_dims, ctx.layout),
+            None, None, None)
+
+
+global_avg_pool.register_autograd(_global_avg_grad, setup_context=_global_avg_setup)
+global_avg_pool_backward.register_autograd(_global_avg_backward_grad,
+                                           setup_context=_global_avg_backward_setup)
+
+
+def _batched(operator, outputs: int):
+    """The batching rule of a forward operator: every dim before the spatial ones is a plane
+    dim, so a vmapped batch is one more, in front."""
+    def rule(info, in_dims, x, *arguments):
+        result = operator(x.movedim(in_dims[0], 0), *arguments)
+        return result, (0,) * outputs if outputs > 1 else 0
+    return rule
+
+
+for _operator, _outputs in ((max_pool, 2), (avg_pool, 1), (lp_pool, 1), (adaptive_avg_pool, 1),
+                            (adaptive_max_pool, 2), (global_avg_pool, 1)):
+    _operator.register_vmap(_batched(_operator, _outputs))
+
+
+# ----------------------------------------------------------------------------- public calls
+# Each takes the tensor and the public op's parameters by name (defaults filled in), and
+# calls the operators with those parameters as values.
+
+def _spatial_dims(func: str, p: dict) -> int:
+    """A global pooling's ``spatial_dims``, refused as the spec refuses it."""
+    n = p["spatial_dims"]
+    if not (S.is_int(n) and n >= 1):
+        S.global_spec(func, "avg", (), "float32", n, "NCHW")  # raises the spec's error
+    return int(n)
+
+
+def _ones(func: str, p: dict) -> list[int]:
+    """The output size of a global pooling as an adaptive one."""
+    return [1] * _spatial_dims(func, p)
+
+
+def _sizes(func: str, p: dict) -> list:
+    """An adaptive pooling's ``output_size`` as a list (an int is one per spatial dim, as the
+    spec reads it, which checks each where the operator runs)."""
+    size = p["output_size"]
+    if isinstance(size, (tuple, list)):
+        return list(size)
+    return [size] * S.spatial_rank(func, size, "output_size")
+
+
+def _max_pool_call(x, p):
+    wanted = S.check_bool("max_pool", "return_indices", p["return_indices"])
+    values, indices = torch.ops.gpupool.max_pool(x, *_window("max_pool", p),
+                                                 _layout("max_pool", p))
+    return (values, indices) if wanted else values
+
+
+def _adaptive_max_pool_call(x, p):
+    func = "adaptive_max_pool"
+    wanted = S.check_bool(func, "return_indices", p["return_indices"])
+    values, indices = torch.ops.gpupool.adaptive_max_pool(
+        x, _sizes(func, p), _layout(func, p))
+    return (values, indices) if wanted else values
+
+
+def _global_max_pool_backward_call(grad, p):
+    func = "global_max_pool_backward"
+    ones, layout = _ones(func, p), _layout(func, p)
+    _, indices = torch.ops.gpupool.adaptive_max_pool(p["x"], ones, layout)
+    return torch.ops.gpupool.adaptive_max_pool_backward(grad, indices, list(p["x"].shape),
+                                                        ones, layout, False)
+
+
+_OPERATORS = {
+    "max_pool": _max_pool_call,
+    "avg_pool": lambda x, p: torch.ops.gpupool.avg_pool(
+        x, *_window("avg_pool", p), S.check_bool("avg_pool", "count_include_pad",
+                                                 p["count_include_pad"]),
+        p["divisor_override"], _layout("avg_pool", p)),
+    "lp_pool": lambda x, p: torch.ops.gpupool.lp_pool(
+        x, p["p"], *_window("lp_pool", p), _layout("lp_pool", p)),
+    "global_avg_pool": lambda x, p: torch.ops.gpupool.global_avg_pool(
+        x, _spatial_dims("global_avg_pool", p), _layout("global_avg_pool", p)),
+    "global_max_pool": lambda x, p: torch.ops.gpupool.adaptive_max_pool(
+        x, _ones("global_max_pool", p), _layout("global_max_pool", p))[0],
+    "adaptive_avg_pool": lambda x, p: torch.ops.gpupool.adaptive_avg_pool(
+        x, _sizes("adaptive_avg_pool", p),
+        _layout("adaptive_avg_pool", p)),
+    "adaptive_max_pool": _adaptive_max_pool_call,
+    "max_pool_backward": lambda g, p: torch.ops.gpupool.max_pool_backward(
+        g, p["indices"], list(G.check_input_shape("max_pool_backward", p["input_shape"])),
+        *_window("max_pool_backward", p), _layout("max_pool_backward", p), True),
+    "avg_pool_backward": lambda g, p: torch.ops.gpupool.avg_pool_backward(
+        g, list(G.check_input_shape("avg_pool_backward", p["input_shape"])),
+        *_window("avg_pool_backward", p),
+        S.check_bool("avg_pool_backward", "count_include_pad", p["count_include_pad"]),
+        p["divisor_override"], _layout("avg_pool_backward", p)),
+    "lp_pool_backward": lambda g, p: torch.ops.gpupool.lp_pool_backward(
+        g, p["x"], p["p"], *_window("lp_pool_backward", p), _layout("lp_pool_backward", p)),
+    "global_avg_pool_backward": lambda g, p: torch.ops.gpupool.global_avg_pool_backward(
+        g, list(G.check_input_shape("global_avg_pool_backward", p["input_shape"])),
+        _spatial_dims("global_avg_pool_backward", p), _layout("global_avg_pool_backward", p)),
+    "global_max_pool_backward": _global_max_pool_backward_call,
+    "adaptive_avg_pool_backward": lambda g, p: torch.ops.gpupool.adaptive_avg_pool_backward(
+        g, list(G.check_input_shape("adaptive_avg_pool_backward", p["input_shape"])),
+        _sizes("adaptive_avg_pool_backward", p),
+        _layout("adaptive_avg_pool_backward", p)),
+    "adaptive_max_pool_backward": lambda g, p: torch.ops.gpupool.adaptive_max_pool_backward(
+        g, p["indices"], list(G.check_input_shape("adaptive_max_pool_backward",
+                                                  p["input_shape"])),
+        _sizes("adaptive_max_pool_backward", p),
+        _layout("adaptive_max_pool_backward", p), True),
+}
+autograd.keep_signatures(getattr(gradients if name.endswith("_backward") else ops, name).__wrapped__
+                         for name in _OPERATORS)
