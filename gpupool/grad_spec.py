@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from . import spec as S
+from .spec_cache import hash_once, memoized, state_without_hash
 
 
 @dataclass(frozen=True)
@@ -20,8 +21,8 @@ class GradSpec:
     input's (the shape of the gradient returned) and whose ``out_shape`` is the gradient's
     that comes in; ``index_dtype``: the dtype of a max's indices (None for averages)."""
 
-    __hash__ = S.hash_once
-    __getstate__ = S.state_without_hash
+    __hash__ = hash_once
+    __getstate__ = state_without_hash
 
     forward: Union[S.WindowSpec, S.AdaptiveSpec]
     index_dtype: str | None = None
@@ -73,7 +74,7 @@ def _finish(func: str, forward, grad_shape, index_shape, index_dtype) -> GradSpe
     return GradSpec(forward, index_dtype)
 
 
-@S.memoized
+@memoized
 def window_grad_spec(func: str, op: str, grad_shape, grad_dtype: str, input_shape, kernel_size,
                      stride, padding, dilation, ceil_mode, layout, *, count_include_pad=False,
                      divisor_override=None, p=None, index_shape=None,
@@ -87,7 +88,7 @@ def window_grad_spec(func: str, op: str, grad_shape, grad_dtype: str, input_shap
     return _finish(func, forward, grad_shape, index_shape, index_dtype)
 
 
-@S.memoized
+@memoized
 def adaptive_grad_spec(func: str, op: str, grad_shape, grad_dtype: str, input_shape,
                        output_size, layout, *, index_shape=None, index_dtype=None) -> GradSpec:
     """The backward of adaptive_avg_pool or adaptive_max_pool (``index_*`` given)."""
@@ -97,7 +98,7 @@ def adaptive_grad_spec(func: str, op: str, grad_shape, grad_dtype: str, input_sh
     return _finish(func, forward, grad_shape, index_shape, index_dtype)
 
 
-@S.memoized
+@memoized
 def global_grad_spec(func: str, op: str, grad_shape, grad_dtype: str, input_shape,
                      spatial_dims, layout, *, index_shape=None, index_dtype=None) -> GradSpec:
     """The backward of global_avg_pool or global_max_pool (``index_*`` given)."""

@@ -20,7 +20,9 @@ import math
 import numbers
 import operator
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+
+from .spec_cache import hash_once, memoized, state_without_hash
 
 LAYOUTS = ("NCHW", "NHWC")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -168,51 +170,6 @@ def check_output_size(func: str, g: "Geometry", out_spatial, cause: str,
         fail(func, f"{cause} would give output shape {g.with_spatial(tuple(out_spatial))}: "
                     f"{_binary_size(nbytes)} of {g.dtype}{' and int64 indices' if indices else ''}"
                     f", beyond the limit of 2**48 bytes (256 TiB) for one output")
-
-
-def _typed_key(value):
-    """A cache key that tells ``2`` from ``2.0`` and ``True`` at any depth (leaves inline:
-    this runs on every warm call)."""
-    if isinstance(value, (tuple, list)):
-        return type(value), tuple([_typed_key(v) if isinstance(v, (tuple, list)) else (type(v), v)
-                                   for v in value])
-    return type(value), value
-
-
-def memoized(build):
-    """Cache a spec builder on its arguments (keyed with their types, at any depth), so a
-    warm call skips validation; unhashable arguments just bypass the cache."""
-    cache: dict = {}
-
-    @functools.wraps(build)
-    def wrapper(*args, **kwargs):
-        try:
-            key = _typed_key(args), _typed_key(tuple(kwargs.items()))  # call sites keep one order
-            hash(key)
-        except TypeError:
-            return build(*args, **kwargs)
-        spec = cache.get(key)
-        if spec is None:
-            if len(cache) >= 1024:
-                cache.clear()
-            spec = cache[key] = build(*args, **kwargs)
-        return spec
-    return wrapper
-
-
-def hash_once(self) -> int:
-    """The hash of a frozen spec, computed on first use and kept: specs key every cache on the
-    hot path, and hashing their nested tuples costs about a microsecond."""
-    value = self.__dict__.get("_hash")
-    if value is None:
-        value = hash(tuple(getattr(self, f.name) for f in fields(self)))
-        object.__setattr__(self, "_hash", value)
-    return value
-
-
-def state_without_hash(self) -> dict:
-    """What pickles: the fields, not the kept hash (string hashes differ between processes)."""
-    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
 @dataclass(frozen=True)
