@@ -134,6 +134,9 @@ WINDOWS = [
     Window("1d-k3-s2-p1-ceil", (2, 5), (13,), (3,), (2,), 1, 1, True),
     Window("1d-k4-same-d2", (3,), (11,), (4,), (1,), "same", (2,)),
     Window("1d-k2-s3-same_lower", (2, 3), (10,), (2,), 3, "same_lower"),
+    Window("1d-k3-s3", (2, 5), (40,), (3,), (3,)),
+    Window("1d-k5-s4-p2", (2, 3), (37,), (5,), (4,), 2),
+    Window("1d-k4-s2-p1-ceil", (2, 3), (21,), (4,), (2,), 1, 1, True),
     Window("2d-k2", (2, 3), (8, 9), 2, static_k=2),
     Window("2d-k2-s1-p1-ceil", (2, 3), (7, 6), 2, 1, 1, 1, True, 2),
     Window("2d-k3-s2-p1", (2, 3), (9, 10), 3, 2, 1, static_k=3),
@@ -579,13 +582,14 @@ def small_device_cases():
     """On a 1-SM device these few planes fill the GPU: each thread computes several output
     rows (NHWC: positions), in one chunk per plane or several."""
     cases = [  # op, dtype, layout, shape, call, exact
-        ("max", "float32", "NCHW", (8, 8, 100), lambda x: gpupool.max_pool(x, 3, 1, 1), True),
+        # (float64: float16 and float32 take the row tiles, one output row per thread)
+        ("max", "float64", "NCHW", (8, 8, 100), lambda x: gpupool.max_pool(x, 3, 1, 1), True),
         ("max-idx", "int32", "NCHW", (4, 16, 100),
          lambda x: gpupool.max_pool(x, (2, 3), 1, 1, 2, return_indices=True), True),
         ("avg", "float16", "NCHW", (8, 8, 100), lambda x: gpupool.avg_pool(x, 2, 1), True),
         # averages go two outputs at a time: odd row counts, W over several block widths,
         # padding and ceil mode
-        ("avg-ceil-cip", "float32", "NCHW", (8, 9, 300),
+        ("avg-ceil-cip", "float64", "NCHW", (8, 9, 300),
          lambda x: gpupool.avg_pool(x, 3, 2, 1, True, True), True),
         ("avg-p1", "float64", "NHWC", (8, 5, 7, 64),
          lambda x: gpupool.avg_pool(x, 3, 1, 1, layout="NHWC"), True),

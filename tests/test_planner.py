@@ -21,6 +21,8 @@ def covered_outputs(sp, launch):
     """Outputs the grid/block/rows cover, per plane (NCHW: rows x W; NHWC: positions x C)."""
     tx, ty, _ = launch.block
     od, oh, ow = planner.canonical3(sp.out_spatial, 1)
+    if launch.kernel.endswith("_rows"):
+        return launch.grid[1] * ty, launch.grid[0] * tx * planner.ROW_TILE
     if sp.geom.layout == "NHWC":
         n_x = -(-sp.geom.channels // tx)
         chunks = launch.grid[0] // n_x
@@ -59,6 +61,9 @@ def test_window_plan_covers_every_output(shape, k, s, p, layout, device):
         assert units - ty * la.rows < od * oh
     assert la.grid[1] <= 65535 and la.grid[2] <= 65535
     groups = -(-planes // tz)
+    if la.kernel.endswith("_rows"):  # plane groups on grid z alone
+        assert la.grid[2] == groups
+        return
     assert la.grid[1] * la.grid[2] >= groups
     assert la.grid[1] * (la.grid[2] - 1) < groups
 
@@ -142,8 +147,9 @@ def test_many_planes_split_across_planes_only():
     assert any("across the 262144 planes only" in w for w in pl.words)
 
 
+# float64 in the tests of the general window launch: float16 and float32 take the row tiles
 def test_few_planes_split_spatial_dims():
-    sp = window((1, 2, 512, 512), 3, 1, 1)
+    sp = window((1, 2, 512, 512), 3, 1, 1, dtype="float64")
     pl = plan(sp, H100)
     la = pl.launches[0]
     assert la.grid[0] > 1
@@ -153,9 +159,9 @@ def test_few_planes_split_spatial_dims():
 
 
 def test_aligned_chunks_without_overlap_or_padding():
-    pl = plan(window((1, 1, 1024, 1024), 2, 2), H100)
+    pl = plan(window((1, 1, 1024, 1024), 2, 2, dtype="float64"), H100)
     assert any("aligned" in w for w in pl.words)
-    pl = plan(window((1, 1, 1024, 1024), 3, 2), H100)
+    pl = plan(window((1, 1, 1024, 1024), 3, 2, dtype="float64"), H100)
     assert any("halo" in w for w in pl.words)
 
 
@@ -179,6 +185,34 @@ def test_nhwc_threads_along_channels():
     assert la.block[0] == 64
     la = plan(window((2, 16, 16, 3), 2, 2, layout="NHWC"), H100).launches[0]
     assert la.block[0] == 4
+
+
+@pytest.mark.parametrize("shape, k, s, p, d, kw, expected", [
+    ((32, 64, 112, 112), 3, 2, 1, 1, {}, (3, 3, 2)),
+    ((16, 128, 56, 56), 2, 2, 0, 1, dict(dtype="float16"), (2, 2, 2)),
+    ((2, 3, 9, 300), 3, 1, 1, 1, dict(op="avg"), (3, 3, 1)),
+    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="float16", return_indices=True), (1, 3, 3)),
+    ((2, 256, 32000), (5,), 4, 2, 1, dict(op="avg", count_include_pad=True), (1, 5, 4)),
+    ((32, 64, 112, 112), 3, 2, 1, 1, dict(layout="NHWC"), None),  # NHWC
+    ((32, 64, 112, 112), 3, 2, 1, 1, dict(dtype="float64"), None),
+    ((32, 64, 112, 112), 3, 2, 1, 2, {}, None),  # dilation
+    ((32, 64, 112, 112), 3, 3, 1, 1, {}, None),  # a stride not compiled in
+    ((2, 3, 10, 10, 10), (2, 2, 2), 2, 0, 1, {}, None),  # 3-D
+    ((70000, 8, 8), 2, 2, 0, 1, {}, None),  # planes past one grid dim
+])
+def test_row_tiles_take_the_compiled_in_nchw_windows(shape, k, s, p, d, kw, expected):
+    """1-D and 2-D NCHW max and average pooling of float16 and float32 with a window and
+    stride of ROW_TILE_WINDOWS and dilation 1 take the row-tile kernels, ROW_TILE outputs per
+    thread; the rest the general window walk."""
+    sp = window(shape, k, s, p, d, **kw)
+    assert planner.row_tile(sp) == expected
+    (la,) = plan(sp, H100).launches
+    assert la.kernel.endswith("_rows") == (expected is not None)
+    if expected:
+        assert (la.get("kh"), la.get("kw"), la.get("sw")) == expected
+        assert la.grid[0] * la.block[0] * planner.ROW_TILE >= sp.out_spatial[-1]
+    lp = S.window_spec("lp_pool", "lp", shape, "float32", k, s, p, d, False, "NCHW", p=2.0)
+    assert planner.row_tile(lp) is None
 
 
 @pytest.mark.parametrize("k,expected", [(3, 3), (2, 2), (5, 0), ((3, 2), 0), ((1, 3, 3), 3),

@@ -61,6 +61,8 @@ OPTIONS = ("--std=c++17", "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "--
 
 FAMILY_FILES = {
     "max_pool": "max_pool.cu", "max_pool_indices": "max_pool.cu", "max_unpool": "max_pool.cu",
+    "max_pool_rows": "max_pool.cu", "max_pool_indices_rows": "max_pool.cu",
+    "avg_pool_rows": "avg_pool.cu",
     "max_unpool_gather": "max_pool.cu",
     "avg_pool": "avg_pool.cu", "lp_pool": "avg_pool.cu",
     "adaptive_max": "adaptive_pool.cu", "adaptive_max_indices": "adaptive_pool.cu",
@@ -94,7 +96,9 @@ def cbool(b) -> str:
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels_cu"  # the .cuh and .cu files
 #: Macros set before a source file's text: the constants its kernels share with the Python
 #: side, taken from their one definition there.
-DEFINES = {"quantized_pool.cu": (("GPQ_LEVELS", str(LEVELS)), ("GPQ_HEAD", str(HEAD)))}
+DEFINES = {f.name: {"quantized_pool.cu": (("GPQ_LEVELS", str(LEVELS)), ("GPQ_HEAD", str(HEAD)))
+                    }.get(f.name, ()) + (("GP_ROW_TILE", str(planner.ROW_TILE)),)
+           for f in KERNEL_DIR.glob("*.cu")}
 #: A quoted include line, as read_source inlines it.
 QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 
@@ -195,6 +199,12 @@ def window_name(kernel_base: str, dtype: str, itype: str, k: int, nhwc: bool) ->
     return f"{kernel_base}<{ctype(dtype)}, {itype}, {k}, {cbool(nhwc)}>"
 
 
+def rows_name(kernel_base: str, dtype: str, shape: tuple[int, int, int]) -> str:
+    """A row-tile kernel's name expression; ``shape``: its (KH, KW, SW)
+    (:func:`gpupool.cuda.planner.row_tile`)."""
+    return f"{kernel_base}<{ctype(dtype)}, {', '.join(map(str, shape))}>"
+
+
 def adaptive_name(kernel_base: str, dtype: str, itype: str, nhwc: bool) -> str:
     return f"{kernel_base}<{ctype(dtype)}, {itype}, {cbool(nhwc)}>"
 
@@ -232,6 +242,12 @@ def instantiations() -> list[tuple[str, str]]:
                 out.append((FAMILY_FILES["adaptive_avg"],
                             adaptive_name("adaptive_avg", dtype, itype, nhwc)))
         for op in ("max", "avg"):
+            if itype == "int":
+                for base in (("max_pool_rows", "max_pool_indices_rows") if op == "max"
+                             else ("avg_pool_rows",)):
+                    out += [(FAMILY_FILES[base], rows_name(base, dtype, shape))
+                            for dtype in planner.ROW_TILE_DTYPES
+                            for shape in planner.ROW_TILE_WINDOWS]
             for dtype in (CTYPES if op == "max" else FLOAT_DTYPES):
                 one, first, second = _global_type_pairs(op, dtype)
                 pairs = {"global_block": (one, first), "global_channels": (one, first, second)}
@@ -392,7 +408,10 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64", scatter: bool =
         la = pl.launches[0]
         geo = geo_args(spec, it, pl.family == "window") + (np.int32(la.rows),)
         if pl.family == "window":
-            name = window_name(la.kernel, g.dtype, itype, planner.static_window(spec), nhwc)
+            if la.kernel.endswith("_rows"):
+                name = rows_name(la.kernel, g.dtype, (la.get("kh"), la.get("kw"), la.get("sw")))
+            else:
+                name = window_name(la.kernel, g.dtype, itype, planner.static_window(spec), nhwc)
             extra = ()
             if spec.op == "avg":
                 pe = planner.canonical3(tuple(e for _, e in spec.pads), 0)
@@ -403,7 +422,7 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64", scatter: bool =
         else:
             name = adaptive_name(la.kernel, g.dtype, itype, nhwc)
             extra = ()
-        io = ("x", "out", "indices") if la.kernel.endswith("_indices") else ("x", "out")
+        io = ("x", "out", "indices") if "_indices" in la.kernel else ("x", "out")
         fn = kernel(FAMILY_FILES[la.kernel], name)
         steps.append(Step(fn, la.grid, la.block, io, geo + extra))
     elif pl.family == "global":

@@ -45,6 +45,12 @@ MIN_BLOCK_THREADS = 64  # a block smaller than two warps wastes the SM's block s
 BLOCK_Z_MAX = 64  # CUDA's limit on blockDim.z
 MAX_ROWS = 4  # outputs per thread along rows (several independent loads in flight)
 SPECIALISED_K = (2, 3)  # window sizes compiled as template constants (H and W equal)
+ROW_TILE = 4  # outputs per thread of a row tile, along W (the kernels' GP_ROW_TILE)
+#: (KH, KW, SW) of the row tiles compiled in: window rows and columns and W stride (KH 1: a
+#: 1-D pooling), dilation 1.
+ROW_TILE_WINDOWS = ((2, 2, 2), (3, 3, 1), (3, 3, 2), (1, 3, 2), (1, 3, 3), (1, 4, 2),
+                    (1, 5, 4))
+ROW_TILE_DTYPES = ("float16", "float32")
 LANE_WIDTHS = (4, 8, 16, 32)  # lanes per segment of the small-plane global reduction
 SMALL_SEGMENT = 1024  # global: planes up to this many elements use lane groups
 MIN_CHUNK = 4096  # global: smallest chunk of a split plane (elements)
@@ -142,6 +148,61 @@ def static_window(spec: S.WindowSpec) -> int:
         return 0
     kh, kw = spec.kernel[-2:]
     return kh if kh == kw and kh in SPECIALISED_K else 0
+
+
+def row_tile(spec) -> tuple[int, int, int] | None:
+    """(KH, KW, SW) of the row-tile kernels (``max_pool_rows``, ``max_pool_indices_rows``,
+    ``avg_pool_rows``: ROW_TILE outputs side by side along W per thread, each input row loaded
+    once) when they cover ``spec``: a 1-D or 2-D NCHW max or average pooling of
+    ROW_TILE_DTYPES with dilation 1, a window and W stride of ROW_TILE_WINDOWS, 32-bit offsets,
+    and planes and output rows within a grid dim; else None."""
+    if not isinstance(spec, S.WindowSpec) or spec.op not in ("max", "avg"):
+        return None
+    g = spec.geom
+    if g.layout != "NCHW" or g.nd > 2 or g.dtype not in ROW_TILE_DTYPES:
+        return None
+    kh, kw = canonical3(spec.kernel, 1)[1:]
+    shape = (kh, kw, spec.stride[-1])
+    if (shape not in ROW_TILE_WINDOWS or any(d != 1 for d in spec.dilation)
+            or index_type(spec) != "int"):
+        return None
+    oh = canonical3(spec.out_spatial, 1)[1]
+    return shape if max(g.planes, oh) <= GRID_YZ_MAX else None
+
+
+def _row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int, int],
+               words: list) -> Plan:
+    """The row-tile launch (thread_map.cuh outputs_rows): ROW_TILE outputs along W per thread,
+    TX threads along W, TY output rows and TZ planes per block (TZ > 1 when a plane's tiles
+    leave a block under MIN_BLOCK_THREADS), plane groups on grid z; TY halves while the grid
+    leaves the GPU short of a wave of blocks (down to MIN_BLOCK_THREADS)."""
+    kh, kw, sw = shape
+    planes = spec.geom.planes
+    oh, ow = canonical3(spec.out_spatial, 1)[1:]
+    tx, ty = block_shape(_cdiv(ow, ROW_TILE), BLOCK_THREADS, oh)
+    tz = 1
+    if tx * ty < MIN_BLOCK_THREADS and planes > 1:
+        tz = min(BLOCK_Z_MAX, BLOCK_THREADS // (tx * ty), _pow2ceil(planes))
+        words.append(f"packing: {tz} planes per block (a plane has {_cdiv(ow, ROW_TILE) * oh} "
+                     f"row tiles; blocks of {tx * ty} threads would leave the SMs' block slots "
+                     f"idle)")
+
+    def blocks(ty_):
+        return _cdiv(ow, tx * ROW_TILE) * _cdiv(oh, ty_) * _cdiv(planes, tz)
+
+    while ty > 1 and tx * ty * tz > MIN_BLOCK_THREADS and (
+            blocks(ty) < _fill_target(device, tx * ty * tz)):
+        ty //= 2
+    grid = (_cdiv(ow, tx * ROW_TILE), _cdiv(oh, ty), _cdiv(planes, tz))
+    kernel = {"max": "max_pool_indices_rows" if spec.return_indices else "max_pool_rows",
+              "avg": "avg_pool_rows"}[spec.op]
+    words.append(f"row tiles: {ROW_TILE} outputs per thread side by side along W, their "
+                 f"{kh}x{kw} windows of W stride {sw} compiled in; each input row of a tile "
+                 f"loaded once into registers and shared by the windows that overlap")
+    words.append(f"split: {planes} planes ({grid[2]} groups on grid z) x {grid[1]} groups of "
+                 f"{ty} output rows x {grid[0]} chunks of {tx * ROW_TILE} outputs along W")
+    return Plan("window", "int", (Launch(kernel, grid, (tx, ty, tz), 1,
+                                         (("kh", kh), ("kw", kw), ("sw", sw))),), tuple(words))
 
 
 #: Positions per thread of the max unpooling gather (gather.cuh named_group: with 32-bit
@@ -528,12 +589,16 @@ def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False) -> Pl
                   "avg": "adaptive_avg"}[spec.op]
         p = _tiled(spec, device, "adaptive", kernel, words)
     else:
-        kernel = {"max": "max_pool_indices" if spec.return_indices else "max_pool",
-                  "avg": "avg_pool", "lp": "lp_pool"}[spec.op]
-        k = static_window(spec)
-        if k:
-            words.append(f"window {k}x{k} compiled as a template constant")
-        p = _tiled(spec, device, "window", kernel, words)
+        shape = row_tile(spec)
+        if shape:
+            p = _row_tiles(spec, device, shape, words)
+        else:
+            kernel = {"max": "max_pool_indices" if spec.return_indices else "max_pool",
+                      "avg": "avg_pool", "lp": "lp_pool"}[spec.op]
+            k = static_window(spec)
+            if k:
+                words.append(f"window {k}x{k} compiled as a template constant")
+            p = _tiled(spec, device, "window", kernel, words)
     launches = (_gather_traffic if isinstance(spec, GradSpec) else _with_traffic)(
         spec, p.launches)
     words = list(p.words) + [f"index arithmetic: {'32' if p.index_type == 'int' else '64'}-bit"]

@@ -111,16 +111,16 @@ struct TapTerm {
   }
 };
 
-// Max pooling over any walk (WindowTaps, AdaptiveTaps): values, and with IDX int64 indices.
-// Values only: Taps::joint outputs per group, the loads of their windows' taps in joint
-// batches (walk_row_major_batched); with IDX one output at a time.
+// Max pooling over any walk (WindowTaps, AdaptiveTaps, RowTaps): values, and with IDX int64
+// indices. Values only: Taps::joint outputs per group, the loads of their windows' taps in
+// joint batches (walk_row_major_batched); with IDX one output at a time, but for a row tile
+// (its GP_ROW_TILE outputs share their loads).
 template <typename T, typename I, bool IDX, bool NHWC, typename Taps>
 __device__ __forceinline__ void max_outputs(const T* __restrict__ x, T* __restrict__ out,
                                             long long* __restrict__ indices, const Taps& taps,
                                             const Geo<I>& g) {
-  constexpr int G = IDX ? 1 : Taps::joint;
-  output_groups<G, NHWC, true>(g, x, [&](const T* __restrict__ xp, I cs, const Output<I>* o,
-                                         int n) {
+  constexpr int G = IDX && !Taps::row_tile ? 1 : Taps::joint;
+  const auto group = [&](const T* __restrict__ xp, I cs, const Output<I>* o, int n) {
     typedef MaxOfTaps<T, I, IDX, Taps::flat_max> Acc;
     Acc acc[G];
 #pragma unroll
@@ -133,7 +133,12 @@ __device__ __forceinline__ void max_outputs(const T* __restrict__ x, T* __restri
         if (IDX) indices[o[j].oi] = (long long)acc[j].best;
       }
     }
-  });
+  };
+  if constexpr (Taps::row_tile) {
+    outputs_rows<G>(g, x, group);
+  } else {
+    output_groups<G, NHWC, true>(g, x, group);
+  }
 }
 
 }  // namespace gp

@@ -2,48 +2,80 @@
 //
 // Template parameters: T element type; I index type (int or long long, chosen on the host);
 // K the window size along H and W when both equal K and the host specialised it (0: run time);
-// NHWC the layout.
+// NHWC the layout. The row-tile kernel (avg_pool_rows) takes KH, KW and the W stride SW
+// instead (planner.ROW_TILE_WINDOWS).
 #include "accumulate.cuh"
 #include "geometry.cuh"
 #include "thread_map.cuh"
 #include "traits.cuh"
 #include "walk.cuh"
 
-// Average pooling: the separable sum of the valid taps (gp::WindowTaps::sum) divided by
-// divisor_override when > 0, else by the product over dims of the taps inside
-// [-pad_begin, size + pad_end) (include_pad) or the number of valid taps; a window with no
-// valid tap gives +0. ped/peh/pew are the end pads.
-// Geometry: see gp::outputs_nchw / gp::outputs_nhwc (grid x = spatial chunks, NHWC 2-D and
-// 3-D: tiles; y/z = plane groups; block (TX, TY, TZ planes); one thread = `rows` outputs, two
-// at a time: the loads of both windows' taps start before either sum waits,
-// gp::WindowTaps::sums).
-template <typename T, typename I, int K, bool NHWC>
-__global__ void GP_WINDOW_BOUNDS(T, I, K && !(K == 3 && NHWC) ? 5 : 4)
-    avg_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I), int ped, int peh,
-             int pew, int include_pad, int divisor_override) {
-  GP_GEO(I);
+// Average pooling over a sliding-window walk (WindowTaps, RowTaps): the separable sum of the
+// valid taps (Taps::sums) divided by divisor_override when > 0, else by the product over dims
+// of the taps inside [-pad_begin, size + pad_end) (include_pad) or the number of valid taps; a
+// window with no valid tap gives +0. ped/peh/pew are the end pads.
+template <typename T, typename I, bool NHWC, typename Taps>
+__device__ __forceinline__ void avg_outputs(const T* __restrict__ x, T* __restrict__ out,
+                                            const Taps& taps, const gp::Geo<I>& g, int ped,
+                                            int peh, int pew, int include_pad,
+                                            int divisor_override) {
   typedef typename gp::Num<T>::acc A;
-  const gp::WindowTaps<K, I> taps{g};
   const auto mean = [&](const gp::Output<I>& o, A s, long long count) {
     long long divisor = count;
     if (divisor_override > 0) {
       divisor = divisor_override;
     } else if (include_pad) {
       divisor =
-          (long long)gp::count_taps<I>(o.o_d, g.sd, g.pd, g.kd, g.dd, -(I)g.pd, g.id + (I)ped) *
-          gp::count_taps<I>(o.o_h, g.sh, g.ph, g.kh, g.dh, -(I)g.ph, g.ih + (I)peh) *
-          gp::count_taps<I>(o.o_w, g.sw, g.pw, g.kw, g.dw, -(I)g.pw, g.iw + (I)pew);
+          (long long)gp::count_taps<I, Taps::kd>(o.o_d, g.sd, g.pd, g.kd, g.dd, -(I)g.pd,
+                                                 g.id + (I)ped) *
+          gp::count_taps<I, Taps::kh>(o.o_h, g.sh, g.ph, g.kh, g.dh, -(I)g.ph, g.ih + (I)peh) *
+          gp::count_taps<I, Taps::kw>(o.o_w, g.sw, g.pw, g.kw, g.dw, -(I)g.pw, g.iw + (I)pew);
     }
     return gp::Num<T>::store(count > 0 ? s / (A)divisor : (A)0);
   };
-  gp::output_groups<2, NHWC, true>(g, x, [&](const T* __restrict__ xp, I cs,
-                                             const gp::Output<I>* o, int n) {
-    A s[2];
-    long long count[2];
-    taps.template sums<2>(o, n, gp::TapTerm<T, I, false>{xp, cs, (A)1}, (A)-0.0, s, count);
-    out[o[0].oi] = mean(o[0], s[0], count[0]);
-    if (n > 1) out[o[1].oi] = mean(o[1], s[1], count[1]);
-  });
+  constexpr int G = Taps::joint > 1 ? Taps::joint : 2;
+  const auto group = [&](const T* __restrict__ xp, I cs, const gp::Output<I>* o, int n) {
+    A s[G];
+    long long count[G];
+    taps.template sums<G>(o, n, gp::TapTerm<T, I, false>{xp, cs, (A)1}, (A)-0.0, s, count);
+    out[o[0].oi] = mean(o[0], s[0], count[0]);  // n >= 1
+#pragma unroll
+    for (int j = 1; j < G; ++j) {
+      if (j < n) out[o[j].oi] = mean(o[j], s[j], count[j]);
+    }
+  };
+  if constexpr (Taps::row_tile) {
+    gp::outputs_rows<G>(g, x, group);
+  } else {
+    gp::output_groups<G, NHWC, true>(g, x, group);
+  }
+}
+
+// Average pooling (avg_outputs). Geometry: see gp::outputs_nchw / gp::outputs_nhwc (grid x =
+// spatial chunks, NHWC 2-D and 3-D: tiles; y/z = plane groups; block (TX, TY, TZ planes); one
+// thread = `rows` outputs, two at a time: the loads of both windows' taps start before either
+// sum waits, gp::WindowTaps::sums).
+template <typename T, typename I, int K, bool NHWC>
+__global__ void GP_WINDOW_BOUNDS(T, I, K && !(K == 3 && NHWC) ? 5 : 4)
+    avg_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I), int ped, int peh,
+             int pew, int include_pad, int divisor_override) {
+  GP_GEO(I);
+  avg_outputs<T, I, NHWC>(x, out, gp::WindowTaps<K, I>{g}, g, ped, peh, pew, include_pad,
+                          divisor_override);
+}
+
+// Average pooling (avg_outputs) of 1-D and 2-D NCHW planes with 32-bit offsets, KH x KW
+// windows of W stride SW and dilation 1 (gp::RowTaps: the column sums shared between the
+// windows that overlap). Geometry: gp::outputs_rows (grid x = W chunks, y = row groups, z =
+// plane groups; one thread = GP_ROW_TILE outputs side by side along W).
+template <typename T, int KH, int KW, int SW>
+__global__ void __launch_bounds__(256)
+    avg_pool_rows(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(int), int ped,
+                  int peh, int pew, int include_pad, int divisor_override) {
+  GP_GEO(int);
+  const gp::Geo<int> fixed = gp::row_tile_geo<KH, KW, SW>(g);
+  avg_outputs<T, int, false>(x, out, gp::RowTaps<KH, KW, SW>{fixed}, fixed, ped, peh, pew,
+                             include_pad, divisor_override);
 }
 
 // Lp pooling: (separable sum over the valid taps of |x|**p) ** (1/p), p > 0 finite (A is

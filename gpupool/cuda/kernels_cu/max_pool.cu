@@ -3,7 +3,8 @@
 //
 // Template parameters: T element type; I index type (int when every offset fits in 32 bits,
 // long long otherwise: chosen on the host); K the window size along H and W when both equal K
-// and the host specialised it (0: read kh/kw at run time); NHWC the layout.
+// and the host specialised it (0: read kh/kw at run time); NHWC the layout. The row-tile
+// kernels (*_rows) take KH, KW and the W stride SW instead (planner.ROW_TILE_WINDOWS).
 #include "accumulate.cuh"
 #include "gather.cuh"
 #include "geometry.cuh"
@@ -30,6 +31,26 @@ __global__ void GP_WINDOW_BOUNDS(T, I, 5)
                      long long* __restrict__ indices, GP_GEO_PARAMS(I)) {
   GP_GEO(I);
   gp::max_outputs<T, I, true, NHWC>(x, out, indices, gp::WindowTaps<K, I>{g}, g);
+}
+
+// Max pooling (as max_pool) of 1-D and 2-D NCHW planes with 32-bit offsets, KH x KW windows
+// of W stride SW and dilation 1 (gp::RowTaps). Geometry: gp::outputs_rows (grid x = W
+// chunks, y = row groups, z = plane groups; one thread = GP_ROW_TILE outputs side by side
+// along W, their input rows loaded once).
+template <typename T, int KH, int KW, int SW>
+__global__ void __launch_bounds__(256)
+    max_pool_rows(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(int)) {
+  GP_GEO(int);
+  gp::max_outputs<T, int, false, false>(x, out, nullptr, gp::RowTaps<KH, KW, SW>{g}, g);
+}
+
+// Max pooling with int64 indices (as max_pool_indices) over the row tiles of max_pool_rows.
+template <typename T, int KH, int KW, int SW>
+__global__ void __launch_bounds__(256)
+    max_pool_indices_rows(const T* __restrict__ x, T* __restrict__ out,
+                          long long* __restrict__ indices, GP_GEO_PARAMS(int)) {
+  GP_GEO(int);
+  gp::max_outputs<T, int, true, false>(x, out, indices, gp::RowTaps<KH, KW, SW>{g}, g);
 }
 
 // Max unpooling where windows do not overlap and every index lies in its own window (or is

@@ -128,6 +128,27 @@ __device__ __forceinline__ void outputs_nhwc(const Geo<I>& g, const T* __restric
                group);
 }
 
+// Row tiles (1-D and 2-D NCHW, 32-bit offsets; see RowTaps in walk.cuh) -- grid: x = W
+//   chunks of blockDim.x * G outputs, y = groups of blockDim.y output rows, z = groups of
+//   blockDim.z planes (the host keeps each within 65535). block: (TX, TY, TZ planes, several
+//   when a plane's tiles leave a block under two warps). thread: the G consecutive outputs
+//   along W from (blockIdx.x * TX + threadIdx.x) * G of row blockIdx.y * TY + threadIdx.y of
+//   plane blockIdx.z * TZ + threadIdx.z, in one call h(xp, 1, o, n) (o[n..G) continue past
+//   the row's end: never stored).
+template <int G, typename T, typename H>
+__device__ __forceinline__ void outputs_rows(const Geo<int>& g, const T* __restrict__ x, H h) {
+  const int row = (int)(blockIdx.y * blockDim.y + threadIdx.y);
+  const int o_w = (int)(blockIdx.x * blockDim.x + threadIdx.x) * G;
+  const int p = (int)(blockIdx.z * blockDim.z + threadIdx.z);
+  if (row >= g.oh || o_w >= g.ow || p >= g.planes) return;
+  const int oi = (p * g.oh + row) * g.ow + o_w;
+  Output<int> o[G];
+#pragma unroll
+  for (int j = 0; j < G; ++j) o[j] = Output<int>{0, row, o_w + j, oi + j};
+  const int left = g.ow - o_w;
+  h(x + p * (g.ih * g.iw), 1, o, left < G ? left : G);
+}
+
 // TILES: see outputs_nhwc.
 template <int G, bool NHWC, bool TILES = false, typename I, typename T, typename H>
 __device__ __forceinline__ void output_groups(const Geo<I>& g, const T* __restrict__ x, H h) {

@@ -403,14 +403,21 @@ __device__ __forceinline__ A sum_separable(const TapLine<I>& d, const TapLine<I>
   return sum;
 }
 
-// Number of taps t in [0, k) of output o whose position o*s - pb + t*d lies in [lo, hi).
-template <typename I>
+// Number of taps t in [0, k) of output o whose position o*s - pb + t*d lies in [lo, hi); K:
+// k when compiled in (0: run time).
+template <typename I, int K = 0>
 __device__ __forceinline__ int count_taps(I o, int s, int pb, int k, int d, I lo, I hi) {
   const I first = o * (I)s - (I)pb;
-  int n = 0;
-  for (int t = 0; t < k; ++t) {
+  const auto inside = [&](int t) {
     const I pos = first + (I)t * (I)d;
-    n += (pos >= lo && pos < hi) ? 1 : 0;
+    return (pos >= lo && pos < hi) ? 1 : 0;
+  };
+  int n = 0;
+  if constexpr (K > 0) {
+#pragma unroll
+    for (int t = 0; t < K; ++t) n += inside(t);
+  } else {
+    for (int t = 0; t < k; ++t) n += inside(t);
   }
   return n;
 }
@@ -423,6 +430,10 @@ struct WindowTaps {
   static constexpr int joint = K ? 2 : 1;
   // the max's take without a short circuit (MaxOfTaps FLAT)
   static constexpr bool flat_max = K != 0;
+  static constexpr bool row_tile = false;
+  // the D, H and W tap counts the averages' divisors compile in (0: counted in a loop at run
+  // time; unrolled, the counts held the compiled-in-K kernels over their register bound)
+  static constexpr int kd = 0, kh = 0, kw = 0;
   const Geo<I>& g;
   __device__ __forceinline__ void lines(I o_d, I o_h, I o_w, TapLine<I>& d, TapLine<I>& h,
                                         TapLine<I>& w) const {
@@ -466,6 +477,137 @@ struct WindowTaps {
   }
 };
 
+// Row tiles: the windows of GP_ROW_TILE outputs side by side along W of one output row of a
+// 1-D or 2-D NCHW plane (32-bit offsets), KH x KW taps, W stride SW and dilation 1 compiled
+// in (the host picks this walk only for those; H stride, pads and H dilation at run time).
+// Neighbouring windows overlap along W, so each input row's span of columns is loaded once
+// into registers and every window takes its taps from there: per output KH * span / R loads
+// and no index arithmetic past the row bases.
+#ifndef GP_ROW_TILE
+#error "GP_ROW_TILE (outputs per thread of a row tile) is set by the host (planner.ROW_TILE)"
+#endif
+template <int KH, int KW, int SW>
+struct RowTaps {
+  static constexpr int joint = GP_ROW_TILE;
+  static constexpr bool flat_max = true;
+  static constexpr bool row_tile = true;
+  static constexpr int kd = 1, kh = KH, kw = KW;
+  // input columns the windows of a tile cover
+  static constexpr int span = (GP_ROW_TILE - 1) * SW + KW;
+  const Geo<int>& g;
+
+  // The tile of outputs o[0..G) (consecutive along W, one row): v[b][c] = f.load(pos, ok)
+  // for column c < span of window row b < KH, with rok[b], cok[c] whether row and column lie
+  // inside the plane; every load starts before any tap is used. A tile inside the plane (most
+  // of them) loads without a test per slot.
+  template <typename F>
+  __device__ __forceinline__ void load(const Output<int>& o0, const F& f,
+                                       typename F::value (&v)[KH][span], bool (&rok)[KH],
+                                       bool (&cok)[span], int (&base)[KH]) const {
+    const int h0 = o0.o_h * g.sh - g.ph;
+    const int w0 = o0.o_w * SW - g.pw;
+    bool inside = true;
+#pragma unroll
+    for (int c = 0; c < span; ++c) {
+      cok[c] = (unsigned)(w0 + c) < (unsigned)g.iw;
+      inside = inside && cok[c];
+    }
+#pragma unroll
+    for (int b = 0; b < KH; ++b) {
+      const int ph = h0 + b * g.dh;
+      rok[b] = (unsigned)ph < (unsigned)g.ih;
+      inside = inside && rok[b];
+      base[b] = ph * g.iw + w0;
+    }
+    if (inside) {
+#pragma unroll
+      for (int b = 0; b < KH; ++b) {
+#pragma unroll
+        for (int c = 0; c < span; ++c) v[b][c] = f.load(base[b] + c, true);
+      }
+    } else {
+#pragma unroll
+      for (int b = 0; b < KH; ++b) {
+#pragma unroll
+        for (int c = 0; c < span; ++c) v[b][c] = f.load(base[b] + c, rok[b] && cok[c]);
+      }
+    }
+  }
+
+  // f[j].take(v, pos) for the taps of window j < G in row-major order: every slot
+  // (values-only max: a slot outside the plane loads the lowest value, which never wins) or
+  // the valid ones (F::skips). Windows j >= n are taken too and never stored.
+  template <int G, typename F>
+  __device__ __forceinline__ void batched(const Output<int>* o, int, F* f) const {
+    static_assert(G == joint, "a row tile takes GP_ROW_TILE outputs at once");
+    typename F::value v[KH][span];
+    bool rok[KH], cok[span];
+    int base[KH];
+    load(o[0], f[0], v, rok, cok, base);
+#pragma unroll
+    for (int b = 0; b < KH; ++b) {
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+#pragma unroll
+        for (int k = 0; k < KW; ++k) {
+          const int c = j * SW + k;
+          if (!F::skips || (rok[b] && cok[c])) f[j].take(v[b][c], base[b] + c);
+        }
+      }
+    }
+  }
+
+  // sum[j], count[j]: the separable sums of windows j < G (those of sum_separable: per W tap
+  // the sum over the H taps, then those column sums over the W taps, each from `zero`), the
+  // column sums shared between the windows that overlap; a slot outside the plane adds the
+  // zero of term.load, which leaves every sum as it is.
+  template <int G, typename A, typename F>
+  __device__ __forceinline__ void sums(const Output<int>* o, int, const F& term, A zero,
+                                       A* sum, long long* count) const {
+    static_assert(G == joint, "a row tile takes GP_ROW_TILE outputs at once");
+    typename F::value v[KH][span];
+    bool rok[KH], cok[span];
+    int base[KH];
+    load(o[0], term, v, rok, cok, base);
+    A col[span];
+    int rows = 0;
+#pragma unroll
+    for (int c = 0; c < span; ++c) col[c] = zero;
+#pragma unroll
+    for (int b = 0; b < KH; ++b) {
+      rows += rok[b] ? 1 : 0;
+#pragma unroll
+      for (int c = 0; c < span; ++c) col[c] += term.apply(v[b][c]);
+    }
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      int cols = 0;
+      sum[j] = zero;
+#pragma unroll
+      for (int k = 0; k < KW; ++k) {
+        sum[j] += col[j * SW + k];
+        cols += cok[j * SW + k] ? 1 : 0;
+      }
+      count[j] = (long long)(rows * cols);
+    }
+  }
+};
+
+// The geometry of a row tile's launch with what RowTaps compiles in (1 D tap, KH x KW taps,
+// W stride SW, W dilation 1) as constants, so that the code using it (the averages' divisors)
+// folds them.
+template <int KH, int KW, int SW>
+__device__ __forceinline__ Geo<int> row_tile_geo(Geo<int> g) {
+  g.id = g.od = 1;
+  g.kd = g.sd = g.dd = 1;
+  g.pd = 0;
+  g.kh = KH;
+  g.kw = KW;
+  g.sw = SW;
+  g.dw = 1;
+  return g;
+}
+
 // Adaptive windows: output o of a dim of input size n pooled to m spans
 // [floor(o*n/m), ceil((o+1)*n/m)), never empty, in integer arithmetic of I (the host picks
 // long long when (m + 1) * n does not fit in int). Every tap is valid.
@@ -480,6 +622,7 @@ template <typename I>
 struct AdaptiveTaps {
   static constexpr int joint = 1;
   static constexpr bool flat_max = true;
+  static constexpr bool row_tile = false;
   const Geo<I>& g;
   __device__ __forceinline__ void lines(I o_d, I o_h, I o_w, TapLine<I>& d, TapLine<I>& h,
                                         TapLine<I>& w) const {
