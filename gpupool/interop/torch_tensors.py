@@ -72,14 +72,22 @@ def dtype_name(t: Tensor) -> str:
     return _DTYPES.get(t.dtype) or str(t.dtype).removeprefix("torch.")
 
 
+def _from_numpy(a) -> Tensor:
+    """The NumPy array ``a`` as a CPU tensor sharing its memory (bfloat16: through its bits,
+    which PyTorch's ``from_numpy`` takes)."""
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view("int16")).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def _run(name: str, func, x: Tensor, arrays: tuple, shape, **params):
     """``func`` (op ``name`` on arrays) on ``arrays``, its result as a tensor on ``x``'s
     device: on the CPU NumPy's array as it is, on a GPU written into a tensor of ``shape``
     that PyTorch allocates (``shape()`` gives it), on the caller's stream."""
     if x.is_cpu:
         result = func(*arrays, **params)
-        return tuple(map(torch.from_numpy, result)) if isinstance(result, tuple) else \
-            torch.from_numpy(result)
+        return tuple(map(_from_numpy, result)) if isinstance(result, tuple) else \
+            _from_numpy(result)
     values = torch.empty(tuple(shape()), dtype=x.dtype, device=x.device)
     with stream(x):
         result = func(*arrays, **params, out=array_view(name, values, "out"))
