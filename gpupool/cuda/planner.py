@@ -50,7 +50,7 @@ ROW_TILE = 4  # outputs per thread of a row tile, along W (the kernels' GP_ROW_T
 #: 1-D pooling), dilation 1.
 ROW_TILE_WINDOWS = ((2, 2, 2), (3, 3, 1), (3, 3, 2), (1, 3, 2), (1, 3, 3), (1, 4, 2),
                     (1, 5, 4))
-ROW_TILE_DTYPES = ("float16", "float32")
+ROW_TILE_DTYPES = ("float16", "bfloat16", "float32")
 LANE_WIDTHS = (4, 8, 16, 32)  # lanes per segment of the small-plane global reduction
 SMALL_SEGMENT = 1024  # global: planes up to this many elements use lane groups
 MIN_CHUNK = 4096  # global: smallest chunk of a split plane (elements)
