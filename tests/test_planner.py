@@ -188,22 +188,26 @@ def test_nhwc_threads_along_channels():
 
 
 @pytest.mark.parametrize("shape, k, s, p, d, kw, expected", [
-    ((32, 64, 112, 112), 3, 2, 1, 1, {}, (3, 3, 2)),
-    ((16, 128, 56, 56), 2, 2, 0, 1, dict(dtype="float16"), (2, 2, 2)),
+    ((32, 64, 112, 112), 3, 2, 1, 1, dict(op="avg"), (3, 3, 2)),
+    ((16, 128, 56, 56), 2, 2, 0, 1, dict(op="avg", dtype="float16"), (2, 2, 2)),
     ((2, 3, 9, 300), 3, 1, 1, 1, dict(op="avg"), (3, 3, 1)),
-    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="float16", return_indices=True), (1, 3, 3)),
+    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="float16"), (1, 3, 3)),
+    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="bfloat16"), (1, 3, 3)),
+    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="float16", return_indices=True), None),
+    ((32, 64, 112, 112), 3, 2, 1, 1, {}, None),  # a 2-D max
+    ((16, 128, 56, 56), 2, 2, 0, 1, dict(dtype="float16"), None),
     ((2, 256, 32000), (5,), 4, 2, 1, dict(op="avg", count_include_pad=True), (1, 5, 4)),
-    ((32, 64, 112, 112), 3, 2, 1, 1, dict(layout="NHWC"), None),  # NHWC
-    ((32, 64, 112, 112), 3, 2, 1, 1, dict(dtype="float64"), None),
-    ((32, 64, 112, 112), 3, 2, 1, 2, {}, None),  # dilation
-    ((32, 64, 112, 112), 3, 3, 1, 1, {}, None),  # a stride not compiled in
-    ((2, 3, 10, 10, 10), (2, 2, 2), 2, 0, 1, {}, None),  # 3-D
-    ((70000, 8, 8), 2, 2, 0, 1, {}, None),  # planes past one grid dim
+    ((32, 64, 112, 112), 3, 2, 1, 1, dict(op="avg", layout="NHWC"), None),  # NHWC
+    ((32, 64, 112, 112), 3, 2, 1, 1, dict(op="avg", dtype="float64"), None),
+    ((32, 64, 112, 112), 3, 2, 1, 2, dict(op="avg"), None),  # dilation
+    ((32, 64, 112, 112), 3, 3, 1, 1, dict(op="avg"), None),  # a stride not compiled in
+    ((2, 3, 10, 10, 10), (2, 2, 2), 2, 0, 1, dict(op="avg"), None),  # 3-D
+    ((70000, 8, 8), 2, 2, 0, 1, dict(op="avg"), None),  # planes past one grid dim
 ])
 def test_row_tiles_take_the_compiled_in_nchw_windows(shape, k, s, p, d, kw, expected):
-    """1-D and 2-D NCHW max and average pooling of float16 and float32 with a window and
-    stride of ROW_TILE_WINDOWS and dilation 1 take the row-tile kernels, ROW_TILE outputs per
-    thread; the rest the general window walk."""
+    """1-D and 2-D NCHW average and 1-D values-only max pooling of ROW_TILE_DTYPES with a
+    window and stride of ROW_TILE_WINDOWS and dilation 1 take the row-tile kernels, ROW_TILE
+    outputs per thread; the rest (2-D max, max with indices too) the general window walk."""
     sp = window(shape, k, s, p, d, **kw)
     assert planner.row_tile(sp) == expected
     (la,) = plan(sp, H100).launches

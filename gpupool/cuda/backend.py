@@ -61,8 +61,7 @@ OPTIONS = ("--std=c++17", "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "--
 
 FAMILY_FILES = {
     "max_pool": "max_pool.cu", "max_pool_indices": "max_pool.cu", "max_unpool": "max_pool.cu",
-    "max_pool_rows": "max_pool.cu", "max_pool_indices_rows": "max_pool.cu",
-    "avg_pool_rows": "avg_pool.cu",
+    "max_pool_rows": "max_pool.cu", "avg_pool_rows": "avg_pool.cu",
     "max_unpool_gather": "max_pool.cu",
     "avg_pool": "avg_pool.cu", "lp_pool": "avg_pool.cu",
     "adaptive_max": "adaptive_pool.cu", "adaptive_max_indices": "adaptive_pool.cu",
@@ -243,11 +242,11 @@ def instantiations() -> list[tuple[str, str]]:
                             adaptive_name("adaptive_avg", dtype, itype, nhwc)))
         for op in ("max", "avg"):
             if itype == "int":
-                for base in (("max_pool_rows", "max_pool_indices_rows") if op == "max"
-                             else ("avg_pool_rows",)):
-                    out += [(FAMILY_FILES[base], rows_name(base, dtype, shape))
-                            for dtype in planner.ROW_TILE_DTYPES
-                            for shape in planner.ROW_TILE_WINDOWS]
+                base = f"{op}_pool_rows"
+                out += [(FAMILY_FILES[base], rows_name(base, dtype, shape))
+                        for dtype in planner.ROW_TILE_DTYPES
+                        for shape in planner.ROW_TILE_WINDOWS
+                        if op == "avg" or shape[0] == 1]  # max: 1-D only (planner.row_tile)
             for dtype in (CTYPES if op == "max" else FLOAT_DTYPES):
                 one, first, second = _global_type_pairs(op, dtype)
                 pairs = {"global_block": (one, first), "global_channels": (one, first, second)}

@@ -151,14 +151,18 @@ def static_window(spec: S.WindowSpec) -> int:
 
 
 def row_tile(spec) -> tuple[int, int, int] | None:
-    """(KH, KW, SW) of the row-tile kernels (``max_pool_rows``, ``max_pool_indices_rows``,
-    ``avg_pool_rows``: ROW_TILE outputs side by side along W per thread, each input row loaded
-    once) when they cover ``spec``: a 1-D or 2-D NCHW max or average pooling of
-    ROW_TILE_DTYPES with dilation 1, a window and W stride of ROW_TILE_WINDOWS, 32-bit offsets,
-    and planes and output rows within a grid dim; else None."""
+    """(KH, KW, SW) of the row-tile kernels (``max_pool_rows``, ``avg_pool_rows``: ROW_TILE
+    outputs side by side along W per thread, each input row loaded once) when they cover
+    ``spec``: a 1-D or 2-D NCHW average, or a 1-D values-only max, of ROW_TILE_DTYPES with
+    dilation 1, a window and W stride of ROW_TILE_WINDOWS, 32-bit offsets, and planes and
+    output rows within a grid dim; else None. A 2-D max or a max with indices keeps the
+    general walk: the calibrated GPU model (bench/model.py) has it faster there, the row tiles
+    bound by L1 (a warp's load of a tile column touches a sector per thread)."""
     if not isinstance(spec, S.WindowSpec) or spec.op not in ("max", "avg"):
         return None
     g = spec.geom
+    if spec.op == "max" and (g.nd > 1 or spec.return_indices):
+        return None
     if g.layout != "NCHW" or g.nd > 2 or g.dtype not in ROW_TILE_DTYPES:
         return None
     kh, kw = canonical3(spec.kernel, 1)[1:]
@@ -194,8 +198,7 @@ def _row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int, in
             blocks(ty) < _fill_target(device, tx * ty * tz)):
         ty //= 2
     grid = (_cdiv(ow, tx * ROW_TILE), _cdiv(oh, ty), _cdiv(planes, tz))
-    kernel = {"max": "max_pool_indices_rows" if spec.return_indices else "max_pool_rows",
-              "avg": "avg_pool_rows"}[spec.op]
+    kernel = {"max": "max_pool_rows", "avg": "avg_pool_rows"}[spec.op]
     words.append(f"row tiles: {ROW_TILE} outputs per thread side by side along W, their "
                  f"{kh}x{kw} windows of W stride {sw} compiled in; each input row of a tile "
                  f"loaded once into registers and shared by the windows that overlap")

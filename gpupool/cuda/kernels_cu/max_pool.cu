@@ -44,14 +44,6 @@ __global__ void __launch_bounds__(256)
   gp::max_outputs<T, int, false, false>(x, out, nullptr, gp::RowTaps<KH, KW, SW>{g}, g);
 }
 
-// Max pooling with int64 indices (as max_pool_indices) over the row tiles of max_pool_rows.
-template <typename T, int KH, int KW, int SW>
-__global__ void __launch_bounds__(256)
-    max_pool_indices_rows(const T* __restrict__ x, T* __restrict__ out,
-                          long long* __restrict__ indices, GP_GEO_PARAMS(int)) {
-  GP_GEO(int);
-  gp::max_outputs<T, int, true, false>(x, out, indices, gp::RowTaps<KH, KW, SW>{g}, g);
-}
 
 // Max unpooling where windows do not overlap and every index lies in its own window (or is
 // -1; the host checks both), one pass that writes each output once: an output position
