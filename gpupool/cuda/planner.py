@@ -33,10 +33,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .. import spec as S
 from ..grad_spec import GradSpec
+from .launches import H100, DeviceInfo, Launch, Plan
 
 INT32_LIMIT = 2**31 - 1
 GRID_YZ_MAX = 65535
@@ -55,67 +56,6 @@ LANE_WIDTHS = (4, 8, 16, 32)  # lanes per segment of the small-plane global redu
 SMALL_SEGMENT = 1024  # global: planes up to this many elements use lane groups
 MIN_CHUNK = 4096  # global: smallest chunk of a split plane (elements)
 MAX_CHUNKS = 1024  # global: most chunks per plane (the second pass is one warp per plane)
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """What the planner needs to know about a GPU."""
-
-    name: str = "NVIDIA H100 (assumed: no GPU queried)"
-    sm_count: int = 132
-    max_threads_per_block: int = 1024
-    max_threads_per_sm: int = 2048
-    smem_per_block: int = 227 * 1024
-    smem_per_sm: int = 228 * 1024
-    l2_bytes: int = 50 * 2**20
-    #: DRAM bandwidth, GB/s: the peak from the memory clock and bus width (H100 SXM: 3352);
-    #: 0 when unknown. Sets the roofline floor that explain() reports.
-    dram_gbps: float = 3352.0
-
-
-H100 = DeviceInfo()
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One kernel launch: the kernel template's base name, grid and block, outputs per thread
-    along rows (``rows``), kernel-specific integers (``extra``, as sorted (name, value)
-    pairs), and the outputs it writes and bytes it moves (set by :func:`plan`)."""
-
-    kernel: str
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    rows: int = 1
-    extra: tuple[tuple[str, int], ...] = ()
-    outputs: int = 0
-    bytes_read: int = 0  # the least DRAM traffic the launch needs: each input byte once
-    bytes_written: int = 0
-
-    def get(self, name: str) -> int:
-        return dict(self.extra)[name]
-
-    @property
-    def threads(self) -> int:
-        return math.prod(self.grid) * math.prod(self.block)
-
-    def floor_seconds(self, device: "DeviceInfo") -> float:
-        """The roofline floor: the launch's bytes at the device's DRAM bandwidth."""
-        if not device.dram_gbps:
-            return 0.0
-        return (self.bytes_read + self.bytes_written) / (device.dram_gbps * 1e9)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The chosen launches for one spec on one device, with the reasons in words."""
-
-    family: str  # "window" | "adaptive" | "global" | "unpool"
-    index_type: str  # "int" | "long long"
-    launches: tuple[Launch, ...]
-    words: tuple[str, ...] = field(default=())
-
-    def __str__(self) -> str:
-        return "\n".join(self.words)
 
 
 def _pow2ceil(n: int) -> int:
@@ -155,9 +95,8 @@ def row_tile(spec) -> tuple[int, int, int] | None:
     outputs side by side along W per thread, each input row loaded once) when they cover
     ``spec``: a 1-D or 2-D NCHW average, or a 1-D values-only max, of ROW_TILE_DTYPES with
     dilation 1, a window and W stride of ROW_TILE_WINDOWS, 32-bit offsets, and planes and
-    output rows within a grid dim; else None. A 2-D max or a max with indices keeps the
-    general walk: the calibrated GPU model (bench/model.py) has it faster there, the row tiles
-    bound by L1 (a warp's load of a tile column touches a sector per thread)."""
+    output rows within a grid dim; else None. A 2-D max or a max with indices keeps the general
+    walk, which the calibrated GPU model (bench/model.py) has faster there (row tiles: L1-bound)."""
     if not isinstance(spec, S.WindowSpec) or spec.op not in ("max", "avg"):
         return None
     g = spec.geom
