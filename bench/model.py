@@ -19,6 +19,7 @@ Results go to bench/results/model-<date>.{json,md} (-partial with --ops, -beyond
   python bench/model.py
   python bench/model.py --ops max --clock 1980
   python bench/model.py --beyond
+  python bench/model.py --render bench/results/model-2026-11-25.json   # the tables in docs/
 """
 from __future__ import annotations
 
@@ -103,14 +104,19 @@ TABLE_HEAD = ("| case | {0} us | bound | {1} us | warp instr / output | % of tri
               "fastest public us (impl) | ratio |")
 
 
-def table(rows, devices) -> list[str]:
-    a, b = (d.label() for d in devices)
+#: How a table names a binding limit ("issue": instruction issue).
+BOUND_NAMES = {"issue": "instructions"}
+
+
+def table(rows, labels) -> list[str]:
+    """A Markdown table of result rows, the times on the devices named by ``labels``."""
+    a, b = labels
     lines = [TABLE_HEAD.format(a, b), "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         da, db = r["devices"][a], r["devices"][b]
         public = r.get("fastest_public")
         lines.append(
-            f"| {r['case']} | {da['seconds'] * 1e6:.1f} | {da['bound']} | "
+            f"| {r['case']} | {da['seconds'] * 1e6:.1f} | {BOUND_NAMES.get(da['bound'], da['bound'])} | "
             f"{db['seconds'] * 1e6:.1f} | {r['warp_instructions_per_output']:.2f} | "
             f"{da['percent_of_triad_time']:.0f} | "
             + (f"{public['time_us']:g} ({public['impl']}) | "
@@ -137,10 +143,27 @@ def markdown(sections, skipped, meta, devices) -> str:
              ""]
     for title, rows in sections:
         if rows:
-            lines += [f"## {title}", "", *table(rows, devices), ""]
+            lines += [f"## {title}", "", *table(rows, [x.label() for x in devices]), ""]
     if skipped:
         lines += ["Not modeled:", ""] + [f"- {name}: {why}" for name, why in skipped] + [""]
     lines += [f"Traced and modeled in {meta['wall_seconds']:.0f} s on {meta['host']}.", ""]
+    return "\n".join(lines)
+
+
+def rendered_tables(path: str) -> str:
+    """The tables of a results file (``--render``): the suite's cases, then the others, under
+    their section titles (what docs/performance.md shows)."""
+    from gpumodel import benchmodel
+    with open(path) as f:
+        results = json.load(f)
+    suite = {c.name for c in benchmodel.modeled_cases()}
+    rows = results["cases"]
+    sections = [("Benchmark suite (--size large)", [r for r in rows if r["case"] in suite]),
+                ("Published workloads (TileOPs)", [r for r in rows if r["case"] not in suite])]
+    lines = []
+    for title, section in sections:
+        if section:
+            lines += [f"**{title}**", "", *table(section, results["devices"]), ""]
     return "\n".join(lines)
 
 
@@ -162,7 +185,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="overwrite result files of the same name")
     parser.add_argument("--results-dir", default=RESULTS, metavar="DIR",
                         help="where the files go (default: bench/results next to this script)")
+    parser.add_argument("--render", metavar="JSON",
+                        help="print the tables of a results file instead of modeling")
     args = parser.parse_args(argv)
+    if args.render:
+        print(rendered_tables(args.render), end="")
+        return 0
     if not os.path.isdir(args.results_dir):
         print(f"bench/model.py: --results-dir {args.results_dir} is not a folder",
               file=sys.stderr)

@@ -11,7 +11,7 @@ import gpupool as gp
 
 
 def window_order_mean(x, nd: int, layout: str) -> np.ndarray:
-    """The README's order, by direct loops: in the working dtype (float32 for float16), the
+    """The documented order (docs/semantics.md), by direct loops: in the working dtype (float32 for float16), the
     taps of each plane summed along the first spatial dim, in order, then those sums along
     the next, ...; then divided by the count."""
     acc = np.float32 if x.dtype == np.float16 else x.dtype.type

@@ -1,6 +1,6 @@
 """bfloat16 against PyTorch's and JAX's own bfloat16 pooling, and gpupool's rounding rule.
 
-The rule (README, "dtypes"): the taps widened to float32, float32 arithmetic, each result
+The rule (docs/api.md, "dtypes"): the taps widened to float32, float32 arithmetic, each result
 rounded once to bfloat16 to nearest even as CUDA's ``__float2bfloat16_rn`` (every NaN
 becomes 0x7FFF). PyTorch's CPU bfloat16 pooling accumulates in float32 and rounds once too, so
 max, average and adaptive pooling agree with it bit for bit (NaNs: any NaN); its Lp pooling

@@ -502,24 +502,6 @@ def test_quantize_and_dequantize_dask():
         nan.data.compute()  # when computed
 
 
-def test_readme_pyramid_example_runs_scaled_down():
-    import pathlib
-    import re
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    text = readme[readme.index("## Dask arrays"):]
-    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
-    assert "(4096,) * 8" in code and "> 512" in code
-    scope = {}
-    exec(code.replace("(4096,) * 8", "(64,) * 4").replace("> 512", "> 16"), scope)
-    assert scope["smallest"].shape == (1, 3, 16, 16)
-    image = scope["image"].compute()
-    expected = image
-    for checksum in scope["checksums"]:
-        expected = gpupool.avg_pool(expected, 2)
-        assert checksum == pytest.approx(expected.sum(dtype=np.float64), rel=1e-9)
-    assert_array_equal(scope["smallest"], expected)
-
-
 # ----------------------------------------------------------------------------- schedulers
 
 def test_threaded_scheduler_large_blocks():

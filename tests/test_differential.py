@@ -3,7 +3,7 @@
 Each case builds NumPy inputs, runs one gpupool op on them and on ``cupy.asarray`` copies, and
 compares bit for bit (any NaN for a NaN): max values and indices, integer and quantized
 results, and the float sums both backends add in the same order (average, adaptive average,
-Lp with p = 1 or 2; see the README); global averages and Lp with another p (``pow`` differs
+Lp with p = 1 or 2; see docs/semantics.md); global averages and Lp with another p (``pow`` differs
 between libms) within a per-dtype tolerance. CuPy in must give CuPy out.
 ``test_max_returns_the_winning_element_bit_for_bit`` adds what random inputs never hold: tied
 zeros of both signs and NaNs of several payloads.

@@ -205,7 +205,7 @@ def test_cached_calls_from_many_threads_agree():
 
 
 def test_host_time_script_times_every_op_with_launches_stubbed():
-    """``bench/host.py`` (the README's host-path figures) runs, without a GPU or a compiler,
+    """``bench/host.py`` (the host-path figures of docs/performance.md) runs, without a GPU or a compiler,
     and prints a time for each op."""
     script = Path(__file__).resolve().parent.parent / "bench" / "host.py"
     done = subprocess.run([sys.executable, str(script), "--calls", "3", "--repeats", "1"],

@@ -409,11 +409,3 @@ def test_jax_sharded_input_keeps_its_plane_sharding():
     done = subprocess.run([sys.executable, "-c", SHARDED], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and "sharded ok" in done.stdout, done.stderr[-3000:]
-
-
-def test_readme_jax_example_runs():
-    section = re.search(r"^### JAX\n(.*?)(?=^##)", (ROOT / "README.md").read_text(),
-                        re.M | re.S)
-    assert section, "README: no JAX section"
-    (example,) = re.findall(r"^```python\n(.*?)^```", section.group(1), re.M | re.S)
-    exec(compile(example, "README.md (JAX)", "exec"), {})

@@ -1,4 +1,4 @@
-"""The public API as its docstrings and the README describe it: every docstring example runs
+"""The public API as its docstrings and docs/api.md describe it: every docstring example runs
 and prints what it shows, and every public function is annotated.
 
 Examples run as a reader types them after ``import numpy as np`` and ``from gpupool import
@@ -37,7 +37,7 @@ def test_every_docstring_example_runs():
 
 
 def test_every_public_function_is_annotated():
-    """README: every public function is annotated (``gpupool.explain`` was not)."""
+    """docs/api.md: every public function is annotated (``gpupool.explain`` was not)."""
     missing = []
     for module in (gpupool, quantized):
         for name in module.__all__:

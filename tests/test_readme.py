@@ -38,11 +38,6 @@ def test_setup_section_has_exactly_the_two_commands():
     assert "`pip install torch`" in between
 
 
-def test_readme_has_no_workflow_words():
-    for word in ("issue", "session"):
-        assert not re.search(rf"\b{word}s?\b", README, re.I), word
-
-
 def test_license_is_mit_and_packaged():
     text = (ROOT / "LICENSE").read_text()
     assert text.startswith("MIT License")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -225,22 +224,8 @@ def test_gradient_ignores_lists_mutated_after_the_forward():
     torch.testing.assert_close(t.grad, reference.grad, rtol=0, atol=1e-12)
 
 
-# PyTorch's inductor itself still calls torch.jit.script_method
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-def test_the_readme_example_runs_as_written():
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = re.search(r"^### PyTorch operators.*?^```python\n(.*?)^```", readme,
-                      re.M | re.S).group(1)
-    namespace: dict = {}
-    exec(block, namespace)  # noqa: S102 - the README's own example
-    x = namespace["x"]
-    want = torch.autograd.functional.hessian(lambda t: F.lp_pool2d(t, 2, 2).sum(), x)
-    torch.testing.assert_close(namespace["hessian"], want)
-    assert "gpupool.max_pool" in str(namespace["program"].graph)
-
-
 def test_tensor_overhead_script_times_every_row():
-    """``bench/tensor_overhead.py`` (the README's eager-cost figures) runs and prints a time
+    """``bench/tensor_overhead.py`` (the eager-cost figures of docs/frameworks.md) runs and prints a time
     for each row."""
     script = pathlib.Path(__file__).resolve().parent.parent / "bench" / "tensor_overhead.py"
     done = subprocess.run([sys.executable, str(script), "--calls", "3", "--repeats", "1"],

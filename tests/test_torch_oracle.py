@@ -70,7 +70,7 @@ def test_max_pool_agrees_with_pytorch(backend, case):
 def test_max_pool_window_missed_by_dilation_differs_from_pytorch_only_in_the_index(backend):
     """PyTorch allows a window with no valid tap when dilation steps over the input (its
     padding is at most k/2): -inf as here, but an index outside the plane, where gpupool
-    gives -1 (README, semantics table)."""
+    gives -1 (docs/semantics.md)."""
     x = np.full((1, 1, 1, 1), 3.0)
     tv, ti = F.max_pool2d(torch.from_numpy(x), 2, 1, 1, 2, return_indices=True)
     y, i = gpupool.max_pool(backend.to_backend(x), 2, 1, 1, 2, return_indices=True)
