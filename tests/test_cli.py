@@ -37,7 +37,10 @@ def test_bench_one_case_writes_json_and_markdown(tmp_path, capsys):
     assert result["backend"] == "numpy" and result["copy_bw_gbps"] > 0
     (row,) = result["rows"]
     assert row["case"] == "seed [64,7,7] global avg"
-    assert row["gpupool_ms"] > 0 and row["raw_times_s"]["gpupool"]
+    assert row["gpupool_ms"] > 0 and row["times_s"]["gpupool"]["n"] >= 1
+    spread = row["times_s"]["gpupool"]
+    assert spread["min"] <= spread["q1"] <= spread["median"] <= spread["q3"] <= spread["max"]
+    assert spread["median"] * 1e3 == pytest.approx(row["gpupool_ms"], rel=0.01)
     assert not row["check"].startswith("FAILED")
     assert "| seed [64,7,7] global avg |" in md.read_text()
 
@@ -622,7 +625,7 @@ def test_bench_overhead_section_in_json_and_markdown(tmp_path, monkeypatch):
                                               "qmax"}
     for r in rows:
         assert r["error"] is None and r["check"].startswith("ok"), r
-        assert r["gpupool_us"] > 0 and r["raw_times_s"]["gpupool"]
+        assert r["gpupool_us"] > 0 and r["times_s"]["gpupool"]["n"] >= 1
         for name in ("torch", "onnxruntime"):
             if f"{name}_us" in r:
                 assert r[f"{name}_over_gpupool"] == pytest.approx(

@@ -145,3 +145,12 @@ def test_relative_links_resolve(path):
 def test_no_workflow_words(path):
     for word in ("issue", "session"):
         assert not re.search(rf"\b{word}s?\b", path.read_text(), re.I), word
+
+
+def test_result_files_keep_summaries_not_samples():
+    """A committed result file keeps per-case summaries (median, quartiles, extremes, count),
+    not the raw timing samples that made them."""
+    results = sorted((ROOT / "bench" / "results").glob("*.json"))
+    assert results
+    assert [f.name for f in results if f.stat().st_size > 300_000] == []
+    assert [f.name for f in results if '"raw_times_s"' in f.read_text()] == []

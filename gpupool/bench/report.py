@@ -32,6 +32,19 @@ class Row:
         return float(np.median(t)) if t else None
 
 
+def spread(samples) -> dict:
+    """What a results file keeps of a timing's samples (seconds): their count, median,
+    quartiles and extremes."""
+    q = np.percentile(np.asarray(samples, dtype=np.float64), [0, 25, 50, 75, 100])
+    return {"n": len(samples), "median": float(q[2]), "q1": float(q[1]), "q3": float(q[3]),
+            "min": float(q[0]), "max": float(q[4])}
+
+
+def spreads(times_s: dict) -> dict:
+    """:func:`spread` of each library's samples."""
+    return {name: spread(t) for name, t in times_s.items() if t}
+
+
 def summarise(rows: list[Row], copy_bw: float, gpu: bool) -> dict:
     """Per-row medians, GB/s, % of copy bandwidth and baseline ratios; suite geomeans."""
     table, ratios = [], {}
@@ -73,7 +86,7 @@ def summarise_overhead(rows: list[Row]) -> dict:
     for r in rows:
         entry = {"case": r.case, "shape": list(r.shape), "dtype": r.dtype, "check": r.check,
                  "checks": r.checks, "error": r.error, "missing": r.missing,
-                 "raw_times_s": r.times_s}
+                 "times_s": spreads(r.times_s)}
         for name in r.times_s:
             entry[f"{name}_us"] = round(r.median(name) * 1e6, 2)
         for name in r.times_s:
