@@ -69,7 +69,7 @@ def on_current_device(x, xp) -> bool:
     return xp is np or x.data.device_id == xp.cuda.runtime.getDevice()
 
 
-def device_scope(x, backend: str):
+def device_scope(x, backend: str | None):
     """Make the input's GPU the current device while an op runs (nothing for NumPy), so
     results and launches land on the input's device."""
     return x.device if backend == "cupy" else contextlib.nullcontext()

@@ -3,7 +3,7 @@ that matches the input's array type (NumPy in -> NumPy out, CuPy in -> CuPy out)
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence, Union
+from typing import Callable, Literal, ParamSpec, Sequence, TypeVar, Union, overload
 
 import numpy as np
 
@@ -18,9 +18,14 @@ Size = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]
 
 
-def accepts_foreign(op: Callable) -> Callable:
+Params = ParamSpec("Params")
+Result = TypeVar("Result")
+
+
+def accepts_foreign(op: Callable[Params, Result]) -> Callable[Params, Result]:
     """Let ``op`` take Dask arrays and DLPack tensors: such an input goes to its handler
-    (:func:`gpupool.backends.foreign_handler`), which runs ``op`` on NumPy/CuPy data."""
+    (:func:`gpupool.backends.foreign_handler`), which runs ``op`` on NumPy/CuPy data. The
+    result has ``op``'s signature, for readers and type checkers alike."""
     @functools.wraps(op)
     def dispatch(x, /, *args, **kwargs):  # positional-only: a keyword ``x`` is op's own
         if type(x) is np.ndarray:  # the common case, first
@@ -29,7 +34,7 @@ def accepts_foreign(op: Callable) -> Callable:
         if handler is None:
             return op(x, *args, **kwargs)
         return handler.call(op, x, *args, **kwargs)
-    return dispatch
+    return dispatch  # type: ignore[return-value]  # op's parameters, x taken first
 
 
 def _plan(func: str, family: str, x, backend: str, arguments: tuple, build: Callable):
@@ -91,6 +96,18 @@ def _fresh(x, spec, run, xp, indices_needed: bool):
     return (result, indices) if indices_needed else result
 
 
+@overload
+def max_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = ..., padding: Padding = ...,
+             dilation: Size = ..., ceil_mode: bool = ..., *, return_indices: Literal[False] = ...,
+             layout: str = ..., out: Array | None = ...) -> Array: ...
+@overload
+def max_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = ..., padding: Padding = ...,
+             dilation: Size = ..., ceil_mode: bool = ..., *, return_indices: Literal[True],
+             layout: str = ..., out: Array | None = ...) -> tuple[Array, Array]: ...
+@overload
+def max_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = ..., padding: Padding = ...,
+             dilation: Size = ..., ceil_mode: bool = ..., *, return_indices: bool,
+             layout: str = ..., out: Array | None = ...) -> Array | tuple[Array, Array]: ...
 @accepts_foreign
 def max_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, padding: Padding = 0,
              dilation: Size = 1, ceil_mode: bool = False, *, return_indices: bool = False,
@@ -208,6 +225,16 @@ def adaptive_avg_pool(x: ArrayLike, output_size: Size, *, layout: str = "NCHW",
     return _run("adaptive_avg_pool", x, backend, xp, plan, out)
 
 
+@overload
+def adaptive_max_pool(x: ArrayLike, output_size: Size, *, return_indices: Literal[False] = ...,
+                      layout: str = ..., out: Array | None = ...) -> Array: ...
+@overload
+def adaptive_max_pool(x: ArrayLike, output_size: Size, *, return_indices: Literal[True],
+                      layout: str = ..., out: Array | None = ...) -> tuple[Array, Array]: ...
+@overload
+def adaptive_max_pool(x: ArrayLike, output_size: Size, *, return_indices: bool,
+                      layout: str = ..., out: Array | None = ...
+                      ) -> Array | tuple[Array, Array]: ...
 @accepts_foreign
 def adaptive_max_pool(x: ArrayLike, output_size: Size, *, return_indices: bool = False,
                       layout: str = "NCHW", out: Array | None = None
@@ -264,7 +291,7 @@ def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_size: Size, stride: Size
     gathers = getattr(impl, "gathers", None)
     pooling = spec.pooling if gathers is not None and gathers(spec) else None
     with device_scope(x, backend):
-        inside = True
+        inside: bool | None = True
         if indices.size:
             low, high, inside = index_span(indices, xp, pooling)
             S.check_unpool_indices(func, low, high, spec)

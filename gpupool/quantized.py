@@ -49,12 +49,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 from . import plans
 from . import quantized_spec as QS
 from .arrays import Array, ArrayLike, as_array, backend_of, dtype_name, is_dask_array
 from .backends import device_scope, on_current_device, prepared
+from .ops import Params, Result
 from .quantized_spec import (LEVELS, RANGES, ROUNDINGS, QArray, avg_plan, check_qdtype,
                              check_scale, check_zero_point, out_params, requant_table)
 
@@ -178,15 +179,16 @@ def _dask_adapter():
     return importlib.import_module("gpupool.interop.dask")
 
 
-def _accepts_dask(op):
+def _accepts_dask(op: Callable[Params, Result]) -> Callable[Params, Result]:
     """Let the quantized ``op`` take a QArray whose codes are a Dask array: the result's codes
-    are then a lazy Dask array, bit-identical to the in-memory op."""
+    are then a lazy Dask array, bit-identical to the in-memory op. The result has ``op``'s
+    signature."""
     @functools.wraps(op)
     def dispatch(q, *args, **kwargs):
         if isinstance(q, QArray) and is_dask_array(q.data):
             return _dask_adapter().call_quantized(op, q, *args, **kwargs)
         return op(q, *args, **kwargs)
-    return dispatch
+    return dispatch  # type: ignore[return-value]  # op's parameters, q taken first
 
 
 @_accepts_dask

@@ -69,7 +69,7 @@ class QArray:
         if not is_dask_array(data):
             data, _, _ = as_array("quantized.QArray", data, "data")
         dtype = check_qdtype("QArray", data.dtype)
-        self.data = data
+        self.data: Array = data
         self.scale = check_scale("QArray", "scale", scale)
         self.zero_point = check_zero_point("QArray", "zero_point", zero_point, dtype)
 
