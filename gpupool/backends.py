@@ -1,52 +1,109 @@
-"""Which code runs an op: the implementation of an op family on a backend, and the adapter of
+"""Which code runs an op: the backend that computes on an input's array type, and the adapter of
 an input that is neither NumPy nor CuPy.
 
 A NumPy array (or a plain list/tuple) runs on the ``numpy`` backend (:mod:`gpupool.cpu`); a
-CuPy array on the ``cupy`` backend (:mod:`gpupool.cuda`). PyTorch tensors and JAX arrays are
-viewed as NumPy or CuPy arrays through DLPack (:mod:`gpupool.interop.dlpack`), Dask arrays
-become lazy graphs of in-memory ops (:mod:`gpupool.interop.dask`). Backend modules register
-their implementations (:mod:`gpupool.registry`) when first imported, so CuPy is imported only
-when a CuPy array (or a CUDA tensor) arrives: ``import gpupool`` needs neither CuPy nor a GPU,
-and never imports Dask, PyTorch or JAX.
+CuPy array on the ``cupy`` backend (:mod:`gpupool.cuda`). Each backend is one object that
+implements :class:`Backend`, loaded from its module (:data:`BACKEND_MODULES`) on first use, so
+CuPy is imported only when a CuPy array (or a CUDA tensor) arrives: ``import gpupool`` needs
+neither CuPy nor a GPU, and never imports Dask, PyTorch or JAX. PyTorch tensors and JAX arrays
+are viewed as NumPy or CuPy arrays through DLPack (:mod:`gpupool.interop.dlpack`), Dask arrays
+become lazy graphs of in-memory ops (:mod:`gpupool.interop.dask`).
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
-from typing import Callable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from .arrays import is_cupy_array, is_dask_array
 from .interop import dlpack
-from .registry import registered
 
-#: the modules of each backend: the float ops, the quantized ones, then the backward ops.
-BACKEND_MODULES = {"numpy": ("gpupool.cpu.numpy_backend", "gpupool.cpu.quantized",
-                             "gpupool.cpu.backward"),
-                   "cupy": ("gpupool.cuda.backend", "gpupool.cuda.quantized",
-                            "gpupool.cuda.backward")}
+if TYPE_CHECKING:
+    from .arrays import Array
+    from .grad_spec import GradSpec
+    from .quantized_spec import AvgPlan
+    from .spec import AdaptiveSpec, UnpoolSpec, WindowSpec
 
-
-def implementation(family: str, backend: str) -> Callable:
-    """The function registered for ``family`` on ``backend``, importing the backend's modules
-    until one registers it."""
-    func = registered(family, backend)
-    for module in BACKEND_MODULES[backend]:
-        if func is not None:
-            break
-        importlib.import_module(module)
-        func = registered(family, backend)
-    return func
+#: the module holding each backend's object (its ``BACKEND``).
+BACKEND_MODULES = {"numpy": "gpupool.cpu.entry_points", "cupy": "gpupool.cuda.entry_points"}
 
 
-def prepared(family: str, backend: str, spec) -> Callable:
-    """The implementation of ``family`` on ``backend`` for ``spec``: ``impl.prepare(spec)``
-    (the same call with every choice that depends on ``spec`` alone made once) where the
-    backend offers it, else ``impl``."""
-    impl = implementation(family, backend)
-    prepare = getattr(impl, "prepare", None)
-    return impl if prepare is None else prepare(spec)
+class WindowRun(Protocol):
+    def __call__(self, x: Array, spec: WindowSpec, out: Array, indices: Array | None) -> None:
+        ...
+
+
+class QuantizedMaxRun(Protocol):
+    def __call__(self, x: Array, spec: WindowSpec, out: Array) -> None:
+        ...
+
+
+class QuantizedAverageRun(Protocol):
+    def __call__(self, x: Array, spec: WindowSpec, out: Array, plan: AvgPlan) -> None:
+        ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What a backend implements. Every entry point takes its input, the op's validated spec
+    (:mod:`gpupool.spec`; the backend only computes), then the C-contiguous arrays it writes,
+    of the spec's output shape, on the input's device, then what else it reads; it returns
+    nothing. A ``prepare_*`` method returns its entry point with every choice that depends on
+    the spec alone made once (the plan cache keeps it per call signature); a backend with
+    nothing to plan ahead returns the entry point itself."""
+
+    def window(self, x: Array, spec: WindowSpec, out: Array, indices: Array | None) -> None:
+        """Max (and its flat indices where ``indices`` is given), average or Lp pooling over
+        sliding windows."""
+
+    def prepare_window(self, spec: WindowSpec) -> WindowRun:
+        """:meth:`window` for ``spec``."""
+
+    def adaptive(self, x: Array, spec: AdaptiveSpec, out: Array, indices: Array | None
+                 ) -> None:
+        """Adaptive and global max (and indices) or average pooling."""
+
+    def unpool(self, x: Array, spec: UnpoolSpec, out: Array, indices: Array,
+               in_windows: bool = False) -> None:
+        """``max_unpool``: each value written at its index (checked by the caller), zeros
+        elsewhere; ``in_windows`` says every index lies in its own window or is -1 (asked for
+        only where :meth:`unpool_gathers`)."""
+
+    def unpool_gathers(self, spec: UnpoolSpec) -> bool:
+        """Whether :meth:`unpool` would use ``in_windows`` for ``spec``."""
+
+    def backward(self, grad: Array, spec: GradSpec, out: Array, indices: Array | None = None,
+                 x: Array | None = None, y: Array | None = None) -> None:
+        """The gradient of a float pooling's input from its output's: from the forward max's
+        ``indices``, or from its input ``x`` and output ``y`` (Lp)."""
+
+    def qmax_window(self, x: Array, spec: WindowSpec, out: Array) -> None:
+        """Max of int8/uint8 codes over sliding windows."""
+
+    def prepare_qmax_window(self, spec: WindowSpec) -> QuantizedMaxRun:
+        """:meth:`qmax_window` for ``spec``."""
+
+    def qavg_window(self, x: Array, spec: WindowSpec, out: Array, plan: AvgPlan) -> None:
+        """Average of codes over sliding windows, requantized exactly by ``plan``."""
+
+    def prepare_qavg_window(self, spec: WindowSpec) -> QuantizedAverageRun:
+        """:meth:`qavg_window` for ``spec``."""
+
+    def qavg_adaptive(self, x: Array, spec: AdaptiveSpec, out: Array, plan: AvgPlan) -> None:
+        """Adaptive and global average of codes, requantized exactly by ``plan``."""
+
+
+_loaded: dict[str, Backend] = {}
+
+
+def load(name: str) -> Backend:
+    """The ``"numpy"`` or ``"cupy"`` backend, its module imported on first use."""
+    found = _loaded.get(name)
+    if found is None:
+        found = _loaded[name] = importlib.import_module(BACKEND_MODULES[name]).BACKEND
+    return found
 
 
 def foreign_handler(x):

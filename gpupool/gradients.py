@@ -14,7 +14,8 @@ from typing import Sequence
 
 from . import grad_spec as G
 from .arrays import Array, ArrayLike, as_array, dtype_name
-from .backends import device_scope, implementation
+from . import backends
+from .backends import device_scope
 from .ops import Padding, Size, accepts_foreign, adaptive_max_pool, lp_pool, output_array
 from .windows import check_indices_in_windows
 
@@ -48,7 +49,7 @@ def _run(func: str, spec: G.GradSpec, grad, backend: str, xp, out, **operands):
                                    if a is not None):
             raise ValueError(f"gpupool.{func}: out must not overlap {', '.join(operands)}")
         if result.size:
-            implementation("backward", backend)(spec, grad, result, **operands)
+            backends.load(backend).backward(grad, spec, result, **operands)
     return result if out is None else out
 
 

@@ -10,8 +10,8 @@ import numpy as np
 from . import plans
 from . import spec as S
 from .arrays import Array, ArrayLike, as_array, backend_of, dtype_name
-from .backends import (device_scope, foreign_handler, implementation, on_current_device,
-                       prepared)
+from . import backends
+from .backends import device_scope, foreign_handler, on_current_device
 from .windows import index_span
 
 Size = Union[int, Sequence[int]]
@@ -37,16 +37,20 @@ def accepts_foreign(op: Callable[Params, Result]) -> Callable[Params, Result]:
     return dispatch  # type: ignore[return-value]  # op's parameters, x taken first
 
 
-def _plan(func: str, family: str, x, backend: str, arguments: tuple, build: Callable):
+def _window_plan(func: str, x, backend: str, arguments: tuple, build: Callable):
     """``(spec, run)`` for this call, through the plan cache (:mod:`gpupool.plans`):
     ``build()`` makes the spec (validating the arguments) and ``run(x, spec, out, indices)``
-    is the backend's implementation prepared for that spec."""
+    is the backend's window entry point prepared for that spec."""
+    def plan():
+        spec = build()
+        return spec, backends.load(backend).prepare_window(spec)
+    return plans.cached(func, backend, x, arguments, plan)
+
+
+def _adaptive_plan(func: str, x, backend: str, arguments: tuple, build: Callable):
+    """``(spec, run)`` as :func:`_window_plan`, ``run`` the backend's adaptive entry point."""
     return plans.cached(func, backend, x, arguments,
-                        lambda: _with_prepared(build(), family, backend))
-
-
-def _with_prepared(spec, family: str, backend: str) -> tuple:
-    return spec, prepared(family, backend, spec)
+                        lambda: (build(), backends.load(backend).adaptive))
 
 
 def output_array(func: str, out, shape, dtype, x, backend: str, xp):
@@ -124,7 +128,7 @@ def max_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, paddin
     array([[[[ 5.,  7.], [13., 15.]]]])
     """
     x, backend, xp = as_array("max_pool", x)
-    plan = _plan("max_pool", "window", x, backend,
+    plan = _window_plan("max_pool", x, backend,
                  (kernel_size, stride, padding, dilation, ceil_mode, layout, return_indices),
                  lambda: S.window_spec("max_pool", "max", x.shape, dtype_name(x.dtype),
                                        kernel_size, stride, padding, dilation, ceil_mode,
@@ -149,7 +153,7 @@ def avg_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, paddin
     array([[[[ 2.5,  4.5], [10.5, 12.5]]]])
     """
     x, backend, xp = as_array("avg_pool", x)
-    plan = _plan("avg_pool", "window", x, backend,
+    plan = _window_plan("avg_pool", x, backend,
                  (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
                   dilation, layout),
                  lambda: S.window_spec("avg_pool", "avg", x.shape, dtype_name(x.dtype),
@@ -172,7 +176,7 @@ def lp_pool(x: ArrayLike, p: float, kernel_size: Size, stride: Size | None = Non
     array([[[5.]]])
     """
     x, backend, xp = as_array("lp_pool", x)
-    plan = _plan("lp_pool", "window", x, backend,
+    plan = _window_plan("lp_pool", x, backend,
                  (p, kernel_size, stride, padding, dilation, ceil_mode, layout),
                  lambda: S.window_spec("lp_pool", "lp", x.shape, dtype_name(x.dtype),
                                        kernel_size, stride, padding, dilation, ceil_mode,
@@ -182,7 +186,7 @@ def lp_pool(x: ArrayLike, p: float, kernel_size: Size, stride: Size | None = Non
 
 def _global(func: str, op: str, x, spatial_dims, layout, out):
     x, backend, xp = as_array(func, x)
-    plan = _plan(func, "adaptive", x, backend, (spatial_dims, layout),
+    plan = _adaptive_plan(func, x, backend, (spatial_dims, layout),
                  lambda: S.global_spec(func, op, x.shape, dtype_name(x.dtype), spatial_dims,
                                        layout))
     return _run(func, x, backend, xp, plan, out)
@@ -219,7 +223,7 @@ def adaptive_avg_pool(x: ArrayLike, output_size: Size, *, layout: str = "NCHW",
     array([[[1., 4.]]])
     """
     x, backend, xp = as_array("adaptive_avg_pool", x)
-    plan = _plan("adaptive_avg_pool", "adaptive", x, backend, (output_size, layout),
+    plan = _adaptive_plan("adaptive_avg_pool", x, backend, (output_size, layout),
                  lambda: S.adaptive_spec("adaptive_avg_pool", "avg", x.shape,
                                          dtype_name(x.dtype), output_size, layout))
     return _run("adaptive_avg_pool", x, backend, xp, plan, out)
@@ -246,7 +250,7 @@ def adaptive_max_pool(x: ArrayLike, output_size: Size, *, return_indices: bool =
     array([[[2., 5.]]])
     """
     x, backend, xp = as_array("adaptive_max_pool", x)
-    plan = _plan("adaptive_max_pool", "adaptive", x, backend, (output_size, return_indices, layout),
+    plan = _adaptive_plan("adaptive_max_pool", x, backend, (output_size, return_indices, layout),
                  lambda: S.adaptive_spec("adaptive_max_pool", "max", x.shape,
                                          dtype_name(x.dtype), output_size, layout,
                                          return_indices=return_indices))
@@ -285,11 +289,10 @@ def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_size: Size, stride: Size
                          kernel_size, stride, padding, output_size, layout, dilation=dilation)
     if getattr(indices, "device", None) != getattr(x, "device", None):
         raise ValueError(f"gpupool.{func}: indices is on device {indices.device}, x on {x.device}")
-    impl = implementation("unpool", backend)
-    # a backend that can gather where every index lies in its own window (``gathers``) learns
-    # whether they do from the same host transfer as the range check
-    gathers = getattr(impl, "gathers", None)
-    pooling = spec.pooling if gathers is not None and gathers(spec) else None
+    computing = backends.load(backend)
+    # a backend that can gather where every index lies in its own window learns whether they
+    # do from the same host transfer as the range check
+    pooling = spec.pooling if computing.unpool_gathers(spec) else None
     with device_scope(x, backend):
         inside: bool | None = True
         if indices.size:
@@ -299,5 +302,5 @@ def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_size: Size, stride: Size
         if out is not None and xp.may_share_memory(out, indices):
             raise ValueError(f"gpupool.{func}: out must not overlap indices")
         if result.size:
-            impl(x, spec, result, indices, **({} if pooling is None else {"in_windows": inside}))
+            computing.unpool(x, spec, result, indices, in_windows=pooling is not None and bool(inside))
     return result if out is None else out

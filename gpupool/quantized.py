@@ -54,7 +54,8 @@ from typing import Callable, Sequence, Union
 from . import plans
 from . import quantized_spec as QS
 from .arrays import Array, ArrayLike, as_array, backend_of, dtype_name, is_dask_array
-from .backends import device_scope, on_current_device, prepared
+from . import backends
+from .backends import device_scope, on_current_device
 from .ops import Params, Result
 from .quantized_spec import (LEVELS, RANGES, ROUNDINGS, QArray, avg_plan, check_qdtype,
                              check_scale, check_zero_point, out_params, requant_table)
@@ -140,11 +141,11 @@ def _to_float32(v, xp):
     return bits.view("float32")
 
 
-def _average(func: str, q, family: str, arguments: tuple, spec_of, out_scale, out_zero_point,
-             rounding) -> QArray:
-    """A quantized average: its spec (``spec_of(codes)``, which validates the geometry),
-    implementation, requantization plan and output scale from the plan cache, then the codes
-    of the result."""
+def _average(func: str, q, windowed: bool, arguments: tuple, spec_of, out_scale,
+             out_zero_point, rounding) -> QArray:
+    """A quantized average: its spec (``spec_of(codes)``, which validates the geometry), the
+    backend's entry point (sliding windows where ``windowed``, else adaptive), requantization
+    plan and output scale from the plan cache, then the codes of the result."""
     q = _qarray(func, q)
     data, backend, xp = as_array(f"quantized.{func}", q.data)
 
@@ -152,7 +153,9 @@ def _average(func: str, q, family: str, arguments: tuple, spec_of, out_scale, ou
         dtype, scale, zp_out, mode = out_params(func, q, out_scale, out_zero_point, rounding)
         spec = spec_of(data)
         plan = avg_plan(spec, dtype, q.scale, q.zero_point, scale, zp_out, mode)
-        return spec, prepared(family, backend, spec), plan, scale
+        computing = backends.load(backend)
+        run = computing.prepare_qavg_window(spec) if windowed else computing.qavg_adaptive
+        return spec, run, plan, scale
     spec, impl, plan, scale = plans.cached(
         f"quantized.{func}", backend, data,
         arguments + (out_scale, out_zero_point, rounding, q.scale, q.zero_point), build)
@@ -208,7 +211,7 @@ def max_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: 
     def build():
         spec = QS.window_spec("max_pool", "max", data.shape, dtype_name(data.dtype),
                               kernel_size, stride, padding, dilation, ceil_mode, layout)
-        return spec, prepared("qmax_window", backend, spec)
+        return spec, backends.load(backend).prepare_qmax_window(spec)
     spec, impl = plans.cached("quantized.max_pool", backend, data,
                               (kernel_size, stride, padding, dilation, ceil_mode, layout), build)
     return QS.trusted_qarray(_run(data, xp, spec, impl), q.scale, q.zero_point)
@@ -231,7 +234,7 @@ def avg_pool(q: QArray, kernel_size: Size, stride: Size | None = None, padding: 
     >>> avg_pool(QArray(np.array([[[1, 2, 4, 4]]], np.int8), 1.0), (2,)).data
     array([[[2, 4]]], dtype=int8)
     """
-    return _average("avg_pool", q, "qavg_window",
+    return _average("avg_pool", q, True,
                     (kernel_size, stride, padding, ceil_mode, count_include_pad, layout),
                     lambda data: QS.window_spec("avg_pool", "avg", data.shape,
                                                 dtype_name(data.dtype), kernel_size, stride,
@@ -249,7 +252,7 @@ def global_avg_pool(q: QArray, *, spatial_dims: int = 2, out_scale: float | None
     >>> global_avg_pool(QArray(np.array([[[[1, 2], [2, 2]]]], np.uint8), 1.0)).data
     array([[[[2]]]], dtype=uint8)
     """
-    return _average("global_avg_pool", q, "qavg_adaptive", (spatial_dims, layout),
+    return _average("global_avg_pool", q, False, (spatial_dims, layout),
                     lambda data: QS.global_spec("global_avg_pool", data.shape,
                                                 dtype_name(data.dtype), spatial_dims, layout),
                     out_scale, out_zero_point, rounding)
@@ -265,7 +268,7 @@ def adaptive_avg_pool(q: QArray, output_size: Size, *, out_scale: float | None =
     >>> adaptive_avg_pool(QArray(np.arange(6, dtype=np.int8).reshape(1, 1, 6), 1.0), (2,)).data
     array([[[1, 4]]], dtype=int8)
     """
-    return _average("adaptive_avg_pool", q, "qavg_adaptive", (output_size, layout),
+    return _average("adaptive_avg_pool", q, False, (output_size, layout),
                     lambda data: QS.adaptive_spec("adaptive_avg_pool", data.shape,
                                                   dtype_name(data.dtype), output_size, layout),
                     out_scale, out_zero_point, rounding)

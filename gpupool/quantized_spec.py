@@ -14,7 +14,7 @@ import numpy as np
 
 from . import spec as S
 from . import windows
-from .arrays import ArrayLike, as_array, dtype_name, is_dask_array
+from .arrays import Array, ArrayLike, as_array, dtype_name, is_dask_array
 
 QDTYPES = ("int8", "uint8")
 ROUNDINGS = ("half_away_from_zero", "half_to_even")

@@ -61,7 +61,7 @@ def _graph() -> dict[str, set[str]]:
 
 def test_the_rules_see_the_package():
     graph = _graph()
-    assert {"gpupool.cpu.numpy_backend", "gpupool.interop.dask"} <= graph["gpupool.backends"]
+    assert {"gpupool.cpu.entry_points", "gpupool.interop.dask"} <= graph["gpupool.backends"]
     assert "gpupool.spec" in graph["gpupool.cpu.numpy_backend"]
     assert "gpupool.cuda.planner" in graph["gpupool.cuda.backend"]  # `from . import planner`
 
@@ -109,3 +109,25 @@ def test_no_private_name_of_another_module(module):
 def test_no_module_over_600_lines(module):
     lines = len(MODULES[module].read_text().splitlines())
     assert lines <= MAX_LINES, f"{module}: {lines} lines"
+
+
+@pytest.mark.parametrize("name", ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
+def test_every_backend_implements_the_contract(name):
+    """Each backend object has every method of :class:`gpupool.backends.Backend`, each with
+    the contract's parameters (names, kinds and defaults) in its order."""
+    import inspect
+
+    from gpupool import backends
+    backend = backends.load(name)
+    assert isinstance(backend, backends.Backend)
+    contract = [n for n, v in vars(backends.Backend).items()
+                if inspect.isfunction(v) and not n.startswith("_")]
+    assert len(contract) >= 11
+    extra = [n for n, v in vars(type(backend)).items()
+             if not n.startswith("_") and n not in contract]
+    assert extra == [], f"{name}: methods outside the contract"
+    for method in contract:
+        want = list(inspect.signature(getattr(backends.Backend, method)).parameters.values())[1:]
+        got = list(inspect.signature(getattr(backend, method)).parameters.values())
+        assert [(p.name, p.kind, p.default) for p in got] == \
+            [(p.name, p.kind, p.default) for p in want], f"{name}.{method}"

@@ -52,16 +52,29 @@ def seen(monkeypatch):
     """Every call of a backend implementation, as ``(x, result, indices)``: the arrays the
     backend really read and wrote."""
     calls = []
-    real = gpupool.ops.prepared
+    real = gpupool.backends.load
 
-    def spy(family, backend, spec):
-        impl = real(family, backend, spec)
+    class Spy:
+        def __init__(self, backend):
+            self.backend = backend
 
-        def run(x, spec, result, indices):
-            calls.append((x, result, indices))
-            return impl(x, spec, result, indices)
-        return run
-    monkeypatch.setattr(gpupool.ops, "prepared", spy)
+        def __getattr__(self, name):
+            return getattr(self.backend, name)
+
+        def prepare_window(self, spec):
+            return self.recorded(self.backend.prepare_window(spec))
+
+        @property
+        def adaptive(self):
+            return self.recorded(self.backend.adaptive)
+
+        @staticmethod
+        def recorded(impl):
+            def run(x, spec, result, indices):
+                calls.append((x, result, indices))
+                return impl(x, spec, result, indices)
+            return run
+    monkeypatch.setattr(gpupool.backends, "load", lambda name: Spy(real(name)))
     # a fresh plan cache: a plan cached before would bypass the spy
     monkeypatch.setattr(gpupool.plans, "_plans", type(gpupool.plans._plans)())
     return calls

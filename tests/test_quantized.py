@@ -476,14 +476,14 @@ def test_gpu_global_pool_large_plane_and_views():
 def test_every_quantized_family_resolves_in_a_fresh_process(backend, monkeypatch):
     """Regression: on CuPy the quantized ops imported ``gpupool.quantized_cupy`` (the module is
     ``quantized_cuda``), and a 4-D spatial quantized op on CuPy asked for the NumPy family of a
-    module never imported in that process (KeyError). Here the registry starts empty and the
+    module never imported in that process (KeyError). Here no backend is loaded and the
     backend modules unimported, as in a fresh process. Afterwards the modules imported before
     are back both in ``sys.modules`` and as attributes of their package (``from gpupool.cuda
     import backend`` reads the attribute), so later tests patch the modules the ops run."""
-    from gpupool import registry
-    monkeypatch.setattr(registry, "_REGISTRY", {})
-    for package, name in (("cpu", "numpy_backend"), ("cpu", "quantized"), ("cuda", "backend"),
-                          ("cuda", "quantized")):
+    from gpupool import backends
+    monkeypatch.setattr(backends, "_loaded", {})
+    for package, name in (("cpu", "numpy_backend"), ("cpu", "quantized"), ("cpu", "entry_points"),
+                          ("cuda", "backend"), ("cuda", "quantized"), ("cuda", "entry_points")):
         monkeypatch.delitem(sys.modules, f"gpupool.{package}.{name}", raising=False)
         monkeypatch.delattr(importlib.import_module(f"gpupool.{package}"), name, raising=False)
     x = codes((2, 3, 4, 4, 4, 4), "int8", 4)

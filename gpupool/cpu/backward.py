@@ -1,5 +1,5 @@
-"""NumPy backward of the float poolings, registered as the ``backward`` implementation of the
-``numpy`` backend.
+"""NumPy backward of the float poolings (the ``backward`` entry point of
+:class:`gpupool.cpu.entry_points.NumpyBackend`).
 
 The order of every sum is fixed, so that the CUDA kernels, which gather per input element,
 give the same bits:
@@ -19,7 +19,6 @@ import numpy as np
 from . import bfloat16
 from .reduce import window_taps
 from ..grad_spec import GradSpec
-from ..registry import register
 from ..spec import WindowSpec
 from ..windows import accumulator, adaptive_bounds, adaptive_counts, window_counts
 
@@ -157,19 +156,18 @@ def _max(spec: GradSpec, grad, result, indices):
         result[...] = sums.reshape(result.shape)
 
 
-@register("backward", "numpy")
-def backward(spec: GradSpec, grad, result, indices=None, x=None, y=None) -> None:
-    """Write the gradient of the input into ``result`` (shape of the forward input, dtype of
+def backward(grad, spec: GradSpec, out, indices=None, x=None, y=None) -> None:
+    """Write the gradient of the input into ``out`` (shape of the forward input, dtype of
     ``grad``): from ``indices`` for a max, from ``x`` and the forward output ``y`` for Lp.
     bfloat16: the float32 gradient of the widened operands, rounded once
     (:mod:`gpupool.cpu.bfloat16`)."""
     if bfloat16.is_bfloat16(grad.dtype):
-        gradient = np.empty(result.shape, np.float32)
-        backward(bfloat16.as_float32(spec), bfloat16.widened(grad), gradient, indices,
+        gradient = np.empty(out.shape, np.float32)
+        backward(bfloat16.widened(grad), bfloat16.as_float32(spec), gradient, indices,
                  *(None if a is None else bfloat16.widened(a) for a in (x, y)))
-        bfloat16.round_into(result, gradient)
+        bfloat16.round_into(out, gradient)
         return
     if spec.op == "max":
-        _max(spec, grad, result, indices)
+        _max(spec, grad, out, indices)
     else:
-        _average(spec, grad, result, x, y)
+        _average(spec, grad, out, x, y)

@@ -1,5 +1,5 @@
-"""NumPy backend: vectorised pooling on the CPU, registered as the ``numpy`` implementation
-of each op family.
+"""NumPy backend of the float ops: vectorised pooling on the CPU (the entry points ``window``,
+``adaptive`` and ``unpool`` of :class:`gpupool.cpu.entry_points.NumpyBackend`).
 
 * ``window`` (max, avg, Lp): every decision that depends on the spec alone is made once per
   spec (:func:`prepare_window`); values-only ops reduce separably (:mod:`gpupool.cpu.reduce`),
@@ -26,7 +26,6 @@ from .memo import array_memo
 from .reduce import (DIRECT_BYTES, LITTLE_ENDIAN, canonical, expand, fits_one_gather,
                      gather_plan, gather_reduce, half_as_float32, in_blocks, reduce_taps,
                      scratch, separable_window, tap_views, widened, window_taps)
-from ..registry import register
 from ..spec import AdaptiveSpec, UnpoolSpec, WindowSpec
 from ..windows import (accumulator, adaptive_argmax, adaptive_bounds, adaptive_counts,
                        adaptive_reduce, adaptive_taps, lowest, window_counts,
@@ -372,14 +371,11 @@ def _small_run(spec: WindowSpec, in_shape, out_shape):
     return run
 
 
-@register("window", "numpy")
 def window(x, spec: WindowSpec, out, indices) -> None:
     """Max, average or Lp pooling over sliding windows (``spec``) of ``x`` into ``out`` (and
     the max's flat indices into ``indices``), through :func:`prepare_window`."""
     prepare_window(spec)(x, spec, out, indices)
 
-
-window.prepare = prepare_window
 
 
 @functools.lru_cache(maxsize=64)
@@ -458,7 +454,6 @@ def _half_from_keys(keys, dest) -> None:
     np.bitwise_xor(keys, sign, out=dest.view(np.int16))
 
 
-@register("adaptive", "numpy")
 def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
     """Adaptive and global pooling: uniform windows as ``window`` (an average to size 1 with
     a dim longer than :data:`TAP_CALLS_MAX` through ``add.accumulate``, in the same order);
@@ -576,9 +571,9 @@ def _adaptive_gather(spec: AdaptiveSpec) -> tuple:
     return gather_plan(spec.geom.spatial, taps)
 
 
-@register("unpool", "numpy")
-def unpool(x, spec: UnpoolSpec, out, indices) -> None:
-    """Zeros, then each value written at its index in its plane (index -1 skipped)."""
+def unpool(x, spec: UnpoolSpec, out, indices, in_windows: bool = False) -> None:
+    """Zeros, then each value written at its index in its plane (index -1 skipped); one
+    scatter whatever ``in_windows`` says."""
     geom = spec.geom
     tail = (geom.channels,) if geom.layout == "NHWC" else ()
     src = x.reshape((geom.batch, -1) + tail)

@@ -13,7 +13,6 @@ import math
 
 import numpy as np
 
-from ..registry import register
 from .numpy_backend import window
 from .reduce import canonical, expand, in_blocks, scratch, separable_window
 from ..quantized_spec import HEAD, LEVELS, AvgPlan
@@ -85,12 +84,10 @@ def _requantizer(plan: AvgPlan, geom):
     return np.dtype(np.int16 if amax <= np.iinfo(np.int16).max else plan.acc_dtype), finish
 
 
-@register("qmax_window", "numpy")
 def qmax_window(x, spec: WindowSpec, out) -> None:
     window(x, spec, out, None)  # integer max: exact as it is
 
 
-@register("qavg_window", "numpy")
 def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
     geom = spec.geom
     xc, oc = canonical(x, geom), canonical(out, geom)
@@ -101,7 +98,6 @@ def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
     in_blocks(block, geom.batch, x.itemsize * math.prod(geom.spatial) * geom.channels)
 
 
-@register("qavg_adaptive", "numpy")
 def qavg_adaptive(x, spec: AdaptiveSpec, out, plan: AvgPlan) -> None:
     geom = spec.geom
     xc, oc = canonical(x, geom), canonical(out, geom)

@@ -1,6 +1,7 @@
 """CUDA backend: CuPy arrays in, CUDA kernels from ``kernels_cu/`` compiled with NVRTC.
 
-Imported lazily by :mod:`gpupool.backends` when the first CuPy array arrives.
+Its ``window``, ``adaptive`` and ``unpool`` are entry points of
+:class:`gpupool.cuda.entry_points.CudaBackend`, imported when the first CuPy array arrives.
 
 * Kernel source: ``gpupool/cuda/kernels_cu/``, package data next to this module: one ``.cu``
   per op family and the ``.cuh`` headers it includes, inlined by :func:`read_source` after the
@@ -41,7 +42,6 @@ import numpy as np
 from . import planner
 from ..arrays import dtype_name
 from ..quantized_spec import HEAD, LEVELS
-from ..registry import register
 from ..spec import ACC_DTYPES, FLOAT_DTYPES, INT_DTYPES, AdaptiveSpec, UnpoolSpec, WindowSpec
 
 #: dtype name -> C type of the kernels (the only dtypes the kernels are instantiated for).
@@ -472,35 +472,39 @@ def _run(x, spec, out, indices, indices_dtype: str = "int64") -> None:
     launch(steps, scratch, {"x": contiguous(x), "out": out, "indices": indices})
 
 
-def _host_fallback(family: str, x, spec, out, indices) -> None:
-    """More than 3 spatial dims: the NumPy backend through a host round trip (synchronises)."""
-    from ..cpu import numpy_backend
-    xh = cupy.asnumpy(x)
-    oh = np.empty(out.shape, dtype=out.dtype)
-    ih = None if indices is None else np.empty(indices.shape, dtype=indices.dtype)
-    getattr(numpy_backend, family)(xh, spec, oh, ih)
-    out.set(oh)
-    if indices is not None:
-        indices.set(ih)
+def on_host(entry, x, spec, out, /, *rest, **operands) -> None:
+    """``entry`` of the NumPy backend, through a host round trip (it synchronises), where the
+    kernels do not reach (more than 3 spatial dims): ``entry(x, spec, out, *rest,
+    **operands)`` on host copies. ``out`` and the CuPy arrays in ``rest`` (a max's indices)
+    are written, so copied back to the device; ``operands`` are only read; other values pass
+    as they are (a requantization plan)."""
+    def to_host(a):
+        return cupy.asnumpy(a) if isinstance(a, cupy.ndarray) else a
+    written = [(a, np.empty(a.shape, dtype=a.dtype)) for a in (out, *rest)
+               if isinstance(a, cupy.ndarray)]
+    host = dict((id(a), h) for a, h in written)
+    entry(to_host(x), spec, *(host.get(id(a), a) for a in (out, *rest)),
+          **{k: to_host(v) for k, v in operands.items()})
+    for device, copy in written:
+        device.set(copy)
 
 
-@register("window", "cupy")
 def window(x, spec: WindowSpec, out, indices) -> None:
     if spec.geom.nd > 3:
-        _host_fallback("window", x, spec, out, indices)
+        from ..cpu import numpy_backend
+        on_host(numpy_backend.window, x, spec, out, indices)
         return
     _run(x, spec, out, indices)
 
 
-@register("adaptive", "cupy")
 def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
     if spec.geom.nd > 3 and not (spec.is_global and indices is None):
-        _host_fallback("adaptive", x, spec, out, indices)
+        from ..cpu import numpy_backend
+        on_host(numpy_backend.adaptive, x, spec, out, indices)
         return
     _run(x, spec, out, indices)
 
 
-@register("unpool", "cupy")
 def unpool(x, spec: UnpoolSpec, out, indices, in_windows: bool = False) -> None:
     """The gather (one pass, each output written once) where it applies
     (:func:`gpupool.cuda.planner.unpool_gathers`) and ``in_windows`` says that every index
@@ -512,6 +516,3 @@ def unpool(x, spec: UnpoolSpec, out, indices, in_windows: bool = False) -> None:
                               not gather)
     launch(steps, scratch, {"x": contiguous(x), "out": out, "indices": contiguous(indices)})
 
-
-#: the specs for which the caller passes ``in_windows`` (:func:`gpupool.windows.index_span`)
-unpool.gathers = planner.unpool_gathers

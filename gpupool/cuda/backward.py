@@ -1,5 +1,6 @@
 """CUDA backend of the backward ops (:mod:`gpupool.gradients`): kernels in
-``kernels_cu/pool_backward.cu``, registered as the ``backward`` implementation of ``cupy``.
+``kernels_cu/pool_backward.cu`` (the ``backward`` entry point of
+:class:`gpupool.cuda.entry_points.CudaBackend`).
 
 Reuses the float backend's machinery (:mod:`gpupool.cuda.backend`): kernel loading, launch
 steps (cached per spec and device) and the planner, whose gather plan
@@ -28,7 +29,6 @@ from . import backend as CB
 from . import planner
 from ..cpu import backward as cpu_backward
 from ..grad_spec import GradSpec
-from ..registry import register
 from ..spec import ACC_DTYPES, FLOAT_DTYPES, WindowSpec
 
 SOURCE = "pool_backward.cu"
@@ -90,22 +90,13 @@ def backward_steps(spec: GradSpec, device_id: int) -> tuple:
     return (CB.Step(fn, la.grid, la.block, OPERANDS[spec.op], args),), None
 
 
-def _host_fallback(spec: GradSpec, grad, result, operands: dict) -> None:
-    """More than 3 spatial dims: the NumPy backend through a host round trip (synchronises)."""
-    host = {k: cupy.asnumpy(v) for k, v in operands.items() if v is not None}
-    rh = np.empty(result.shape, dtype=result.dtype)
-    cpu_backward.backward(spec, cupy.asnumpy(grad), rh, **host)
-    result.set(rh)
-
-
-@register("backward", "cupy")
-def backward(spec: GradSpec, grad, result, indices=None, x=None, y=None) -> None:
-    """Write the gradient of the input into ``result`` (C-contiguous, the forward input's
+def backward(grad, spec: GradSpec, out, indices=None, x=None, y=None) -> None:
+    """Write the gradient of the input into ``out`` (C-contiguous, the forward input's
     shape, ``grad``'s dtype), as the NumPy backend's ``backward``."""
     if planner.gather_view(spec).geom.nd > 3:
-        _host_fallback(spec, grad, result, {"indices": indices, "x": x, "y": y})
+        CB.on_host(cpu_backward.backward, grad, spec, out, indices=indices, x=x, y=y)
         return
-    arrays = {"grad": CB.contiguous(grad), "out": result}
+    arrays = {"grad": CB.contiguous(grad), "out": out}
     if spec.op == "max":
         arrays["indices"] = CB.contiguous(indices if indices.dtype == np.int64
                                           else indices.astype(np.int64))

@@ -30,7 +30,6 @@ import numpy as np
 from . import backend as CB
 from . import planner
 from ..cpu import quantized as cpu_quantized
-from ..registry import register
 from ..quantized_spec import HEAD, LEVELS, AvgPlan
 from ..spec import AdaptiveSpec, Geometry, WindowSpec
 
@@ -104,14 +103,6 @@ def _device_tables(plan: AvgPlan, device_id: int):
         rows, table = cupy.asarray(plan.rows), cupy.asarray(plan.table)
         cupy.cuda.get_current_stream().synchronize()
         return rows, table
-
-
-def _host_fallback(family, x, spec, out, *extra) -> None:
-    """More than 3 spatial dims: the NumPy backend through a host round trip (synchronises)."""
-    xh = cupy.asnumpy(x)
-    oh = np.empty(out.shape, dtype=out.dtype)
-    getattr(cpu_quantized, family)(xh, spec, oh, *extra)
-    out.set(oh)
 
 
 def _word_spec(spec: WindowSpec) -> WindowSpec:
@@ -203,7 +194,6 @@ def _float_window(x, spec: WindowSpec, out) -> None:
     CB.window(x, spec, out, None)
 
 
-@register("qmax_window", "cupy")
 def qmax_window(x, spec: WindowSpec, out) -> None:
     prepare_qmax_window(spec)(x, spec, out)
 
@@ -214,7 +204,7 @@ def prepare_qmax_window(spec: WindowSpec):
     (more than 3 spatial dims), ``qmax_pool_nhwc4`` or ``qmax_pool_words`` (on an input whose
     start is aligned to their words), else the float backend's integer ``max_pool``."""
     if spec.geom.nd > 3:
-        return functools.partial(_host_fallback, "qmax_window")
+        return functools.partial(CB.on_host, cpu_quantized.qmax_window)
     if _vmax4_applies(spec):
         units, steps_of = (4,), lambda device, unit: word_max_steps(spec, device)
     else:
@@ -231,8 +221,6 @@ def prepare_qmax_window(spec: WindowSpec):
         CB.launch(steps, scratch, {"x": x, "out": out})
     return words
 
-
-qmax_window.prepare = prepare_qmax_window
 
 
 def _requant_args(plan: AvgPlan, zp_in: int | None = None) -> tuple:
@@ -311,7 +299,6 @@ def row_average_steps(spec: WindowSpec, plan: AvgPlan, device_id: int, unit: int
                     geo + (rows, table) + head + _requant_args(plan)),), None
 
 
-@register("qavg_window", "cupy")
 def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
     prepare_qavg_window(spec)(x, spec, out, plan)
 
@@ -322,7 +309,7 @@ def prepare_qavg_window(spec: WindowSpec):
     (more than 3 spatial dims), ``qavg_pool_words`` (on an input aligned to its words) or
     ``qavg_pool``."""
     if spec.geom.nd > 3:
-        return functools.partial(_host_fallback, "qavg_window")
+        return functools.partial(CB.on_host, cpu_quantized.qavg_window)
     units = _row_units(spec)[0]
 
     def run(x, spec, out, plan) -> None:
@@ -335,13 +322,10 @@ def prepare_qavg_window(spec: WindowSpec):
     return run
 
 
-qavg_window.prepare = prepare_qavg_window
 
-
-@register("qavg_adaptive", "cupy")
 def qavg_adaptive(x, spec: AdaptiveSpec, out, plan: AvgPlan) -> None:
     if spec.geom.nd > 3 and not spec.is_global:
-        _host_fallback("qavg_adaptive", x, spec, out, plan)
+        CB.on_host(cpu_quantized.qavg_adaptive, x, spec, out, plan)
         return
     steps, scratch = average_steps(spec, plan, cupy.cuda.runtime.getDevice())
     CB.launch(steps, scratch, {"x": CB.contiguous(x), "out": out})

@@ -1,0 +1,37 @@
+"""The NumPy backend as one object, :data:`BACKEND`: the entry points of
+:class:`gpupool.backends.Backend`, implemented by the float ops (:mod:`.numpy_backend`), the
+backward ops (:mod:`.backward`) and the quantized ops (:mod:`.quantized`)."""
+from __future__ import annotations
+
+from . import backward, numpy_backend, quantized
+from ..spec import UnpoolSpec, WindowSpec
+
+
+def _unpool_gathers(spec: UnpoolSpec) -> bool:
+    """Never: the NumPy backend's unpool is one scatter."""
+    return False
+
+
+def _itself(entry):
+    """The preparer of an entry point with nothing to plan ahead."""
+    def prepare(spec: WindowSpec):
+        return entry
+    return prepare
+
+
+class NumpyBackend:
+    """:class:`gpupool.backends.Backend` on NumPy arrays, on the CPU's thread pool."""
+    window = staticmethod(numpy_backend.window)
+    prepare_window = staticmethod(numpy_backend.prepare_window)
+    adaptive = staticmethod(numpy_backend.adaptive)
+    unpool = staticmethod(numpy_backend.unpool)
+    unpool_gathers = staticmethod(_unpool_gathers)
+    backward = staticmethod(backward.backward)
+    qmax_window = staticmethod(quantized.qmax_window)
+    prepare_qmax_window = staticmethod(_itself(quantized.qmax_window))
+    qavg_window = staticmethod(quantized.qavg_window)
+    prepare_qavg_window = staticmethod(_itself(quantized.qavg_window))
+    qavg_adaptive = staticmethod(quantized.qavg_adaptive)
+
+
+BACKEND = NumpyBackend()
