@@ -59,6 +59,7 @@ from .backends import device_scope, on_current_device
 from .ops import Params, Result
 from .quantized_spec import (LEVELS, RANGES, ROUNDINGS, QArray, avg_plan, check_qdtype,
                              check_scale, check_zero_point, out_params, requant_table)
+from .windows import to_float32, to_float64
 
 Size = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]
@@ -92,7 +93,7 @@ def quantize(x: ArrayLike, scale: float, zero_point: int = 0, dtype: str = "int8
                         f"float16/32/64 or integer array (convert others, such as bfloat16, "
                         f"to float32 first)")
     with device_scope(x, backend):
-        y = _to_float64(x, xp) / scale
+        y = to_float64(x, xp) / scale
         if bool(xp.isnan(y).any()):
             raise ValueError("gpupool.quantized.quantize: x contains NaN, which has no code")
         lo, hi = RANGES[name]
@@ -112,33 +113,7 @@ def dequantize(q: QArray) -> Array:
     xp = (importlib.import_module("dask.array") if is_dask_array(data)
           else as_array("quantized.dequantize", data)[2])
     with device_scope(data, backend_of(data)):  # nothing for NumPy and Dask codes
-        return _to_float32((data.astype("float64") - q.zero_point) * q.scale, xp)
-
-
-# CuPy compiles its own kernels (astype included) with -ftz=true, which flushes float32
-# subnormals in a conversion; the two below keep them, in integer and float64 arithmetic only,
-# so that NumPy and CuPy give the same bits.
-
-def _to_float64(x, xp):
-    """``x`` as float64, float32 subnormals kept."""
-    if x.dtype != "float32":
-        return x.astype("float64")
-    bits = x.view("uint32")
-    magnitude = bits & 0x7FFFFFFF
-    units = magnitude.astype("float64") * 2.0**-149  # exact for a subnormal's 23 bits
-    subnormal = xp.where(bits >> 31 == 1, -units, units)
-    return xp.where(magnitude < 0x00800000, subnormal, x.astype("float64"))
-
-
-def _to_float32(v, xp):
-    """The float64 array ``v`` rounded to float32 (to nearest even), subnormal results kept."""
-    magnitude = xp.abs(v)
-    subnormal = magnitude < 2.0**-126
-    # a subnormal float32 is a multiple of 2**-149: round the count of them, then set its bits
-    units = xp.rint(xp.where(subnormal, magnitude, 0.0) * 2.0**149).astype("uint32")
-    sign = xp.signbit(v).astype("uint32") << 31
-    bits = xp.where(subnormal, units | sign, v.astype("float32").view("uint32"))
-    return bits.view("float32")
+        return to_float32((data.astype("float64") - q.zero_point) * q.scale, xp)
 
 
 def _average(func: str, q, windowed: bool, arguments: tuple, spec_of, out_scale,

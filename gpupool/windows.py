@@ -1,9 +1,9 @@
 """Window arithmetic shared by every backend and adapter: the working dtype, the value of a
 window with no valid tap, the divisor counts of averages, the spans of adaptive windows (small
-host arrays computed from a spec, :mod:`gpupool.spec`), the adaptive tap loops with their
-order and NaN rule, run by the NumPy backend and by Dask blocks of NumPy or CuPy chunks, and
-the rule that a max's index names a tap of its own window, which every op and Dask block
-taking indices checks."""
+host arrays computed from a spec, :mod:`gpupool.spec`), the adaptive tap loops of the NumPy
+backend with their order and NaN rule, conversions to and from float64 that keep float32
+subnormals on CuPy arrays too, and the rule that a max's index names a tap of its own window,
+which every op and Dask block taking indices checks."""
 from __future__ import annotations
 
 import functools
@@ -42,6 +42,32 @@ def narrowed(values, dtype, xp=np):
     if nan.any():
         rounded[nan] = 0x7FFF
     return rounded.view(dtype)
+
+
+# CuPy compiles its own kernels (astype included) with -ftz=true, which flushes float32
+# subnormals in arithmetic and conversions; the two below keep them, in integer and float64
+# arithmetic only, so that NumPy and CuPy arrays (and Dask arrays of either) give the same bits.
+
+def to_float64(x, xp=np):
+    """``x`` (NumPy, CuPy or Dask, ``xp``) as float64, float32 subnormals kept."""
+    if x.dtype != "float32":
+        return x.astype("float64")
+    bits = x.view("uint32")
+    magnitude = bits & 0x7FFFFFFF
+    units = magnitude.astype("float64") * 2.0**-149  # exact for a subnormal's 23 bits
+    subnormal = xp.where(bits >> 31 == 1, -units, units)
+    return xp.where(magnitude < 0x00800000, subnormal, x.astype("float64"))
+
+
+def to_float32(v, xp=np):
+    """The float64 array ``v`` rounded to float32 (to nearest even), subnormal results kept."""
+    magnitude = xp.abs(v)
+    subnormal = magnitude < 2.0**-126
+    # a subnormal float32 is a multiple of 2**-149: round the count of them, then set its bits
+    units = xp.rint(xp.where(subnormal, magnitude, 0.0) * 2.0**149).astype("uint32")
+    sign = xp.signbit(v).astype("uint32") << 31
+    bits = xp.where(subnormal, units | sign, v.astype("float32").view("uint32"))
+    return bits.view("float32")
 
 
 @functools.cache
@@ -110,35 +136,34 @@ def along(mask, ndim: int, axis: int):
     return mask.reshape(shape)
 
 
-def adaptive_reduce(x, first: int, taps_per_dim, op: str, fill, xp=np):
+def adaptive_reduce(x, first: int, taps_per_dim, op: str, fill):
     """Max or sum (``op`` "max" or "avg") over adaptive windows of the spatial axes ``first``,
     ``first + 1``, ...: one dim at a time, each window's taps in order, a tap beyond a window
     reading ``fill`` (a 0-d array of the working dtype: the lowest value for a max, -0.0 for
-    a sum, neither of which changes the result), so every backend sums in the same order.
-    ``x`` is NumPy or CuPy (``xp``); returns a new array of ``fill``'s dtype."""
+    a sum, neither of which changes the result), in the order of the CUDA kernels; returns a
+    new array of ``fill``'s dtype."""
     cur = x
     for a, taps in enumerate(taps_per_dim):
         axis = first + a
         res = None
         for pos, valid in taps:
-            v = xp.take(cur, xp.asarray(pos), axis=axis)
+            v = np.take(cur, pos, axis=axis)
             if valid is not None:
-                v = xp.where(along(xp.asarray(valid), v.ndim, axis), v, fill)
+                v = np.where(along(valid, v.ndim, axis), v, fill)
             if res is None:
                 res = v.astype(fill.dtype, copy=True)
             elif op == "max":
-                xp.maximum(res, v, out=res)
+                np.maximum(res, v, out=res)
             else:
                 res += v
         cur = res
     return cur
 
 
-def adaptive_argmax(x, first: int, taps_per_dim, offsets, plane, values, indices, xp=np):
+def adaptive_argmax(x, first: int, taps_per_dim, plane, values, indices):
     """Adaptive max with indices into ``values``/``indices`` (shape of the output): the first
     tap equal to the max, or the last NaN tap; a window with no tap gives the lowest value
-    and -1. Indices are flat positions in a plane of spatial shape ``plane``, the spatial axes
-    of ``x`` starting at ``offsets`` in it."""
+    and -1. Indices are flat positions in the spatial plane of ``x``, of shape ``plane``."""
     nd = len(taps_per_dim)
     strides = [math.prod(plane[a + 1:]) for a in range(nd)]
     trailing = (None,) * (x.ndim - first - nd)
@@ -148,17 +173,17 @@ def adaptive_argmax(x, first: int, taps_per_dim, offsets, plane, values, indices
         valid, pos, grids = np.ones((), bool), np.zeros((), np.int64), []
         for a, t in enumerate(combo):
             p, ok = taps_per_dim[a][t]
-            grids.append(xp.asarray(p))
+            grids.append(p)
             valid = np.logical_and.outer(valid, np.ones(p.size, bool) if ok is None else ok)
-            pos = np.add.outer(pos, (p + offsets[a]) * strides[a])
-        v = x[(slice(None),) * first + xp.ix_(*grids)]
-        valid = xp.asarray(valid[(Ellipsis,) + trailing])
+            pos = np.add.outer(pos, p * strides[a])
+        v = x[(slice(None),) * first + np.ix_(*grids)]
+        valid = valid[(Ellipsis,) + trailing]
         take = ((v > values) | (indices < 0)) & valid
         if values.dtype.kind == "f":
-            take |= xp.isnan(v) & valid
-        xp.copyto(values, v, where=take)
-        xp.copyto(indices, xp.broadcast_to(xp.asarray(pos[(Ellipsis,) + trailing]),
-                                           indices.shape), where=take)
+            take |= np.isnan(v) & valid
+        np.copyto(values, v, where=take)
+        np.copyto(indices, np.broadcast_to(pos[(Ellipsis,) + trailing], indices.shape),
+                  where=take)
 
 
 def check_indices_in_windows(func: str, indices, pooling, xp=np, first_outputs=None) -> None:

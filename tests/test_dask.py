@@ -643,3 +643,53 @@ def test_max_unpool_round_trip_with_pads_beyond_half_the_window(chunks, kernel, 
     check_lazy(result)
     (actual,) = compute(result)
     assert_array_equal(actual, scatter_reference(values, indices, (4, 5)))
+
+
+# ----------------------------------------------------------------------------- subnormals
+
+def subnormal_dask(backend, shape, chunks, seed):
+    """Float32 multiples of 2**-143 in [-2**-137, 2**-137] (subnormal, sums exact in float32
+    and float64), as a Dask array of ``backend``'s chunks, and the NumPy array."""
+    rng = np.random.default_rng(seed)
+    x = (rng.integers(-64, 65, shape) * 2.0**-143).astype(np.float32)
+    assert np.abs(x).max() < np.finfo(np.float32).smallest_normal
+    return da.from_array(x, chunks=chunks).map_blocks(backend.xp.asarray), x
+
+
+@pytest.mark.parametrize("output_size", [(5, 4), (2, 1), (1, 1)])
+def test_adaptive_keeps_float32_subnormals(backend, output_size):
+    """Regression: on CuPy chunks the blocks ran CuPy's own arithmetic, compiled with
+    -ftz=true, which flushed float32 subnormals to zero. Each block must give the in-memory
+    op's bits (and the float64 reference's values)."""
+    dx, x = subnormal_dask(backend, (2, 3, 13, 11), (1, 2, (5, 8), (4, 7)), 11)
+    (avg,) = compute(gpupool.adaptive_avg_pool(dx, output_size))
+    same_bits(backend.to_numpy(avg),
+              backend.to_numpy(gpupool.adaptive_avg_pool(backend.to_backend(x), output_size)))
+    # exact sums: the mean is the float64 one rounded once
+    assert_array_equal(backend.to_numpy(avg),
+                       ref.adaptive_avg_pool(x, output_size).astype(np.float32))
+    ref_values, ref_indices = ref.adaptive_max_pool(x, output_size)
+    (values,) = compute(gpupool.adaptive_max_pool(dx, output_size))
+    same_bits(backend.to_numpy(values), ref_values.astype(np.float32))
+    values, indices = compute(*gpupool.adaptive_max_pool(dx, output_size, return_indices=True))
+    same_bits(backend.to_numpy(values), ref_values.astype(np.float32))
+    assert_array_equal(backend.to_numpy(indices), ref_indices)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_global_keeps_float32_subnormals(backend, layout):
+    """Regression: on CuPy chunks the tree reduction (dask.array's max, and its float64 sum
+    after a float32 -> float64 conversion) ran in CuPy's kernels, which flush float32
+    subnormals: the max and the mean came out 0."""
+    dx, x = subnormal_dask(backend, (2, 12, 10, 3), (1, (5, 7), (3, 3, 4), 2), 12)
+    mean, top = compute(gpupool.global_avg_pool(dx, layout=layout),
+                        gpupool.global_max_pool(dx, layout=layout))
+    planes = x if layout == "NCHW" else np.moveaxis(x, -1, 1)
+    expected_mean = ref.global_avg_pool(planes).astype(np.float32)
+    expected_top = ref.global_max_pool(planes).astype(np.float32)
+    if layout == "NHWC":
+        expected_mean, expected_top = (np.moveaxis(e, 1, -1) for e in (expected_mean,
+                                                                        expected_top))
+    assert_array_equal(backend.to_numpy(mean), expected_mean)  # exact float64 sums
+    same_bits(backend.to_numpy(top), expected_top)
+    assert (backend.to_numpy(top) != 0).all()

@@ -506,8 +506,7 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
         ic = canonical(indices, geom)
 
         def block(b0, b1):
-            adaptive_argmax(xc[b0:b1], 1, per_dim, (0,) * geom.nd, geom.spatial, oc[b0:b1],
-                            ic[b0:b1])
+            adaptive_argmax(xc[b0:b1], 1, per_dim, geom.spatial, oc[b0:b1], ic[b0:b1])
         in_blocks(block, geom.batch, plane_bytes, spec.op != "max")
         return
     acc = accumulator(x.dtype)

@@ -13,9 +13,16 @@ array, for any chunking.
   exactly the last window's overhang otherwise. Max indices are converted back to flat
   positions in the whole input plane; a block whose windows miss the input gets the
   empty-window value.
-* Adaptive pooling computes each output block from the exact input span of its windows
-  ``[floor(i*I/O), ceil((i+1)*I/O))``; global pooling (and adaptive max pooling to size 1) is a
-  tree reduction (:func:`dask.array.sum` in float64 / exact int64, :func:`dask.array.max`).
+* Adaptive pooling cuts each spatial dim into runs of whole periods of its windows
+  ``[floor(i*I/O), ceil((i+1)*I/O))`` (:func:`~gpupool.interop.dask_blocks.adaptive_period`),
+  each run in the block of the input chunk holding its start: a block is the in-memory op on
+  its run's input slice. Global pooling (and adaptive max pooling to size 1) is a tree
+  reduction: the in-memory max of each chunk, then of the chunks' maxima; or float64 sums of
+  the exact float64 values (int64 for quantized codes), rounded once.
+* No float arithmetic on CuPy chunks runs in CuPy's own kernels, which are compiled with
+  ``-ftz=true`` and flush float32 subnormals, other than on float64 values: the blocks run
+  gpupool's ops, and conversions go through :func:`gpupool.windows.to_float64` and
+  :func:`~gpupool.windows.to_float32`.
 * ``max_unpool`` takes ``x`` and ``indices`` as Dask arrays; each output block gathers the
   input blocks whose pooling windows reach it and scatters the indices that land in it.
   Every index must lie in its own window, as ``max_pool`` returns them, or be -1 (a window
@@ -27,6 +34,7 @@ array, for any chunking.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import itertools
 import math
@@ -45,8 +53,8 @@ from .. import windows
 from ..arrays import dtype_name, is_cupy_array
 from ..cpu.quantized import requantize
 from . import dask_backward
-from .dask_blocks import (array_module, assemble, check_input, cuts, overlaps, region,
-                          window_slice)
+from .dask_blocks import (adaptive_period, array_module, assemble, check_input, cuts, overlaps,
+                          region, window_slice)
 
 
 def _host(a) -> np.ndarray:
@@ -135,15 +143,12 @@ def _window_spans(chunks, size, out, kernel, stride, dilation, pads) -> list[_Sp
 
 
 def _adaptive_spans(chunks, size, out) -> list[_Span]:
-    """A spatial dim of an adaptive pooling: param ``(lo, o0, starts, ends)`` with the
-    windows of the block's outputs relative to its slice."""
-    spans = []
-    for o0, o1 in cuts(chunks, out, lambda c: -(-(c * out) // size)):
-        bounds = [S.adaptive_window(i, size, out) for i in range(o0, o1)]
-        lo, hi = bounds[0][0], bounds[-1][1]
-        spans.append(_Span(o1 - o0, lo, hi, (lo, o0, tuple(s - lo for s, _ in bounds),
-                                               tuple(e - lo for _, e in bounds))))
-    return spans
+    """A spatial dim of an adaptive pooling: runs of whole periods
+    (:func:`~gpupool.interop.dask_blocks.adaptive_period`), each in the block of the input
+    chunk holding its start; param ``(lo, windows)``."""
+    p_in, p_out = adaptive_period(size, out)
+    return [_Span((q1 - q0) * p_out, q0 * p_in, q1 * p_in, (q0 * p_in, (q1 - q0) * p_out))
+            for q0, q1 in cuts(chunks, size // p_in, lambda c: -(-c // p_in))]
 
 
 def _run_block(block_fn, grid, params, extra, *regions):
@@ -210,11 +215,13 @@ def _global_indices(local, shape, offsets, full_shape):
     return xp.where(local < 0, -1, flat)
 
 
-def _pool_slice(x, pads, op, options, quant):
+def _pool_slice(x, op, options, quant):
+    """The in-memory op on ``x`` (the codes of a QArray with ``quant``'s scale and zero point,
+    when given)."""
     if quant is None:
-        return op(x, padding=pads, **options)
+        return op(x, **options)
     scale, zero_point = quant
-    return op(QS.QArray(x, scale, zero_point), padding=pads, **options).data
+    return op(QS.QArray(x, scale, zero_point), **options).data
 
 
 def _window_block(x, params, op, first, nd, options, quant, fills, full_spatial):
@@ -227,7 +234,7 @@ def _window_block(x, params, op, first, nd, options, quant, fills, full_spatial)
         values = xp.full(shape, fills[0], x.dtype)
         return values if len(fills) == 1 else (values, xp.full(shape, -1, np.int64))
     pads = tuple((begin, end) for _, begin, end, _ in spatial)
-    result = _pool_slice(x, pads, op, options, quant)
+    result = _pool_slice(x, op, dict(options, padding=pads), quant)
     if len(fills) == 1:
         return result
     values, local = result
@@ -277,68 +284,74 @@ def _without_empty_chunks(x):
     return x.rechunk(tuple(tuple(c for c in dim if c) or (0,) for dim in x.chunks))
 
 
-def _global_reduce(x, spec: S.AdaptiveSpec):
-    """Tree reduction over the spatial dims: max (NaN propagates), or the float64 sum over
-    the plane size in the input dtype. bfloat16 reduces its float32 values (ml_dtypes' max
-    warns at a NaN) and rounds as the in-memory ops (:func:`gpupool.windows.narrowed`)."""
+def _whole_planes(reduce, block, axis=None, keepdims=None):
+    """``reduce`` (an in-memory op over whole planes that keeps their dims) of a chunk, or of
+    chunks' results put together: a step of :func:`dask.array.reduction`."""
+    return reduce(block)
+
+
+def _exact_float64(block):
+    return windows.to_float64(block, array_module(block))
+
+
+def _rounded(block, dtype):
+    """Float64 ``block`` as ``dtype``, rounded once (float32 subnormals kept); bfloat16 through
+    float32, as the in-memory ops round."""
+    xp = array_module(block)
+    if np.dtype(dtype).name in ("float32", "bfloat16"):
+        block = windows.to_float32(block, xp)
+    return windows.narrowed(block, dtype, xp)
+
+
+def _global_reduce(x, spec: S.AdaptiveSpec, reduce):
+    """Tree reduction over the spatial dims: the max of ``reduce`` (the in-memory global max,
+    keeping the spatial dims) of each chunk, then of their maxima; or the float64 sum over
+    the plane size, in the input dtype."""
     axes = _spatial_axes(spec.geom)
     x = _without_empty_chunks(x)
-    bfloat16 = dtype_name(x.dtype) == "bfloat16"
-    if spec.op == "max" and not bfloat16:
-        return da.max(x, axis=axes, keepdims=True)
     if spec.op == "max":
-        result = da.max(x.astype(np.float32), axis=axes, keepdims=True)
-    else:
-        result = da.sum(x, axis=axes, dtype=np.float64, keepdims=True) / math.prod(
-            spec.geom.spatial)
-    return result.map_blocks(lambda b: windows.narrowed(b, x.dtype, array_module(b)),
-                             dtype=x.dtype)
+        step = functools.partial(_whole_planes, reduce)
+        return da.reduction(x, step, step, axis=axes, keepdims=True, dtype=x.dtype,
+                            combine=step, concatenate=True,
+                            meta=meta_from_array(x._meta, x.ndim, x.dtype))
+    wide = x.map_blocks(_exact_float64, dtype=np.float64,
+                        meta=meta_from_array(x._meta, x.ndim, np.float64))
+    mean = da.sum(wide, axis=axes, keepdims=True) / math.prod(spec.geom.spatial)
+    return mean.map_blocks(_rounded, x.dtype, dtype=x.dtype,
+                           meta=meta_from_array(x._meta, x.ndim, x.dtype))
 
 
 def _global(op, params: dict):
     func, x = op.__name__, params["x"]
     spec = S.global_spec(func, "max" if func == "global_max_pool" else "avg", x.shape,
                          dtype_name(x.dtype), params["spatial_dims"], params["layout"])
-    return _global_reduce(x, spec)
+    return _global_reduce(x, spec, functools.partial(op, spatial_dims=spec.geom.nd,
+                                                     layout=spec.geom.layout))
 
 
-def _block_taps(params, first: int, nd: int) -> list:
-    """Per spatial dim the taps of an adaptive block's windows (relative to its slice)."""
-    return [windows.adaptive_taps(np.array(starts, np.int64), np.array(ends, np.int64))
-            for _, _, starts, ends in params[first:first + nd]]
+def _adaptive_block(x, params, op, first, nd, options, quant, full_spatial):
+    """One output block of an adaptive pooling: the in-memory op on the input slice of a run
+    of whole periods, pooled to the run's windows."""
+    spatial = params[first:first + nd]
+    result = _pool_slice(x, op, dict(options, output_size=tuple(n for _, n in spatial)), quant)
+    if not options.get("return_indices"):
+        return result
+    values, local = result
+    return values, _global_indices(local, x.shape[first:first + nd], [lo for lo, _ in spatial],
+                                   full_spatial)
 
 
-def _block_positions(params, first: int, nd: int) -> tuple[slice, ...]:
-    """The output positions of an adaptive block, as slices of the whole output."""
-    return tuple(slice(o0, o0 + len(starts)) for _, o0, starts, _ in params[first:first + nd])
-
-
-def _adaptive_block(x, params, op, first, nd, return_indices, full_spatial, counts):
-    """One output block of an adaptive pooling from the exact span of its windows, through
-    the NumPy backend's tap loops (:mod:`gpupool.windows`); ``counts``: the divisors of the
-    whole output (avg)."""
-    xp = array_module(x)
-    taps = _block_taps(params, first, nd)
-    trailing = (None,) * (x.ndim - first - nd)
-    if return_indices:
-        shape = x.shape[:first] + tuple(len(t[0][0]) for t in taps) + x.shape[first + nd:]
-        values, indices = xp.empty(shape, x.dtype), xp.empty(shape, np.int64)
-        offsets = [p[0] for p in params[first:first + nd]]
-        windows.adaptive_argmax(x, first, taps, offsets, full_spatial, values, indices, xp)
-        return values, indices
-    acc = windows.accumulator(x.dtype)
-    fill = xp.asarray(windows.lowest(acc) if op == "max" else -0.0, dtype=acc)
-    cur = windows.adaptive_reduce(x.astype(acc, copy=False), first, taps, op, fill, xp)
-    if op == "avg":
-        divisors = counts[_block_positions(params, first, nd)].astype(acc)
-        cur = cur / xp.asarray(divisors[(Ellipsis,) + trailing])
-    return windows.narrowed(cur, x.dtype, xp)
-
-
-def _adaptive_spatial_spans(x, spec: S.AdaptiveSpec) -> list[list[_Span]]:
-    first = len(spec.geom.lead)
-    return _spatial_spans(x, spec.geom, lambda a: _adaptive_spans(
-        x.chunks[first + a], spec.geom.spatial[a], spec.out_spatial[a]))
+def _adaptive_graph(op, x, spec: S.AdaptiveSpec, options: dict, quant):
+    geom = spec.geom
+    first = len(geom.lead)
+    spans = _spatial_spans(x, geom, lambda a: _adaptive_spans(
+        x.chunks[first + a], geom.spatial[a], spec.out_spatial[a]))
+    metas = [meta_from_array(x._meta, x.ndim, x.dtype)]
+    if spec.return_indices:
+        metas.append(meta_from_array(x._meta, x.ndim, np.int64))
+    name = f"{'quantized-' if quant else ''}{op.__name__}-" + tokenize(x, spec, options, quant)
+    return _block_graph(name, _adaptive_block, [x], spans, metas, op, first, geom.nd,
+                        dict(options, layout=geom.layout), quant, geom.spatial)
 
 
 def _adaptive(op, params: dict):
@@ -347,14 +360,10 @@ def _adaptive(op, params: dict):
     spec = S.adaptive_spec(func, reduction, x.shape, dtype_name(x.dtype), params["output_size"],
                            params["layout"], return_indices=params.get("return_indices", False))
     if spec.is_global and not spec.return_indices:
-        return _global_reduce(x, spec)
-    metas = [meta_from_array(x._meta, x.ndim, x.dtype)]
-    if spec.return_indices:
-        metas.append(meta_from_array(x._meta, x.ndim, np.int64))
-    return _block_graph(f"{func}-" + tokenize(x, spec), _adaptive_block, [x],
-                        _adaptive_spatial_spans(x, spec), metas, reduction, len(spec.geom.lead),
-                        spec.geom.nd, spec.return_indices, spec.geom.spatial,
-                        windows.adaptive_counts(spec) if reduction == "avg" else None)
+        return _global_reduce(x, spec, functools.partial(op, output_size=spec.out_spatial,
+                                                         layout=spec.geom.layout))
+    options = {"return_indices": spec.return_indices} if reduction == "max" else {}
+    return _adaptive_graph(op, x, spec, options, None)
 
 
 # ----------------------------------------------------------------------------- max_unpool
@@ -479,53 +488,37 @@ def _requantize_sums(sums, plan, zp_counts, rows, dtype):
     return array_module(sums).asarray(out)
 
 
-def _qaverage(func: str, params: dict, spec: S.AdaptiveSpec) -> QS.QArray:
-    q = params["q"]
+def _qaverage(op, params: dict, spec: S.AdaptiveSpec) -> QS.QArray:
+    func, q = op.__name__, params["q"]
     data = q.data
     dtype, out_scale, zp_out, rounding = QS.out_params(func, q, params["out_scale"],
                                                        params["out_zero_point"],
                                                        params["rounding"])
+    if not spec.is_global:
+        options = {"out_scale": out_scale, "out_zero_point": zp_out, "rounding": rounding}
+        return QS.QArray(_adaptive_graph(op, data, spec, options, (q.scale, q.zero_point)),
+                         out_scale, zp_out)
     plan = QS.avg_plan(spec, dtype, q.scale, q.zero_point, out_scale, zp_out, rounding)
-    geom = spec.geom
-    trailing = (None,) * (geom.layout == "NHWC")
-    meta = meta_from_array(data._meta, data.ndim, data.dtype)
-    if spec.is_global:
-        sums = da.sum(_without_empty_chunks(data), axis=_spatial_axes(geom), dtype=np.int64,
-                      keepdims=True)
-        zp_counts = plan.counts.astype(np.int64)[(Ellipsis,) + trailing] * q.zero_point
-        codes = sums.map_blocks(_requantize_sums, plan, zp_counts,
-                                plan.rows[(Ellipsis,) + trailing], data.dtype, dtype=data.dtype,
-                                meta=meta)
-    else:
-        codes = _block_graph(f"quantized-{func}-" + tokenize(data, plan.key), _qadaptive_block,
-                             [data], _adaptive_spatial_spans(data, spec), [meta], len(geom.lead),
-                             geom.nd, plan, q.zero_point)
+    trailing = (None,) * (spec.geom.layout == "NHWC")
+    sums = da.sum(_without_empty_chunks(data), axis=_spatial_axes(spec.geom), dtype=np.int64,
+                  keepdims=True)
+    zp_counts = plan.counts.astype(np.int64)[(Ellipsis,) + trailing] * q.zero_point
+    codes = sums.map_blocks(_requantize_sums, plan, zp_counts,
+                            plan.rows[(Ellipsis,) + trailing], data.dtype, dtype=data.dtype,
+                            meta=meta_from_array(data._meta, data.ndim, data.dtype))
     return QS.QArray(codes, out_scale, zp_out)
-
-
-def _qadaptive_block(x, params, first, nd, plan, zp_in):
-    """One output block of a quantized adaptive average: exact int64 window sums, then the
-    in-memory op's requantization for the block's positions."""
-    xp = array_module(x)
-    sums = windows.adaptive_reduce(x.astype(np.int64), first, _block_taps(params, first, nd),
-                                   "sum", xp.asarray(0, np.int64), xp)
-    block = _block_positions(params, first, nd)
-    trailing = (None,) * (x.ndim - first - nd)
-    counts = plan.counts[block].astype(np.int64)[(Ellipsis,) + trailing]
-    return _requantize_sums(sums, plan, counts * zp_in, plan.rows[block][(Ellipsis,) + trailing],
-                            x.dtype)
 
 
 def _qglobal(op, params: dict) -> QS.QArray:
     func, data = op.__name__, params["q"].data
-    return _qaverage(func, params, QS.global_spec(func, data.shape, dtype_name(data.dtype),
-                                                  params["spatial_dims"], params["layout"]))
+    return _qaverage(op, params, QS.global_spec(func, data.shape, dtype_name(data.dtype),
+                                                params["spatial_dims"], params["layout"]))
 
 
 def _qadaptive(op, params: dict) -> QS.QArray:
     func, data = op.__name__, params["q"].data
-    return _qaverage(func, params, QS.adaptive_spec(func, data.shape, dtype_name(data.dtype),
-                                                    params["output_size"], params["layout"]))
+    return _qaverage(op, params, QS.adaptive_spec(func, data.shape, dtype_name(data.dtype),
+                                                  params["output_size"], params["layout"]))
 
 
 _QUANTIZED_HANDLERS = {"max_pool": _qwindow, "avg_pool": _qwindow, "global_avg_pool": _qglobal,

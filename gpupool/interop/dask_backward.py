@@ -38,8 +38,8 @@ from dask.task_spec import DataNode, Task, TaskRef
 from .. import grad_spec as G
 from ..arrays import dtype_name
 from ..windows import check_indices_in_windows
-from .dask_blocks import (array_module, assemble, check_input, cuts, overlaps, region,
-                          window_slice)
+from .dask_blocks import (adaptive_period, array_module, assemble, check_input, cuts, overlaps,
+                          region, window_slice)
 
 @dataclasses.dataclass(frozen=True)
 class _Block:
@@ -261,13 +261,11 @@ class _AdaptiveRun(NamedTuple):
 
 
 def _adaptive_dim(chunks, size: int, out: int) -> list[_Block]:
-    """Blocks of whole periods of the adaptive windows along a dim: window ``o + P`` is
-    window ``o`` moved by ``size / gcd`` (``P = out / gcd``), so a run of periods, pooled
-    alone, has the same windows; param an :class:`_AdaptiveRun`."""
-    g = math.gcd(size, out)
-    p_in, p_out = size // g, out // g
+    """Blocks of whole periods of the adaptive windows along a dim
+    (:func:`~gpupool.interop.dask_blocks.adaptive_period`); param an :class:`_AdaptiveRun`."""
+    p_in, p_out = adaptive_period(size, out)
     blocks = []
-    for q0, q1 in cuts(chunks, g, lambda c: c // p_out):
+    for q0, q1 in cuts(chunks, out // p_out, lambda c: c // p_out):
         blocks.append(_Block((q1 - q0) * p_in, ((q0 * p_out, q1 * p_out),) * 2,
                              _AdaptiveRun(q0 * p_out, q0 * p_in, (q1 - q0) * p_in,
                                           (q1 - q0) * p_out)))

@@ -1,7 +1,7 @@
 """Pieces shared by the Dask graphs of the forward ops (:mod:`gpupool.interop.dask`) and of
 the backward ops (:mod:`gpupool.interop.dask_backward`): input checks, the chunk type's array
-module, output cuts along a dim, the chunks meeting a range and their reassembly, and the
-slice and per-block padding of a run of sliding windows."""
+module, output cuts along a dim, the chunks meeting a range and their reassembly, the slice
+and per-block padding of a run of sliding windows, and the period of adaptive windows."""
 from __future__ import annotations
 
 import importlib
@@ -60,6 +60,15 @@ def window_slice(o0: int, o1: int, size: int, out: int, stride: int, span: int,
     last_end = (o1 - 1) * stride - begin + span
     hi = min(size, last_end)
     return lo, hi, lo - first, last_end - hi
+
+
+def adaptive_period(size: int, out: int) -> tuple[int, int]:
+    """``(inputs, windows)`` of one period of the adaptive windows along a dim of ``size``
+    pooled to ``out``: window ``o + windows`` is window ``o`` moved by ``inputs``, so a run of
+    whole periods, pooled alone to its own number of windows, has the same windows (summed in
+    the same order)."""
+    g = math.gcd(size, out)
+    return size // g, out // g
 
 
 def overlaps(starts, lo: int, hi: int) -> list[tuple[int, slice]]:
