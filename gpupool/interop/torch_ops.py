@@ -39,7 +39,7 @@ def call(op, x, args: tuple, kwargs: dict):
         return dlpack.run(op, "torch", x, args, kwargs)
     if plain(x):
         if kwargs.get("out") is None and name in EAGER:
-            return EAGER[name](x, autograd.op_arguments(op, args, kwargs))
+            return EAGER[name](op, x, args, kwargs)
         with stream(x):
             return dlpack.run(op, "torch", x, args, kwargs)
     operator = _OPERATORS.get(name)

@@ -21,6 +21,7 @@ import torch
 from .. import gradients, ops
 from .. import grad_spec as G
 from .. import spec as S
+from ..arrays import dtype_name as numpy_dtype_name
 from . import autograd, dlpack
 
 Tensor = torch.Tensor
@@ -75,7 +76,7 @@ def dtype_name(t: Tensor) -> str:
 def _from_numpy(a) -> Tensor:
     """The NumPy array ``a`` as a CPU tensor sharing its memory (bfloat16: through its bits,
     which PyTorch's ``from_numpy`` takes)."""
-    if a.dtype.name == "bfloat16":
+    if numpy_dtype_name(a.dtype) == "bfloat16":
         return torch.from_numpy(a.view("int16")).view(torch.bfloat16)
     return torch.from_numpy(a)
 
@@ -154,7 +155,12 @@ def _max_grad_spec(name: str, grad, indices, p: dict) -> G.GradSpec:
 
 
 def _eager_pool(name: str):
-    def run(x: Tensor, params: dict):
+    def run(op, x: Tensor, args: tuple, kwargs: dict):
+        if x.is_cpu and x.is_contiguous():  # no memory format to keep: NumPy's op as it is
+            result = op(array_view(name, x, "x"), *args, **kwargs)
+            return tuple(map(_from_numpy, result)) if isinstance(result, tuple) else \
+                _from_numpy(result)
+        params = autograd.op_arguments(op, args, kwargs)
         wanted = params.pop("return_indices", False)
         del params["out"]
         return pool(name, x, params, S.check_bool(name, "return_indices", wanted))
@@ -162,7 +168,8 @@ def _eager_pool(name: str):
 
 
 def _eager_backward(name: str):
-    def run(grad: Tensor, params: dict):
+    def run(op, grad: Tensor, args: tuple, kwargs: dict):
+        params = autograd.op_arguments(op, args, kwargs)
         del params["out"]
         operand = _OPERAND_NAMES.get(name)
         other = None if operand is None else params.pop(operand)
@@ -173,7 +180,9 @@ def _eager_backward(name: str):
     return run
 
 
-#: the ops whose plain eager calls allocate their results with PyTorch
+#: the ops whose plain eager calls (``out`` None) run here, each called as
+#: ``run(op, x, args, kwargs)`` with ``op`` the public op on NumPy/CuPy arrays: on a GPU their
+#: results are allocated by PyTorch
 EAGER = {**{name: _eager_pool(name) for name in autograd.SAVED},
           **{f"{name}_backward": _eager_backward(f"{name}_backward") for name in autograd.SAVED}}
 
