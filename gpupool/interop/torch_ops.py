@@ -10,7 +10,9 @@ does (:mod:`gpupool.interop.dlpack`): gpupool never loads PyTorch.
   op, each with a fake kernel (output shapes from :mod:`gpupool.spec`, on symbolic sizes too),
   and an autograd formula (``register_autograd``) written with these operators, so that
   compile, export, ``torch.func`` and higher derivatives see PyTorch operators throughout.
-  The arguments are normalised to values (lists of ints, a padding string) before the call:
+  A tracked tensor in eager mode (nothing intercepting it) runs each operator's function and
+  formula as an ``autograd.Function`` instead, the node PyTorch's dispatcher would make of
+  them, without the dispatcher's cost (about 100 us a call on the CPU). The arguments are normalised to values (lists of ints, a padding string) before the call:
   a list the caller mutates afterwards changes nothing.
 * A max's backward runs from the indices its forward returned, without the backward ops'
   index check (which costs host syncs on a GPU); the public backward ops keep it.
@@ -19,6 +21,8 @@ does (:mod:`gpupool.interop.dlpack`): gpupool never loads PyTorch.
 """
 from __future__ import annotations
 
+import types
+
 import torch
 
 from .. import gradients, ops
@@ -26,7 +30,7 @@ from .. import grad_spec as G
 from .. import spec as S
 from . import autograd, dlpack
 from .torch_tensors import (CHANNELS_LAST, EAGER, backward, channels_last, fake, fake_like,
-                            plain, pool, stream)
+                            plain, pool, stream, untraced)
 
 Tensor = torch.Tensor
 
@@ -58,13 +62,42 @@ def call(op, x, args: tuple, kwargs: dict):
     if torch.jit.is_tracing():
         raise TypeError(f"gpupool.{name}: torch.jit.trace is not supported; use "
                         f"torch.compile or torch.export")
-    return operator(x, params)
+    eager = untraced(x) and all(type(v) is torch.Tensor for v in params.values()
+                                if isinstance(v, torch.Tensor))
+    return operator(_EAGER_TRACKED if eager else torch.ops.gpupool, x, params)
 
 
 # ----------------------------------------------------------------------------- operators
 # Arguments as the operators take them: a window as (kernel_size, stride, padding,
 # padding_mode, dilation, ceil_mode) with padding flat (begin, end) pairs where padding_mode
 # is "" (else a padding string, resolved on the input's size).
+
+_FUNCTIONS: dict = {}  # each operator's function, by name
+#: each operator with an autograd formula as ``torch.autograd.Function.apply``: the same
+#: function, setup and formula without the dispatcher, for tracked tensors in eager mode
+_EAGER_TRACKED = types.SimpleNamespace()
+
+
+def _custom_op(fn):
+    """``fn`` as the operator ``gpupool::<its name>``."""
+    _FUNCTIONS[fn.__name__] = fn
+    return torch.library.custom_op(f"gpupool::{fn.__name__}", fn, mutates_args=())
+
+
+def _differentiable(name: str, backward, setup_context) -> None:
+    """Operator ``name``'s autograd formula, registered with PyTorch and as an
+    ``autograd.Function`` in :data:`_EAGER_TRACKED` (what PyTorch's dispatcher makes of it
+    too, behind a costlier call)."""
+    torch.library.register_autograd(f"gpupool::{name}", backward, setup_context=setup_context)
+    run = _FUNCTIONS[name]
+
+    def forward(ctx, *inputs):  # with ctx: apply binds a separate setup_context by inspect
+        output = run(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
+    function = type(f"gpupool_{name}", (torch.autograd.Function,),
+                    {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    setattr(_EAGER_TRACKED, name, function.apply)
 
 def _window(func: str, p: dict) -> tuple:
     """The window arguments of op ``func``'s parameters ``p``, validated, as values."""
@@ -103,7 +136,7 @@ def _in_format(ctx, grad: Tensor) -> Tensor:
     return grad.contiguous(memory_format=ctx.memory_format)
 
 
-@torch.library.custom_op("gpupool::max_pool", mutates_args=())
+@_custom_op
 def max_pool(x: Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
              padding_mode: str, dilation: list[int], ceil_mode: bool,
              layout: str) -> tuple[Tensor, Tensor]:
@@ -119,7 +152,7 @@ def _(x, kernel_size, stride, padding, padding_mode, dilation, ceil_mode, layout
     return fake("max_pool", x, params), fake("max_pool", x, params, torch.int64)
 
 
-@torch.library.custom_op("gpupool::max_pool_backward", mutates_args=())
+@_custom_op
 def max_pool_backward(grad: Tensor, indices: Tensor, input_shape: list[int],
                       kernel_size: list[int], stride: list[int], padding: list[int],
                       padding_mode: str, dilation: list[int], ceil_mode: bool, layout: str,
@@ -173,11 +206,11 @@ def _max_grad_grad(ctx, v):
     return (_gather(v, indices, ctx.nd, ctx.layout),) + (None,) * (ctx.count - 1)
 
 
-max_pool.register_autograd(_max_pool_grad, setup_context=_max_pool_setup)
-max_pool_backward.register_autograd(_max_grad_grad, setup_context=_max_pool_backward_setup)
+_differentiable("max_pool", _max_pool_grad, _max_pool_setup)
+_differentiable("max_pool_backward", _max_grad_grad, _max_pool_backward_setup)
 
 
-@torch.library.custom_op("gpupool::avg_pool", mutates_args=())
+@_custom_op
 def avg_pool(x: Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
              padding_mode: str, dilation: list[int], ceil_mode: bool, count_include_pad: bool,
              divisor_override: int | None, layout: str) -> Tensor:
@@ -195,7 +228,7 @@ def _(x, kernel_size, stride, padding, padding_mode, dilation, ceil_mode, count_
                                  "divisor_override": divisor_override, "layout": layout})
 
 
-@torch.library.custom_op("gpupool::avg_pool_backward", mutates_args=())
+@_custom_op
 def avg_pool_backward(grad: Tensor, input_shape: list[int], kernel_size: list[int],
                       stride: list[int], padding: list[int], padding_mode: str,
                       dilation: list[int], ceil_mode: bool, count_include_pad: bool,
@@ -234,12 +267,11 @@ def _avg_pool_backward_grad(ctx, v):
     return (torch.ops.gpupool.avg_pool(v, *ctx.arguments), None) + _no_grads(ctx.arguments)
 
 
-avg_pool.register_autograd(_avg_pool_grad, setup_context=_avg_pool_setup)
-avg_pool_backward.register_autograd(_avg_pool_backward_grad,
-                                    setup_context=_avg_pool_backward_setup)
+_differentiable("avg_pool", _avg_pool_grad, _avg_pool_setup)
+_differentiable("avg_pool_backward", _avg_pool_backward_grad, _avg_pool_backward_setup)
 
 
-@torch.library.custom_op("gpupool::lp_pool", mutates_args=())
+@_custom_op
 def lp_pool(x: Tensor, p: float, kernel_size: list[int], stride: list[int],
             padding: list[int], padding_mode: str, dilation: list[int], ceil_mode: bool,
             layout: str) -> Tensor:
@@ -254,7 +286,7 @@ def _(x, p, kernel_size, stride, padding, padding_mode, dilation, ceil_mode, lay
     return fake("lp_pool", x, {"p": p, **params, "layout": layout})
 
 
-@torch.library.custom_op("gpupool::lp_pool_backward", mutates_args=())
+@_custom_op
 def lp_pool_backward(grad: Tensor, x: Tensor, p: float, kernel_size: list[int],
                      stride: list[int], padding: list[int], padding_mode: str,
                      dilation: list[int], ceil_mode: bool, layout: str) -> Tensor:
@@ -313,12 +345,11 @@ def _lp_pool_backward_grad(ctx, v):
     return (dgrad, dx) + _no_grads(ctx.arguments)
 
 
-lp_pool.register_autograd(_lp_pool_grad, setup_context=_lp_pool_setup)
-lp_pool_backward.register_autograd(_lp_pool_backward_grad,
-                                   setup_context=_lp_pool_backward_setup)
+_differentiable("lp_pool", _lp_pool_grad, _lp_pool_setup)
+_differentiable("lp_pool_backward", _lp_pool_backward_grad, _lp_pool_backward_setup)
 
 
-@torch.library.custom_op("gpupool::adaptive_avg_pool", mutates_args=())
+@_custom_op
 def adaptive_avg_pool(x: Tensor, output_size: list[int], layout: str) -> Tensor:
     """gpupool.adaptive_avg_pool."""
     return pool("adaptive_avg_pool", x, {"output_size": tuple(output_size), "layout": layout},
@@ -330,7 +361,7 @@ def _(x, output_size, layout):
     return fake("adaptive_avg_pool", x, {"output_size": tuple(output_size), "layout": layout})
 
 
-@torch.library.custom_op("gpupool::adaptive_avg_pool_backward", mutates_args=())
+@_custom_op
 def adaptive_avg_pool_backward(grad: Tensor, input_shape: list[int], output_size: list[int],
                                layout: str) -> Tensor:
     """gpupool.adaptive_avg_pool_backward."""
@@ -365,12 +396,11 @@ def _adaptive_avg_backward_grad(ctx, v):  # the transpose of a linear map's tran
             None, None, None)
 
 
-adaptive_avg_pool.register_autograd(_adaptive_avg_grad, setup_context=_adaptive_avg_setup)
-adaptive_avg_pool_backward.register_autograd(_adaptive_avg_backward_grad,
-                                             setup_context=_adaptive_avg_backward_setup)
+_differentiable("adaptive_avg_pool", _adaptive_avg_grad, _adaptive_avg_setup)
+_differentiable("adaptive_avg_pool_backward", _adaptive_avg_backward_grad, _adaptive_avg_backward_setup)
 
 
-@torch.library.custom_op("gpupool::adaptive_max_pool", mutates_args=())
+@_custom_op
 def adaptive_max_pool(x: Tensor, output_size: list[int],
                       layout: str) -> tuple[Tensor, Tensor]:
     """gpupool.adaptive_max_pool with its indices."""
@@ -385,7 +415,7 @@ def _(x, output_size, layout):
             fake("adaptive_max_pool", x, params, torch.int64))
 
 
-@torch.library.custom_op("gpupool::adaptive_max_pool_backward", mutates_args=())
+@_custom_op
 def adaptive_max_pool_backward(grad: Tensor, indices: Tensor, input_shape: list[int],
                                output_size: list[int], layout: str,
                                check_indices: bool) -> Tensor:
@@ -422,12 +452,11 @@ def _adaptive_max_backward_setup(ctx, inputs, output):
     ctx.save_for_backward(indices)
 
 
-adaptive_max_pool.register_autograd(_adaptive_max_grad, setup_context=_adaptive_max_setup)
-adaptive_max_pool_backward.register_autograd(_max_grad_grad,
-                                             setup_context=_adaptive_max_backward_setup)
+_differentiable("adaptive_max_pool", _adaptive_max_grad, _adaptive_max_setup)
+_differentiable("adaptive_max_pool_backward", _max_grad_grad, _adaptive_max_backward_setup)
 
 
-@torch.library.custom_op("gpupool::global_avg_pool", mutates_args=())
+@_custom_op
 def global_avg_pool(x: Tensor, spatial_dims: int, layout: str) -> Tensor:
     """gpupool.global_avg_pool."""
     return pool("global_avg_pool", x, {"spatial_dims": spatial_dims, "layout": layout}, False)
@@ -438,7 +467,7 @@ def _(x, spatial_dims, layout):
     return fake("global_avg_pool", x, {"spatial_dims": spatial_dims, "layout": layout})
 
 
-@torch.library.custom_op("gpupool::global_avg_pool_backward", mutates_args=())
+@_custom_op
 def global_avg_pool_backward(grad: Tensor, input_shape: list[int], spatial_dims: int,
                              layout: str) -> Tensor:
     """gpupool.global_avg_pool_backward."""
@@ -473,9 +502,8 @@ def _global_avg_backward_grad(ctx, v):
             None, None, None)
 
 
-global_avg_pool.register_autograd(_global_avg_grad, setup_context=_global_avg_setup)
-global_avg_pool_backward.register_autograd(_global_avg_backward_grad,
-                                           setup_context=_global_avg_backward_setup)
+_differentiable("global_avg_pool", _global_avg_grad, _global_avg_setup)
+_differentiable("global_avg_pool_backward", _global_avg_backward_grad, _global_avg_backward_setup)
 
 
 def _batched(operator, outputs: int):
@@ -493,8 +521,9 @@ for _operator, _outputs in ((max_pool, 2), (avg_pool, 1), (lp_pool, 1), (adaptiv
 
 
 # ----------------------------------------------------------------------------- public calls
-# Each takes the tensor and the public op's parameters by name (defaults filled in), and
-# calls the operators with those parameters as values.
+# Each takes the operators to call (torch.ops.gpupool, or their eager autograd.Functions), the
+# tensor and the public op's parameters by name (defaults filled in), and calls the operators
+# with those parameters as values.
 
 def _spatial_dims(func: str, p: dict) -> int:
     """A global pooling's ``spatial_dims``, refused as the spec refuses it."""
@@ -518,64 +547,63 @@ def _sizes(func: str, p: dict) -> list:
     return [size] * S.spatial_rank(func, size, "output_size")
 
 
-def _max_pool_call(x, p):
+def _max_pool_call(ops_, x, p):
     wanted = S.check_bool("max_pool", "return_indices", p["return_indices"])
-    values, indices = torch.ops.gpupool.max_pool(x, *_window("max_pool", p),
-                                                 _layout("max_pool", p))
+    values, indices = ops_.max_pool(x, *_window("max_pool", p), _layout("max_pool", p))
     return (values, indices) if wanted else values
 
 
-def _adaptive_max_pool_call(x, p):
+def _adaptive_max_pool_call(ops_, x, p):
     func = "adaptive_max_pool"
     wanted = S.check_bool(func, "return_indices", p["return_indices"])
-    values, indices = torch.ops.gpupool.adaptive_max_pool(
+    values, indices = ops_.adaptive_max_pool(
         x, _sizes(func, p), _layout(func, p))
     return (values, indices) if wanted else values
 
 
-def _global_max_pool_backward_call(grad, p):
+def _global_max_pool_backward_call(ops_, grad, p):
     func = "global_max_pool_backward"
     ones, layout = _ones(func, p), _layout(func, p)
-    _, indices = torch.ops.gpupool.adaptive_max_pool(p["x"], ones, layout)
-    return torch.ops.gpupool.adaptive_max_pool_backward(grad, indices, list(p["x"].shape),
+    _, indices = ops_.adaptive_max_pool(p["x"], ones, layout)
+    return ops_.adaptive_max_pool_backward(grad, indices, list(p["x"].shape),
                                                         ones, layout, False)
 
 
 _OPERATORS = {
     "max_pool": _max_pool_call,
-    "avg_pool": lambda x, p: torch.ops.gpupool.avg_pool(
+    "avg_pool": lambda ops_, x, p: ops_.avg_pool(
         x, *_window("avg_pool", p), S.check_bool("avg_pool", "count_include_pad",
                                                  p["count_include_pad"]),
         p["divisor_override"], _layout("avg_pool", p)),
-    "lp_pool": lambda x, p: torch.ops.gpupool.lp_pool(
+    "lp_pool": lambda ops_, x, p: ops_.lp_pool(
         x, p["p"], *_window("lp_pool", p), _layout("lp_pool", p)),
-    "global_avg_pool": lambda x, p: torch.ops.gpupool.global_avg_pool(
+    "global_avg_pool": lambda ops_, x, p: ops_.global_avg_pool(
         x, _spatial_dims("global_avg_pool", p), _layout("global_avg_pool", p)),
-    "global_max_pool": lambda x, p: torch.ops.gpupool.adaptive_max_pool(
+    "global_max_pool": lambda ops_, x, p: ops_.adaptive_max_pool(
         x, _ones("global_max_pool", p), _layout("global_max_pool", p))[0],
-    "adaptive_avg_pool": lambda x, p: torch.ops.gpupool.adaptive_avg_pool(
+    "adaptive_avg_pool": lambda ops_, x, p: ops_.adaptive_avg_pool(
         x, _sizes("adaptive_avg_pool", p),
         _layout("adaptive_avg_pool", p)),
     "adaptive_max_pool": _adaptive_max_pool_call,
-    "max_pool_backward": lambda g, p: torch.ops.gpupool.max_pool_backward(
+    "max_pool_backward": lambda ops_, g, p: ops_.max_pool_backward(
         g, p["indices"], list(G.check_input_shape("max_pool_backward", p["input_shape"])),
         *_window("max_pool_backward", p), _layout("max_pool_backward", p), True),
-    "avg_pool_backward": lambda g, p: torch.ops.gpupool.avg_pool_backward(
+    "avg_pool_backward": lambda ops_, g, p: ops_.avg_pool_backward(
         g, list(G.check_input_shape("avg_pool_backward", p["input_shape"])),
         *_window("avg_pool_backward", p),
         S.check_bool("avg_pool_backward", "count_include_pad", p["count_include_pad"]),
         p["divisor_override"], _layout("avg_pool_backward", p)),
-    "lp_pool_backward": lambda g, p: torch.ops.gpupool.lp_pool_backward(
+    "lp_pool_backward": lambda ops_, g, p: ops_.lp_pool_backward(
         g, p["x"], p["p"], *_window("lp_pool_backward", p), _layout("lp_pool_backward", p)),
-    "global_avg_pool_backward": lambda g, p: torch.ops.gpupool.global_avg_pool_backward(
+    "global_avg_pool_backward": lambda ops_, g, p: ops_.global_avg_pool_backward(
         g, list(G.check_input_shape("global_avg_pool_backward", p["input_shape"])),
         _spatial_dims("global_avg_pool_backward", p), _layout("global_avg_pool_backward", p)),
     "global_max_pool_backward": _global_max_pool_backward_call,
-    "adaptive_avg_pool_backward": lambda g, p: torch.ops.gpupool.adaptive_avg_pool_backward(
+    "adaptive_avg_pool_backward": lambda ops_, g, p: ops_.adaptive_avg_pool_backward(
         g, list(G.check_input_shape("adaptive_avg_pool_backward", p["input_shape"])),
         _sizes("adaptive_avg_pool_backward", p),
         _layout("adaptive_avg_pool_backward", p)),
-    "adaptive_max_pool_backward": lambda g, p: torch.ops.gpupool.adaptive_max_pool_backward(
+    "adaptive_max_pool_backward": lambda ops_, g, p: ops_.adaptive_max_pool_backward(
         g, p["indices"], list(G.check_input_shape("adaptive_max_pool_backward",
                                                   p["input_shape"])),
         _sizes("adaptive_max_pool_backward", p),

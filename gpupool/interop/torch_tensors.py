@@ -31,17 +31,20 @@ CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
 _DTYPES = {torch.float16: "float16", torch.float32: "float32", torch.float64: "float64"}
 
 
-def plain(x) -> bool:
-    """Whether gpupool may run on ``x``'s memory at once: a plain tensor, untracked by
-    autograd, with no compile, export, JIT trace, ``torch.func`` transform or dispatch mode
-    intercepting it."""
+def untraced(x) -> bool:
+    """Whether ``x`` is a ``torch.Tensor`` (no subclass) in eager mode: no compile, export,
+    JIT trace, ``torch.func`` transform or dispatch mode intercepting it."""
     return (type(x) is torch.Tensor
-            and not (x.requires_grad and torch.is_grad_enabled())
-            and not torch.compiler.is_compiling()
+            and not torch.compiler.is_compiling()  # first: under torch.compile, the only one
             and not torch.jit.is_tracing()
             and not torch._C._are_functorch_transforms_active()
             and not torch._C._len_torch_dispatch_stack()
             and not torch._C._is_torch_function_mode_enabled())
+
+
+def plain(x) -> bool:
+    """Whether gpupool may run on ``x``'s memory at once: untraced and untracked by autograd."""
+    return not (x.requires_grad and torch.is_grad_enabled()) and untraced(x)
 
 
 def stream(t):
