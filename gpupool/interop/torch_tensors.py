@@ -146,15 +146,15 @@ _OPERAND_NAMES = {"max_pool_backward": "indices", "adaptive_max_pool_backward": 
 
 def _max_grad_spec(name: str, grad, indices, p: dict) -> G.GradSpec:
     """The spec of a max's backward, as the backward op builds it."""
-    dtype = grad.dtype.name
+    dtype = numpy_dtype_name(grad.dtype)
     if name == "max_pool_backward":
         return G.window_grad_spec(name, "max", grad.shape, dtype, p["input_shape"],
                                   p["kernel_size"], p["stride"], p["padding"], p["dilation"],
                                   p["ceil_mode"], p["layout"], index_shape=indices.shape,
-                                  index_dtype=indices.dtype.name)
+                                  index_dtype=numpy_dtype_name(indices.dtype))
     return G.adaptive_grad_spec(name, "max", grad.shape, dtype, p["input_shape"],
                                 p["output_size"], p["layout"], index_shape=indices.shape,
-                                index_dtype=indices.dtype.name)
+                                index_dtype=numpy_dtype_name(indices.dtype))
 
 
 def _eager_pool(name: str):
