@@ -240,13 +240,15 @@ def test_the_readme_example_runs_as_written():
 def test_tracked_eager_call_skips_the_dispatcher():
     """A tensor that requires grad, in eager mode, runs the operator's function and formula as
     an ``autograd.Function`` of its own (the dispatcher cost about 100 us a call more), with
-    PyTorch's gradient; through ``torch.ops.gpupool`` the dispatcher's node."""
+    PyTorch's gradient, and so does the formula's operator; through ``torch.ops.gpupool`` the
+    dispatcher's node."""
     t = _tensor((1, 2, 6, 6), requires_grad=True)
     y = gpupool.avg_pool(t, 2, count_include_pad=True)
     assert type(y.grad_fn).__name__ == "gpupool_avg_poolBackward"
     z = OPS.avg_pool(t, [2, 2], [2, 2], [0, 0, 0, 0], "", [1, 1], False, True, None, "NCHW")
     assert "GeneratedBackwardFor" in type(z.grad_fn).__name__
-    g = _tensor(tuple(y.shape), seed=1)
-    (gx,) = torch.autograd.grad(y, t, g)
+    g = _tensor(tuple(y.shape), seed=1, requires_grad=True)
+    (gx,) = torch.autograd.grad(y, t, g, create_graph=True)
     (want,) = torch.autograd.grad(F.avg_pool2d(t, 2), t, g)
     torch.testing.assert_close(gx, want, rtol=0, atol=1e-12)
+    assert type(gx.grad_fn).__name__ == "gpupool_avg_pool_backwardBackward"  # the formula too

@@ -11,9 +11,10 @@ does (:mod:`gpupool.interop.dlpack`): gpupool never loads PyTorch.
   and an autograd formula (``register_autograd``) written with these operators, so that
   compile, export, ``torch.func`` and higher derivatives see PyTorch operators throughout.
   A tracked tensor in eager mode (nothing intercepting it) runs each operator's function and
-  formula as an ``autograd.Function`` instead, the node PyTorch's dispatcher would make of
-  them, without the dispatcher's cost (about 100 us a call on the CPU). The arguments are normalised to values (lists of ints, a padding string) before the call:
-  a list the caller mutates afterwards changes nothing.
+  formula as an ``autograd.Function`` instead (:func:`.torch_tensors.operators`), the node
+  PyTorch's dispatcher would make of them, without the dispatcher's cost (about 100 us a
+  call on the CPU); so do the formulas on such tensors. The arguments are normalised to values (lists of ints, a padding string)
+  before the call: a list the caller mutates afterwards changes nothing.
 * A max's backward runs from the indices its forward returned, without the backward ops'
   index check (which costs host syncs on a GPU); the public backward ops keep it.
 * The kernels, and the eager path (allocation, streams, channels_last), are in
@@ -21,16 +22,14 @@ does (:mod:`gpupool.interop.dlpack`): gpupool never loads PyTorch.
 """
 from __future__ import annotations
 
-import types
-
 import torch
 
 from .. import gradients, ops
 from .. import grad_spec as G
 from .. import spec as S
 from . import autograd, dlpack
-from .torch_tensors import (CHANNELS_LAST, EAGER, backward, channels_last, fake, fake_like,
-                            plain, pool, stream, untraced)
+from .torch_tensors import (CHANNELS_LAST, EAGER, backward, channels_last, custom_op,
+                            differentiable, fake, fake_like, operators, plain, pool, stream)
 
 Tensor = torch.Tensor
 
@@ -62,42 +61,14 @@ def call(op, x, args: tuple, kwargs: dict):
     if torch.jit.is_tracing():
         raise TypeError(f"gpupool.{name}: torch.jit.trace is not supported; use "
                         f"torch.compile or torch.export")
-    eager = untraced(x) and all(type(v) is torch.Tensor for v in params.values()
-                                if isinstance(v, torch.Tensor))
-    return operator(_EAGER_TRACKED if eager else torch.ops.gpupool, x, params)
+    return operator(operators(x, *(v for v in params.values() if isinstance(v, Tensor))),
+                    x, params)
 
 
 # ----------------------------------------------------------------------------- operators
 # Arguments as the operators take them: a window as (kernel_size, stride, padding,
 # padding_mode, dilation, ceil_mode) with padding flat (begin, end) pairs where padding_mode
 # is "" (else a padding string, resolved on the input's size).
-
-_FUNCTIONS: dict = {}  # each operator's function, by name
-#: each operator with an autograd formula as ``torch.autograd.Function.apply``: the same
-#: function, setup and formula without the dispatcher, for tracked tensors in eager mode
-_EAGER_TRACKED = types.SimpleNamespace()
-
-
-def _custom_op(fn):
-    """``fn`` as the operator ``gpupool::<its name>``."""
-    _FUNCTIONS[fn.__name__] = fn
-    return torch.library.custom_op(f"gpupool::{fn.__name__}", fn, mutates_args=())
-
-
-def _differentiable(name: str, backward, setup_context) -> None:
-    """Operator ``name``'s autograd formula, registered with PyTorch and as an
-    ``autograd.Function`` in :data:`_EAGER_TRACKED` (what PyTorch's dispatcher makes of it
-    too, behind a costlier call)."""
-    torch.library.register_autograd(f"gpupool::{name}", backward, setup_context=setup_context)
-    run = _FUNCTIONS[name]
-
-    def forward(ctx, *inputs):  # with ctx: apply binds a separate setup_context by inspect
-        output = run(*inputs)
-        setup_context(ctx, inputs, output)
-        return output
-    function = type(f"gpupool_{name}", (torch.autograd.Function,),
-                    {"forward": staticmethod(forward), "backward": staticmethod(backward)})
-    setattr(_EAGER_TRACKED, name, function.apply)
 
 def _window(func: str, p: dict) -> tuple:
     """The window arguments of op ``func``'s parameters ``p``, validated, as values."""
@@ -136,7 +107,7 @@ def _in_format(ctx, grad: Tensor) -> Tensor:
     return grad.contiguous(memory_format=ctx.memory_format)
 
 
-@_custom_op
+@custom_op
 def max_pool(x: Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
              padding_mode: str, dilation: list[int], ceil_mode: bool,
              layout: str) -> tuple[Tensor, Tensor]:
@@ -152,7 +123,7 @@ def _(x, kernel_size, stride, padding, padding_mode, dilation, ceil_mode, layout
     return fake("max_pool", x, params), fake("max_pool", x, params, torch.int64)
 
 
-@_custom_op
+@custom_op
 def max_pool_backward(grad: Tensor, indices: Tensor, input_shape: list[int],
                       kernel_size: list[int], stride: list[int], padding: list[int],
                       padding_mode: str, dilation: list[int], ceil_mode: bool, layout: str,
@@ -190,8 +161,8 @@ def _max_pool_setup(ctx, inputs, output):
 
 def _max_pool_grad(ctx, grad, _):
     (indices,) = ctx.saved_tensors
-    gx = torch.ops.gpupool.max_pool_backward(_in_format(ctx, grad), indices, ctx.input_shape,
-                                             *ctx.arguments, False)
+    gx = operators(grad, indices).max_pool_backward(_in_format(ctx, grad), indices,
+                                                     ctx.input_shape, *ctx.arguments, False)
     return (gx,) + _no_grads(ctx.arguments)
 
 
@@ -206,11 +177,11 @@ def _max_grad_grad(ctx, v):
     return (_gather(v, indices, ctx.nd, ctx.layout),) + (None,) * (ctx.count - 1)
 
 
-_differentiable("max_pool", _max_pool_grad, _max_pool_setup)
-_differentiable("max_pool_backward", _max_grad_grad, _max_pool_backward_setup)
+differentiable("max_pool", _max_pool_grad, _max_pool_setup)
+differentiable("max_pool_backward", _max_grad_grad, _max_pool_backward_setup)
 
 
-@_custom_op
+@custom_op
 def avg_pool(x: Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
              padding_mode: str, dilation: list[int], ceil_mode: bool, count_include_pad: bool,
              divisor_override: int | None, layout: str) -> Tensor:
@@ -228,7 +199,7 @@ def _(x, kernel_size, stride, padding, padding_mode, dilation, ceil_mode, count_
                                  "divisor_override": divisor_override, "layout": layout})
 
 
-@_custom_op
+@custom_op
 def avg_pool_backward(grad: Tensor, input_shape: list[int], kernel_size: list[int],
                       stride: list[int], padding: list[int], padding_mode: str,
                       dilation: list[int], ceil_mode: bool, count_include_pad: bool,
@@ -254,7 +225,8 @@ def _avg_pool_setup(ctx, inputs, output):
 
 
 def _avg_pool_grad(ctx, grad):
-    gx = torch.ops.gpupool.avg_pool_backward(_in_format(ctx, grad), ctx.input_shape, *ctx.arguments)
+    gx = operators(grad).avg_pool_backward(_in_format(ctx, grad), ctx.input_shape,
+                                            *ctx.arguments)
     return (gx,) + _no_grads(ctx.arguments)
 
 
@@ -264,14 +236,14 @@ def _avg_pool_backward_setup(ctx, inputs, output):
 
 def _avg_pool_backward_grad(ctx, v):
     # avg_pool_backward is the transpose of avg_pool, a linear map: its transpose is avg_pool
-    return (torch.ops.gpupool.avg_pool(v, *ctx.arguments), None) + _no_grads(ctx.arguments)
+    return (operators(v).avg_pool(v, *ctx.arguments), None) + _no_grads(ctx.arguments)
 
 
-_differentiable("avg_pool", _avg_pool_grad, _avg_pool_setup)
-_differentiable("avg_pool_backward", _avg_pool_backward_grad, _avg_pool_backward_setup)
+differentiable("avg_pool", _avg_pool_grad, _avg_pool_setup)
+differentiable("avg_pool_backward", _avg_pool_backward_grad, _avg_pool_backward_setup)
 
 
-@_custom_op
+@custom_op
 def lp_pool(x: Tensor, p: float, kernel_size: list[int], stride: list[int],
             padding: list[int], padding_mode: str, dilation: list[int], ceil_mode: bool,
             layout: str) -> Tensor:
@@ -286,7 +258,7 @@ def _(x, p, kernel_size, stride, padding, padding_mode, dilation, ceil_mode, lay
     return fake("lp_pool", x, {"p": p, **params, "layout": layout})
 
 
-@_custom_op
+@custom_op
 def lp_pool_backward(grad: Tensor, x: Tensor, p: float, kernel_size: list[int],
                      stride: list[int], padding: list[int], padding_mode: str,
                      dilation: list[int], ceil_mode: bool, layout: str) -> Tensor:
@@ -308,7 +280,7 @@ def _lp_pool_setup(ctx, inputs, output):
 
 def _lp_pool_grad(ctx, grad):
     (x,) = ctx.saved_tensors
-    gx = torch.ops.gpupool.lp_pool_backward(_in_format(ctx, grad), x, *ctx.arguments)
+    gx = operators(grad, x).lp_pool_backward(_in_format(ctx, grad), x, *ctx.arguments)
     return (gx,) + _no_grads(ctx.arguments)
 
 
@@ -325,7 +297,7 @@ def _lp_pool_backward_grad(ctx, v):
     0 where ``x`` or ``y`` is 0 as in the backward op."""
     grad, x = ctx.saved_tensors
     p, *window, layout = ctx.arguments
-    ops_ = torch.ops.gpupool
+    ops_ = operators(v, grad, x)
     y = ops_.lp_pool(x, p, *window, layout)
 
     def window_sum(a):
@@ -345,11 +317,11 @@ def _lp_pool_backward_grad(ctx, v):
     return (dgrad, dx) + _no_grads(ctx.arguments)
 
 
-_differentiable("lp_pool", _lp_pool_grad, _lp_pool_setup)
-_differentiable("lp_pool_backward", _lp_pool_backward_grad, _lp_pool_backward_setup)
+differentiable("lp_pool", _lp_pool_grad, _lp_pool_setup)
+differentiable("lp_pool_backward", _lp_pool_backward_grad, _lp_pool_backward_setup)
 
 
-@_custom_op
+@custom_op
 def adaptive_avg_pool(x: Tensor, output_size: list[int], layout: str) -> Tensor:
     """gpupool.adaptive_avg_pool."""
     return pool("adaptive_avg_pool", x, {"output_size": tuple(output_size), "layout": layout},
@@ -361,7 +333,7 @@ def _(x, output_size, layout):
     return fake("adaptive_avg_pool", x, {"output_size": tuple(output_size), "layout": layout})
 
 
-@_custom_op
+@custom_op
 def adaptive_avg_pool_backward(grad: Tensor, input_shape: list[int], output_size: list[int],
                                layout: str) -> Tensor:
     """gpupool.adaptive_avg_pool_backward."""
@@ -382,8 +354,8 @@ def _adaptive_avg_setup(ctx, inputs, output):
 
 
 def _adaptive_avg_grad(ctx, grad):
-    return (torch.ops.gpupool.adaptive_avg_pool_backward(_in_format(ctx, grad), ctx.input_shape,
-                                                         ctx.output_size, ctx.layout),
+    return (operators(grad).adaptive_avg_pool_backward(_in_format(ctx, grad), ctx.input_shape,
+                                                        ctx.output_size, ctx.layout),
             None, None)
 
 
@@ -392,15 +364,16 @@ def _adaptive_avg_backward_setup(ctx, inputs, output):
 
 
 def _adaptive_avg_backward_grad(ctx, v):  # the transpose of a linear map's transpose
-    return (torch.ops.gpupool.adaptive_avg_pool(v, ctx.output_size, ctx.layout),
+    return (operators(v).adaptive_avg_pool(v, ctx.output_size, ctx.layout),
             None, None, None)
 
 
-_differentiable("adaptive_avg_pool", _adaptive_avg_grad, _adaptive_avg_setup)
-_differentiable("adaptive_avg_pool_backward", _adaptive_avg_backward_grad, _adaptive_avg_backward_setup)
+differentiable("adaptive_avg_pool", _adaptive_avg_grad, _adaptive_avg_setup)
+differentiable("adaptive_avg_pool_backward", _adaptive_avg_backward_grad,
+                _adaptive_avg_backward_setup)
 
 
-@_custom_op
+@custom_op
 def adaptive_max_pool(x: Tensor, output_size: list[int],
                       layout: str) -> tuple[Tensor, Tensor]:
     """gpupool.adaptive_max_pool with its indices."""
@@ -415,7 +388,7 @@ def _(x, output_size, layout):
             fake("adaptive_max_pool", x, params, torch.int64))
 
 
-@_custom_op
+@custom_op
 def adaptive_max_pool_backward(grad: Tensor, indices: Tensor, input_shape: list[int],
                                output_size: list[int], layout: str,
                                check_indices: bool) -> Tensor:
@@ -440,9 +413,8 @@ def _adaptive_max_setup(ctx, inputs, output):
 
 def _adaptive_max_grad(ctx, grad, _):
     (indices,) = ctx.saved_tensors
-    return (torch.ops.gpupool.adaptive_max_pool_backward(_in_format(ctx, grad), indices,
-                                                         ctx.input_shape, ctx.output_size,
-                                                         ctx.layout, False),
+    return (operators(grad, indices).adaptive_max_pool_backward(
+        _in_format(ctx, grad), indices, ctx.input_shape, ctx.output_size, ctx.layout, False),
             None, None)
 
 
@@ -452,11 +424,11 @@ def _adaptive_max_backward_setup(ctx, inputs, output):
     ctx.save_for_backward(indices)
 
 
-_differentiable("adaptive_max_pool", _adaptive_max_grad, _adaptive_max_setup)
-_differentiable("adaptive_max_pool_backward", _max_grad_grad, _adaptive_max_backward_setup)
+differentiable("adaptive_max_pool", _adaptive_max_grad, _adaptive_max_setup)
+differentiable("adaptive_max_pool_backward", _max_grad_grad, _adaptive_max_backward_setup)
 
 
-@_custom_op
+@custom_op
 def global_avg_pool(x: Tensor, spatial_dims: int, layout: str) -> Tensor:
     """gpupool.global_avg_pool."""
     return pool("global_avg_pool", x, {"spatial_dims": spatial_dims, "layout": layout}, False)
@@ -467,7 +439,7 @@ def _(x, spatial_dims, layout):
     return fake("global_avg_pool", x, {"spatial_dims": spatial_dims, "layout": layout})
 
 
-@_custom_op
+@custom_op
 def global_avg_pool_backward(grad: Tensor, input_shape: list[int], spatial_dims: int,
                              layout: str) -> Tensor:
     """gpupool.global_avg_pool_backward."""
@@ -488,8 +460,8 @@ def _global_avg_setup(ctx, inputs, output):
 
 
 def _global_avg_grad(ctx, grad):
-    return (torch.ops.gpupool.global_avg_pool_backward(_in_format(ctx, grad), ctx.input_shape,
-                                                       ctx.spatial_dims, ctx.layout),
+    return (operators(grad).global_avg_pool_backward(_in_format(ctx, grad), ctx.input_shape,
+                                                      ctx.spatial_dims, ctx.layout),
             None, None)
 
 
@@ -498,12 +470,12 @@ def _global_avg_backward_setup(ctx, inputs, output):
 
 
 def _global_avg_backward_grad(ctx, v):
-    return (torch.ops.gpupool.global_avg_pool(v, ctx.spatial_dims, ctx.layout),
+    return (operators(v).global_avg_pool(v, ctx.spatial_dims, ctx.layout),
             None, None, None)
 
 
-_differentiable("global_avg_pool", _global_avg_grad, _global_avg_setup)
-_differentiable("global_avg_pool_backward", _global_avg_backward_grad, _global_avg_backward_setup)
+differentiable("global_avg_pool", _global_avg_grad, _global_avg_setup)
+differentiable("global_avg_pool_backward", _global_avg_backward_grad, _global_avg_backward_setup)
 
 
 def _batched(operator, outputs: int):

@@ -1,5 +1,6 @@
 """Running gpupool's float ops and backward ops on PyTorch tensors: the kernels of the
-operators in :mod:`gpupool.interop.torch_ops`, and the eager path of plain tensors.
+operators in :mod:`gpupool.interop.torch_ops`, the eager path of plain tensors, and the
+operators' ``autograd.Function`` for tracked tensors in eager mode.
 
 * Outputs are allocated by PyTorch on the input's device (on a GPU: PyTorch's caching
   allocator), and on a GPU the work runs on the caller's current PyTorch stream (CuPy's
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import types
 
 import torch
 
@@ -45,6 +47,43 @@ def untraced(x) -> bool:
 def plain(x) -> bool:
     """Whether gpupool may run on ``x``'s memory at once: untraced and untracked by autograd."""
     return not (x.requires_grad and torch.is_grad_enabled()) and untraced(x)
+
+
+#: each operator with an autograd formula as ``torch.autograd.Function.apply``: the same
+#: function, setup and formula without the dispatcher, for tracked tensors in eager mode
+EAGER_TRACKED = types.SimpleNamespace()
+_FUNCTIONS: dict = {}  # each operator's function, by name
+
+
+def custom_op(fn):
+    """``fn`` as the operator ``gpupool::<its name>``."""
+    _FUNCTIONS[fn.__name__] = fn
+    return torch.library.custom_op(f"gpupool::{fn.__name__}", fn, mutates_args=())
+
+
+def differentiable(name: str, backward, setup_context) -> None:
+    """Operator ``name``'s autograd formula, registered with PyTorch and as an
+    ``autograd.Function`` in :data:`EAGER_TRACKED` (what PyTorch's dispatcher makes of it
+    too, behind a costlier call)."""
+    torch.library.register_autograd(f"gpupool::{name}", backward, setup_context=setup_context)
+    run = _FUNCTIONS[name]
+
+    def forward(ctx, *inputs):  # with ctx: apply binds a separate setup_context by inspect
+        output = run(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
+    function = type(f"gpupool_{name}", (torch.autograd.Function,),
+                    {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    setattr(EAGER_TRACKED, name, function.apply)
+
+
+def operators(first: Tensor, *others: Tensor):
+    """The operators to call on ``first`` and ``others``: where all are ``torch.Tensor`` (no
+    subclass) and nothing intercepts them, their ``autograd.Function`` in
+    :data:`EAGER_TRACKED`; else ``torch.ops.gpupool``."""
+    if untraced(first) and all(type(t) is torch.Tensor for t in others):
+        return EAGER_TRACKED
+    return torch.ops.gpupool
 
 
 def stream(t):
