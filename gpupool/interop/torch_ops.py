@@ -13,8 +13,9 @@ does (:mod:`gpupool.interop.dlpack`): gpupool never loads PyTorch.
   A tracked tensor in eager mode (nothing intercepting it) runs each operator's function and
   formula as an ``autograd.Function`` instead (:func:`.torch_tensors.operators`), the node
   PyTorch's dispatcher would make of them, without the dispatcher's cost (about 100 us a
-  call on the CPU); so do the formulas on such tensors. The arguments are normalised to values (lists of ints, a padding string)
-  before the call: a list the caller mutates afterwards changes nothing.
+  call on the CPU); so do the formulas on such tensors. The arguments are normalised to
+  values (lists of ints, a padding string) before the call: a list the caller mutates
+  afterwards changes nothing.
 * A max's backward runs from the indices its forward returned, without the backward ops'
   index check (which costs host syncs on a GPU); the public backward ops keep it.
 * The kernels, and the eager path (allocation, streams, channels_last), are in

@@ -37,7 +37,7 @@ def untraced(x) -> bool:
     """Whether ``x`` is a ``torch.Tensor`` (no subclass) in eager mode: no compile, export,
     JIT trace, ``torch.func`` transform or dispatch mode intercepting it."""
     return (type(x) is torch.Tensor
-            and not torch.compiler.is_compiling()  # first: under torch.compile, the only one
+            and not torch.compiler.is_compiling()  # first: compile traces none of the next
             and not torch.jit.is_tracing()
             and not torch._C._are_functorch_transforms_active()
             and not torch._C._len_torch_dispatch_stack()
