@@ -110,14 +110,25 @@ def foreign_handler(x):
     """The module that runs an op on ``x`` when ``x`` is neither NumPy, CuPy nor a list:
     :mod:`gpupool.interop.dask` for a Dask array, :mod:`gpupool.interop.dlpack` for another library's
     tensor that exports DLPack (PyTorch, JAX); ``None`` otherwise. Each such module has
-    ``call(op, x, *args, **kwargs)``, where ``op`` is the public function on NumPy/CuPy."""
+    ``call(op, x, *args, **kwargs)``, where ``op`` is the public function on NumPy/CuPy.
+    Decided once per type of ``x``."""
+    kind = type(x)
+    try:
+        return _HANDLERS[kind]
+    except KeyError:
+        pass
+    handler = None
     if isinstance(x, np.ndarray) or is_cupy_array(x) or isinstance(x, (list, tuple)):
-        return None
-    if is_dask_array(x):
-        return importlib.import_module("gpupool.interop.dask")
-    if hasattr(x, "__dlpack__"):
-        return dlpack
-    return None
+        pass
+    elif is_dask_array(x):
+        handler = importlib.import_module("gpupool.interop.dask")
+    elif hasattr(kind, "__dlpack__"):
+        handler = dlpack
+    _HANDLERS[kind] = handler
+    return handler
+
+
+_HANDLERS: dict = {}  # an input's type -> its handler (None: NumPy, CuPy, a list or unknown)
 
 
 def on_current_device(x, xp) -> bool:

@@ -626,13 +626,21 @@ def test_bench_overhead_section_in_json_and_markdown(tmp_path, monkeypatch):
     for r in rows:
         assert r["error"] is None and r["check"].startswith("ok"), r
         assert r["gpupool_us"] > 0 and r["times_s"]["gpupool"]["n"] >= 1
-        for name in ("torch", "onnxruntime"):
+        for name in ("torch", "onnxruntime", "gpupool_tensor", "gpupool_tensor_grad",
+                     "torch_grad"):
             if f"{name}_us" in r:
                 assert r[f"{name}_over_gpupool"] == pytest.approx(
                     r[f"{name}_us"] / r["gpupool_us"], rel=0.01, abs=0.01)
             else:
                 assert r["missing"][name]
+        # the float ops on a tensor, untracked and requiring grad, beside PyTorch's own
+        float_op = r["dtype"] == "float32"
+        for name in ("gpupool_tensor", "gpupool_tensor_grad", "torch", "torch_grad"):
+            assert (f"{name}_us" in r) == float_op, (name, r)
+        if float_op:
+            assert {"gpupool tensor", "gpupool tensor grad", "torch grad"} <= set(r["checks"])
     assert "### Fixed cost per call" in text
+    assert "| gpupool us | gpupool_tensor us (x) | gpupool_tensor_grad us (x) |" in text
     for r in rows:
         assert f"| {r['case']} | {'x'.join(map(str, r['shape']))} | {r['dtype']} |" in text
 
@@ -642,7 +650,7 @@ def test_overhead_only_selects_no_suite_case(monkeypatch):
     result = runner.run("small", ["overhead 4x8x8 adaptive max"], "numpy")
     assert result["rows"] == []
     (row,) = result["overhead"]["rows"]
-    assert row["check"] == "ok (vs torch)"
+    assert row["check"] == "ok (vs torch, gpupool tensor, gpupool tensor grad, torch grad)"
 
 
 def test_overhead_case_failing_its_check_fails_the_bench(monkeypatch, capsys):

@@ -22,7 +22,7 @@ def baseline_values(case: Case, out) -> np.ndarray:
     N axis for an unbatched case."""
     out = out[0] if isinstance(out, (tuple, list)) else out
     if hasattr(out, "movedim"):  # a PyTorch tensor
-        out = (out.movedim(1, -1) if case.layout == "NHWC" else out).cpu().numpy()
+        out = (out.movedim(1, -1) if case.layout == "NHWC" else out).detach().cpu().numpy()
     elif hasattr(out, "get"):  # a CuPy array
         out = out.get()
     return out if case.batched else out[0]
@@ -38,9 +38,9 @@ def torch_modules():
     return torch, F
 
 
-def torch_call(case: Case, x, device: str):
+def torch_call(case: Case, x, device: str, requires_grad: bool = False):
     """PyTorch on the same data (NCHW logical tensor; channels_last for NHWC), or
-    (None, reason)."""
+    (None, reason); ``requires_grad``: a forward op on a tensor that requires grad."""
     torch, F = torch_modules()
     if torch is None:
         return None, "not installed"
@@ -49,6 +49,10 @@ def torch_call(case: Case, x, device: str):
     if device == "cuda" and not torch.cuda.is_available():
         return None, "built without CUDA or no GPU for it"
     t = torch.as_tensor(with_batch(case, x), device=device)
+    if requires_grad:
+        if case.op in BACKWARD_OPS:
+            return None, "a backward op"
+        t.requires_grad_()
     nd = len(case.kernel)
     if case.layout == "NHWC":
         t = t.movedim(-1, 1)  # a channels_last view: the same memory as x

@@ -1,5 +1,6 @@
 """The suite's cases: real layer shapes, the backward rows and the overhead section's tiny
-inputs, each case's batch size and input, and the gpupool call it times."""
+inputs, each case's batch size and input, and the gpupool call it times (on a PyTorch tensor
+too, for the overhead section)."""
 from __future__ import annotations
 
 import importlib
@@ -230,6 +231,20 @@ def gpupool_call(case: Case, x):
     return lambda: f(q, case.kernel, case.stride, case.padding, layout=case.layout)
 
 
+def tensor_call(case: Case, x, requires_grad: bool = False):
+    """``(callable, None)``: gpupool's call of ``case`` on a CPU PyTorch tensor sharing the
+    NumPy array ``x``'s memory (``requires_grad``: one that requires grad); or ``(None,
+    reason)``."""
+    try:
+        import torch
+    except ImportError:
+        return None, "PyTorch not installed"
+    if case.op in ("qmax", "qavg", "unpool", *BACKWARD_OPS):
+        return None, "no tensor input (quantized, or tensor operands)"
+    t = torch.from_numpy(x)
+    return gpupool_call(case, t.requires_grad_() if requires_grad else t), None
+
+
 def _arrays(result) -> tuple:
     """The arrays of a gpupool result: (values,), (values, indices), or a QArray's (codes,)."""
     parts = result if isinstance(result, tuple) else (result,)
@@ -239,6 +254,8 @@ def _arrays(result) -> tuple:
 def values(result):
     """Host NumPy values of a gpupool result (array, (values, indices) or QArray)."""
     data = _arrays(result)[0]
+    if hasattr(data, "detach"):  # a PyTorch tensor
+        return data.detach().numpy()
     return data.get() if hasattr(data, "get") else np.asarray(data)
 
 

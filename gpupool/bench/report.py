@@ -80,8 +80,8 @@ def summarise(rows: list[Row], copy_bw: float, gpu: bool) -> dict:
 
 
 def summarise_overhead(rows: list[Row]) -> dict:
-    """Per-row median microseconds per call and each baseline's time over gpupool's (a
-    ``_loop`` time over gpupool's loop time)."""
+    """Per-row median microseconds per call and each other time over gpupool's on the NumPy
+    (CuPy) array (a ``_loop`` time over gpupool's loop time)."""
     table = []
     for r in rows:
         entry = {"case": r.case, "shape": list(r.shape), "dtype": r.dtype, "check": r.check,
@@ -91,7 +91,7 @@ def summarise_overhead(rows: list[Row]) -> dict:
             entry[f"{name}_us"] = round(r.median(name) * 1e6, 2)
         for name in r.times_s:
             own = "gpupool_loop" if name.endswith("_loop") else "gpupool"
-            if not name.startswith("gpupool") and r.times_s.get(own):
+            if name != own and r.times_s.get(own):
                 entry[f"{name}_over_gpupool"] = round(r.median(name) / r.median(own), 3)
         if r.torch_threads is not None:
             entry["torch_threads"] = r.torch_threads
@@ -99,18 +99,23 @@ def summarise_overhead(rows: list[Row]) -> dict:
     return {"rows": table}
 
 
+_OWN = ("gpupool", "gpupool_loop")  # the times the others are set against
+
+
 def overhead_markdown(result: dict) -> str:
     """The overhead section's table: microseconds per warm call."""
     rows = result["overhead"]["rows"]
     names = sorted({k[:-3] for r in rows for k in r if k.endswith("_us")},
                    key=lambda n: (not n.startswith("gpupool"), n))
-    head = ["case", "shape", "dtype"] + [f"{n} us" + ("" if n.startswith("gpupool") else " (x)")
+    head = ["case", "shape", "dtype"] + [f"{n} us" + ("" if n in _OWN else " (x)")
                                          for n in names] + ["check"]
     lines = ["### Fixed cost per call", "",
              "Warm calls on tiny inputs, median microseconds per call"
              + (" (GPU: `X` = host time of one call, launches queued; `X_loop` = a loop of "
                 "calls ended by one device sync, per call)" if result["backend"] == "cupy"
-                else "") + "; (x) = baseline time / gpupool time.", "",
+                else " (`gpupool_tensor`: gpupool on a CPU PyTorch tensor over the same memory; "
+                "`_grad`: the tensor requires grad, for PyTorch's op too)")
+             + "; (x) = time / gpupool time (gpupool_loop's for `_loop`).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["case"], "x".join(map(str, r["shape"])), r["dtype"]]
@@ -120,7 +125,7 @@ def overhead_markdown(result: dict) -> str:
             for n in names:
                 if f"{n}_us" not in r:
                     cells.append(f"missing: {r['missing'].get(n.removesuffix('_loop'), 'n/a')}")
-                elif n.startswith("gpupool"):
+                elif n in _OWN:
                     cells.append(f"{r[n + '_us']:.1f}")
                 else:
                     cells.append(f"{r[n + '_us']:.1f} ({r[n + '_over_gpupool']:.2f}x)")

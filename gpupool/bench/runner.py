@@ -87,34 +87,43 @@ def run_case(case: cases.Case, size: str, gpu: bool, overhead: bool = False) -> 
             row.first_call_s = time.perf_counter() - t0
             got = cases.values(result)
             row.bytes = int(cases.read_bytes(f, x) + cases.output_bytes(result))
-            tf, torch_why = baselines.torch_call(case, x, "cpu")
-            of, why = baselines.onnxruntime_call(case, x)
-            for name, bf in (("torch", tf), ("onnxruntime", of)):  # each baseline timed
-                if bf is not None:
-                    row.checks[name] = checks.check_values(
-                        got, baselines.baseline_values(case, bf()), case.dtype)
-            if not row.checks:
+            calls = {"torch": baselines.torch_call(case, x, "cpu"),
+                     "onnxruntime": baselines.onnxruntime_call(case, x)}
+            if overhead:  # the fixed cost of a tensor, untracked and tracked by autograd
+                calls.update(gpupool_tensor=cases.tensor_call(case, x),
+                             gpupool_tensor_grad=cases.tensor_call(case, x, True),
+                             torch_grad=baselines.torch_call(case, x, "cpu", True))
+            baseline_names = ("torch", "onnxruntime", "torch_grad")
+            funcs, setups = {"gpupool": f}, {}
+            for name, (bf, why) in calls.items():  # each call timed is checked
+                if bf is None:
+                    row.missing[name] = why
+                    continue
+                want = bf()
+                row.checks[name.replace("_", " ")] = checks.check_values(
+                    got, baselines.baseline_values(case, want) if name in baseline_names
+                    else cases.values(want), case.dtype)
+                if name.startswith("torch"):  # PyTorch at its best: one thread or every core
+                    torch = baselines.torch_modules()[0]
+                    for n in sorted({1, os.cpu_count() or 1}):
+                        funcs[f"{name}@{n}"] = bf
+                        setups[f"{name}@{n}"] = lambda n=n: torch.set_num_threads(n)
+                else:
+                    funcs[name] = bf
+            if not set(row.checks) & {"torch", "onnxruntime"}:
                 row.checks["reference"] = checks.check_values(
                     got, checks.reference_values(case, x), case.dtype)
             row.check = checks.check_summary(row.checks)
-            funcs, setups = {"gpupool": f}, {}
-            if tf is None:
-                row.missing["torch"] = torch_why
-            else:  # PyTorch at its best: one thread or every core, whichever is faster
-                torch = baselines.torch_modules()[0]
-                for n in sorted({1, os.cpu_count() or 1}):
-                    funcs[f"torch@{n}"] = tf
-                    setups[f"torch@{n}"] = lambda n=n: torch.set_num_threads(n)
-            if of is None:
-                row.missing["onnxruntime"] = why
-            else:
-                funcs["onnxruntime"] = of
             times = timing.time_host(funcs, setups=setups,
                                      **({"rounds": OVERHEAD_ROUNDS} if overhead else {}))
-            torch_runs = {int(k[6:]): times.pop(k) for k in list(times) if k.startswith("torch@")}
-            if torch_runs:
-                row.torch_threads = min(torch_runs, key=lambda n: np.median(torch_runs[n]))
-                times["torch"] = torch_runs[row.torch_threads]
+            for name in ("torch", "torch_grad"):  # at the faster of its thread counts
+                runs = {int(k.split("@")[1]): times.pop(k) for k in list(times)
+                        if k.split("@")[0] == name}
+                if runs:
+                    threads = min(runs, key=lambda n: np.median(runs[n]))
+                    times[name] = runs[threads]
+                    if name == "torch":
+                        row.torch_threads = threads
             row.times_s.update(times)
     except Exception as e:  # noqa: BLE001 - a broken case is reported, the sweep goes on
         row.error = f"{type(e).__name__}: {str(e)[:200]}"

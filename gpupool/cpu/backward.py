@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import bfloat16
+from .memo import array_memo
 from .reduce import window_taps
 from ..grad_spec import GradSpec
 from ..spec import WindowSpec
@@ -28,15 +29,21 @@ def _canonical(a, geom, spatial):
     return a.reshape((geom.batch,) + tuple(spatial) + (geom.channels,))
 
 
+@array_memo(256)
 def _divisor(forward) -> np.ndarray:
-    """Per output position (shape ``out_spatial``, float64) the divisor of the forward
-    average; 0 where a window has no valid tap (its output is 0 and passes no gradient)."""
+    """Per output position (shape ``out_spatial``, float64, read-only) the divisor of the
+    forward average; 0 where a window has no valid tap (its output is 0 and passes no
+    gradient)."""
     if not isinstance(forward, WindowSpec):
-        return adaptive_counts(forward).astype(np.float64)
-    valid = window_counts(forward, False)
-    divisor = (np.full(forward.out_spatial, float(forward.divisor_override))
-               if forward.divisor_override else window_counts(forward, forward.count_include_pad))
-    return np.where(valid > 0, divisor, 0.0)
+        divisor = adaptive_counts(forward).astype(np.float64)
+    else:
+        valid = window_counts(forward, False)
+        divisor = np.where(valid > 0, np.full(forward.out_spatial,
+                                              float(forward.divisor_override))
+                           if forward.divisor_override
+                           else window_counts(forward, forward.count_include_pad), 0.0)
+    divisor.flags.writeable = False
+    return divisor
 
 
 def _spread_window(q, forward: WindowSpec, acc):

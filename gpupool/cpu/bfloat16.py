@@ -18,6 +18,8 @@ import functools
 
 import numpy as np
 
+from ..arrays import dtype_name
+
 from ..windows import narrowed
 
 #: the dtype name of ml_dtypes' bfloat16, the one NumPy, PyTorch (through DLPack) and JAX share
@@ -26,7 +28,7 @@ BFLOAT16 = "bfloat16"
 
 def is_bfloat16(dtype) -> bool:
     """Whether ``dtype`` (a NumPy dtype or a dtype name) is bfloat16."""
-    return (dtype if isinstance(dtype, str) else dtype.name) == BFLOAT16
+    return (dtype if isinstance(dtype, str) else dtype_name(dtype)) == BFLOAT16
 
 
 def widened(a) -> np.ndarray:

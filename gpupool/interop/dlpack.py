@@ -75,7 +75,7 @@ def call(op, x, *args, **kwargs):
     return its result (values, or values and int64 indices) as tensors of ``x``'s library on
     ``x``'s device, ``out`` itself where given."""
     func = op.__name__
-    lib = _LIBRARIES.get(type(x).__module__.split(".")[0])
+    lib = library(x)
     if lib is None:
         raise TypeError(f"gpupool.{func}: x is a {type_name(x)}; gpupool takes NumPy and CuPy "
                         f"arrays, PyTorch tensors, JAX arrays and nested lists")
@@ -120,8 +120,21 @@ def run(op, lib: str, x, args: tuple, kwargs: dict):
     return (out if out is not None else _to_library(lib, values)), _to_library(lib, indices)
 
 
+def library(t) -> str | None:
+    """``"torch"`` or ``"jax"``: the library of ``t``, by the top-level module of its type;
+    None for another (decided once per type)."""
+    kind = type(t)
+    lib = _LIBRARY_OF_TYPE.get(kind, False)
+    if lib is False:
+        lib = _LIBRARY_OF_TYPE[kind] = _LIBRARIES.get(kind.__module__.split(".")[0])
+    return lib
+
+
+_LIBRARY_OF_TYPE: dict = {}
+
+
 def type_name(t) -> str:
-    lib = _LIBRARIES.get(type(t).__module__.split(".")[0])
+    lib = library(t)
     return _TYPE_NAMES[lib] if lib else f"{type(t).__module__}.{type(t).__name__}"
 
 
@@ -146,7 +159,7 @@ def device(func: str, t, name: str) -> tuple[int, int]:
 
 def operand_view(func: str, lib: str, x_device: tuple[int, int], t, name: str):
     """The NumPy/CuPy view of ``out`` or ``indices``: a tensor of ``x``'s library and device."""
-    if _LIBRARIES.get(type(t).__module__.split(".")[0]) != lib or not hasattr(t, "__dlpack__"):
+    if library(t) != lib or not hasattr(t, "__dlpack__"):
         raise TypeError(f"gpupool.{func}: {name} is a {type_name(t)}; expected a "
                         f"{_TYPE_NAMES[lib]} like x")
     where = device(func, t, name)

@@ -10,8 +10,12 @@ does (:mod:`gpupool.interop.dlpack`): gpupool never loads PyTorch.
   op, each with a fake kernel (output shapes from :mod:`gpupool.spec`, on symbolic sizes too),
   and an autograd formula (``register_autograd``) written with these operators, so that
   compile, export, ``torch.func`` and higher derivatives see PyTorch operators throughout.
-  The arguments are normalised to values (lists of ints, a padding string) before the call:
-  a list the caller mutates afterwards changes nothing.
+  A tracked tensor in eager mode (nothing intercepting it) runs each operator's function and
+  formula as an ``autograd.Function`` instead (:func:`.torch_tensors.operators`), the node
+  PyTorch's dispatcher would make of them, without the dispatcher's cost (about 100 us a
+  call on the CPU); so do the formulas on such tensors. The arguments are normalised to
+  values (lists of ints, a padding string) before the call: a list the caller mutates
+  afterwards changes nothing.
 * A max's backward runs from the indices its forward returned, without the backward ops'
   index check (which costs host syncs on a GPU); the public backward ops keep it.
 * The kernels, and the eager path (allocation, streams, channels_last), are in
@@ -25,8 +29,8 @@ from .. import gradients, ops
 from .. import grad_spec as G
 from .. import spec as S
 from . import autograd, dlpack
-from .torch_tensors import (CHANNELS_LAST, EAGER, backward, channels_last, fake, fake_like,
-                            plain, pool, stream)
+from .torch_tensors import (CHANNELS_LAST, EAGER, backward, channels_last, custom_op,
+                            differentiable, fake, fake_like, operators, plain, pool, stream)
 
 Tensor = torch.Tensor
 
@@ -39,7 +43,7 @@ def call(op, x, args: tuple, kwargs: dict):
         return dlpack.run(op, "torch", x, args, kwargs)
     if plain(x):
         if kwargs.get("out") is None and name in EAGER:
-            return EAGER[name](x, autograd.op_arguments(op, args, kwargs))
+            return EAGER[name](op, x, args, kwargs)
         with stream(x):
             return dlpack.run(op, "torch", x, args, kwargs)
     operator = _OPERATORS.get(name)
@@ -58,7 +62,8 @@ def call(op, x, args: tuple, kwargs: dict):
     if torch.jit.is_tracing():
         raise TypeError(f"gpupool.{name}: torch.jit.trace is not supported; use "
                         f"torch.compile or torch.export")
-    return operator(x, params)
+    return operator(operators(x, *(v for v in params.values() if isinstance(v, Tensor))),
+                    x, params)
 
 
 # ----------------------------------------------------------------------------- operators
@@ -103,7 +108,7 @@ def _in_format(ctx, grad: Tensor) -> Tensor:
     return grad.contiguous(memory_format=ctx.memory_format)
 
 
-@torch.library.custom_op("gpupool::max_pool", mutates_args=())
+@custom_op
 def max_pool(x: Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
              padding_mode: str, dilation: list[int], ceil_mode: bool,
              layout: str) -> tuple[Tensor, Tensor]:
@@ -119,7 +124,7 @@ def _(x, kernel_size, stride, padding, padding_mode, dilation, ceil_mode, layout
     return fake("max_pool", x, params), fake("max_pool", x, params, torch.int64)
 
 
-@torch.library.custom_op("gpupool::max_pool_backward", mutates_args=())
+@custom_op
 def max_pool_backward(grad: Tensor, indices: Tensor, input_shape: list[int],
                       kernel_size: list[int], stride: list[int], padding: list[int],
                       padding_mode: str, dilation: list[int], ceil_mode: bool, layout: str,
@@ -157,8 +162,8 @@ def _max_pool_setup(ctx, inputs, output):
 
 def _max_pool_grad(ctx, grad, _):
     (indices,) = ctx.saved_tensors
-    gx = torch.ops.gpupool.max_pool_backward(_in_format(ctx, grad), indices, ctx.input_shape,
-                                             *ctx.arguments, False)
+    gx = operators(grad, indices).max_pool_backward(_in_format(ctx, grad), indices,
+                                                     ctx.input_shape, *ctx.arguments, False)
     return (gx,) + _no_grads(ctx.arguments)
 
 
@@ -173,11 +178,11 @@ def _max_grad_grad(ctx, v):
     return (_gather(v, indices, ctx.nd, ctx.layout),) + (None,) * (ctx.count - 1)
 
 
-max_pool.register_autograd(_max_pool_grad, setup_context=_max_pool_setup)
-max_pool_backward.register_autograd(_max_grad_grad, setup_context=_max_pool_backward_setup)
+differentiable("max_pool", _max_pool_grad, _max_pool_setup)
+differentiable("max_pool_backward", _max_grad_grad, _max_pool_backward_setup)
 
 
-@torch.library.custom_op("gpupool::avg_pool", mutates_args=())
+@custom_op
 def avg_pool(x: Tensor, kernel_size: list[int], stride: list[int], padding: list[int],
              padding_mode: str, dilation: list[int], ceil_mode: bool, count_include_pad: bool,
              divisor_override: int | None, layout: str) -> Tensor:
@@ -195,7 +200,7 @@ def _(x, kernel_size, stride, padding, padding_mode, dilation, ceil_mode, count_
                                  "divisor_override": divisor_override, "layout": layout})
 
 
-@torch.library.custom_op("gpupool::avg_pool_backward", mutates_args=())
+@custom_op
 def avg_pool_backward(grad: Tensor, input_shape: list[int], kernel_size: list[int],
                       stride: list[int], padding: list[int], padding_mode: str,
                       dilation: list[int], ceil_mode: bool, count_include_pad: bool,
@@ -221,7 +226,8 @@ def _avg_pool_setup(ctx, inputs, output):
 
 
 def _avg_pool_grad(ctx, grad):
-    gx = torch.ops.gpupool.avg_pool_backward(_in_format(ctx, grad), ctx.input_shape, *ctx.arguments)
+    gx = operators(grad).avg_pool_backward(_in_format(ctx, grad), ctx.input_shape,
+                                            *ctx.arguments)
     return (gx,) + _no_grads(ctx.arguments)
 
 
@@ -231,15 +237,14 @@ def _avg_pool_backward_setup(ctx, inputs, output):
 
 def _avg_pool_backward_grad(ctx, v):
     # avg_pool_backward is the transpose of avg_pool, a linear map: its transpose is avg_pool
-    return (torch.ops.gpupool.avg_pool(v, *ctx.arguments), None) + _no_grads(ctx.arguments)
+    return (operators(v).avg_pool(v, *ctx.arguments), None) + _no_grads(ctx.arguments)
 
 
-avg_pool.register_autograd(_avg_pool_grad, setup_context=_avg_pool_setup)
-avg_pool_backward.register_autograd(_avg_pool_backward_grad,
-                                    setup_context=_avg_pool_backward_setup)
+differentiable("avg_pool", _avg_pool_grad, _avg_pool_setup)
+differentiable("avg_pool_backward", _avg_pool_backward_grad, _avg_pool_backward_setup)
 
 
-@torch.library.custom_op("gpupool::lp_pool", mutates_args=())
+@custom_op
 def lp_pool(x: Tensor, p: float, kernel_size: list[int], stride: list[int],
             padding: list[int], padding_mode: str, dilation: list[int], ceil_mode: bool,
             layout: str) -> Tensor:
@@ -254,7 +259,7 @@ def _(x, p, kernel_size, stride, padding, padding_mode, dilation, ceil_mode, lay
     return fake("lp_pool", x, {"p": p, **params, "layout": layout})
 
 
-@torch.library.custom_op("gpupool::lp_pool_backward", mutates_args=())
+@custom_op
 def lp_pool_backward(grad: Tensor, x: Tensor, p: float, kernel_size: list[int],
                      stride: list[int], padding: list[int], padding_mode: str,
                      dilation: list[int], ceil_mode: bool, layout: str) -> Tensor:
@@ -276,7 +281,7 @@ def _lp_pool_setup(ctx, inputs, output):
 
 def _lp_pool_grad(ctx, grad):
     (x,) = ctx.saved_tensors
-    gx = torch.ops.gpupool.lp_pool_backward(_in_format(ctx, grad), x, *ctx.arguments)
+    gx = operators(grad, x).lp_pool_backward(_in_format(ctx, grad), x, *ctx.arguments)
     return (gx,) + _no_grads(ctx.arguments)
 
 
@@ -293,7 +298,7 @@ def _lp_pool_backward_grad(ctx, v):
     0 where ``x`` or ``y`` is 0 as in the backward op."""
     grad, x = ctx.saved_tensors
     p, *window, layout = ctx.arguments
-    ops_ = torch.ops.gpupool
+    ops_ = operators(v, grad, x)
     y = ops_.lp_pool(x, p, *window, layout)
 
     def window_sum(a):
@@ -313,12 +318,11 @@ def _lp_pool_backward_grad(ctx, v):
     return (dgrad, dx) + _no_grads(ctx.arguments)
 
 
-lp_pool.register_autograd(_lp_pool_grad, setup_context=_lp_pool_setup)
-lp_pool_backward.register_autograd(_lp_pool_backward_grad,
-                                   setup_context=_lp_pool_backward_setup)
+differentiable("lp_pool", _lp_pool_grad, _lp_pool_setup)
+differentiable("lp_pool_backward", _lp_pool_backward_grad, _lp_pool_backward_setup)
 
 
-@torch.library.custom_op("gpupool::adaptive_avg_pool", mutates_args=())
+@custom_op
 def adaptive_avg_pool(x: Tensor, output_size: list[int], layout: str) -> Tensor:
     """gpupool.adaptive_avg_pool."""
     return pool("adaptive_avg_pool", x, {"output_size": tuple(output_size), "layout": layout},
@@ -330,7 +334,7 @@ def _(x, output_size, layout):
     return fake("adaptive_avg_pool", x, {"output_size": tuple(output_size), "layout": layout})
 
 
-@torch.library.custom_op("gpupool::adaptive_avg_pool_backward", mutates_args=())
+@custom_op
 def adaptive_avg_pool_backward(grad: Tensor, input_shape: list[int], output_size: list[int],
                                layout: str) -> Tensor:
     """gpupool.adaptive_avg_pool_backward."""
@@ -351,8 +355,8 @@ def _adaptive_avg_setup(ctx, inputs, output):
 
 
 def _adaptive_avg_grad(ctx, grad):
-    return (torch.ops.gpupool.adaptive_avg_pool_backward(_in_format(ctx, grad), ctx.input_shape,
-                                                         ctx.output_size, ctx.layout),
+    return (operators(grad).adaptive_avg_pool_backward(_in_format(ctx, grad), ctx.input_shape,
+                                                        ctx.output_size, ctx.layout),
             None, None)
 
 
@@ -361,16 +365,16 @@ def _adaptive_avg_backward_setup(ctx, inputs, output):
 
 
 def _adaptive_avg_backward_grad(ctx, v):  # the transpose of a linear map's transpose
-    return (torch.ops.gpupool.adaptive_avg_pool(v, ctx.output_size, ctx.layout),
+    return (operators(v).adaptive_avg_pool(v, ctx.output_size, ctx.layout),
             None, None, None)
 
 
-adaptive_avg_pool.register_autograd(_adaptive_avg_grad, setup_context=_adaptive_avg_setup)
-adaptive_avg_pool_backward.register_autograd(_adaptive_avg_backward_grad,
-                                             setup_context=_adaptive_avg_backward_setup)
+differentiable("adaptive_avg_pool", _adaptive_avg_grad, _adaptive_avg_setup)
+differentiable("adaptive_avg_pool_backward", _adaptive_avg_backward_grad,
+                _adaptive_avg_backward_setup)
 
 
-@torch.library.custom_op("gpupool::adaptive_max_pool", mutates_args=())
+@custom_op
 def adaptive_max_pool(x: Tensor, output_size: list[int],
                       layout: str) -> tuple[Tensor, Tensor]:
     """gpupool.adaptive_max_pool with its indices."""
@@ -385,7 +389,7 @@ def _(x, output_size, layout):
             fake("adaptive_max_pool", x, params, torch.int64))
 
 
-@torch.library.custom_op("gpupool::adaptive_max_pool_backward", mutates_args=())
+@custom_op
 def adaptive_max_pool_backward(grad: Tensor, indices: Tensor, input_shape: list[int],
                                output_size: list[int], layout: str,
                                check_indices: bool) -> Tensor:
@@ -410,9 +414,8 @@ def _adaptive_max_setup(ctx, inputs, output):
 
 def _adaptive_max_grad(ctx, grad, _):
     (indices,) = ctx.saved_tensors
-    return (torch.ops.gpupool.adaptive_max_pool_backward(_in_format(ctx, grad), indices,
-                                                         ctx.input_shape, ctx.output_size,
-                                                         ctx.layout, False),
+    return (operators(grad, indices).adaptive_max_pool_backward(
+        _in_format(ctx, grad), indices, ctx.input_shape, ctx.output_size, ctx.layout, False),
             None, None)
 
 
@@ -422,12 +425,11 @@ def _adaptive_max_backward_setup(ctx, inputs, output):
     ctx.save_for_backward(indices)
 
 
-adaptive_max_pool.register_autograd(_adaptive_max_grad, setup_context=_adaptive_max_setup)
-adaptive_max_pool_backward.register_autograd(_max_grad_grad,
-                                             setup_context=_adaptive_max_backward_setup)
+differentiable("adaptive_max_pool", _adaptive_max_grad, _adaptive_max_setup)
+differentiable("adaptive_max_pool_backward", _max_grad_grad, _adaptive_max_backward_setup)
 
 
-@torch.library.custom_op("gpupool::global_avg_pool", mutates_args=())
+@custom_op
 def global_avg_pool(x: Tensor, spatial_dims: int, layout: str) -> Tensor:
     """gpupool.global_avg_pool."""
     return pool("global_avg_pool", x, {"spatial_dims": spatial_dims, "layout": layout}, False)
@@ -438,7 +440,7 @@ def _(x, spatial_dims, layout):
     return fake("global_avg_pool", x, {"spatial_dims": spatial_dims, "layout": layout})
 
 
-@torch.library.custom_op("gpupool::global_avg_pool_backward", mutates_args=())
+@custom_op
 def global_avg_pool_backward(grad: Tensor, input_shape: list[int], spatial_dims: int,
                              layout: str) -> Tensor:
     """gpupool.global_avg_pool_backward."""
@@ -459,8 +461,8 @@ def _global_avg_setup(ctx, inputs, output):
 
 
 def _global_avg_grad(ctx, grad):
-    return (torch.ops.gpupool.global_avg_pool_backward(_in_format(ctx, grad), ctx.input_shape,
-                                                       ctx.spatial_dims, ctx.layout),
+    return (operators(grad).global_avg_pool_backward(_in_format(ctx, grad), ctx.input_shape,
+                                                      ctx.spatial_dims, ctx.layout),
             None, None)
 
 
@@ -469,13 +471,12 @@ def _global_avg_backward_setup(ctx, inputs, output):
 
 
 def _global_avg_backward_grad(ctx, v):
-    return (torch.ops.gpupool.global_avg_pool(v, ctx.spatial_dims, ctx.layout),
+    return (operators(v).global_avg_pool(v, ctx.spatial_dims, ctx.layout),
             None, None, None)
 
 
-global_avg_pool.register_autograd(_global_avg_grad, setup_context=_global_avg_setup)
-global_avg_pool_backward.register_autograd(_global_avg_backward_grad,
-                                           setup_context=_global_avg_backward_setup)
+differentiable("global_avg_pool", _global_avg_grad, _global_avg_setup)
+differentiable("global_avg_pool_backward", _global_avg_backward_grad, _global_avg_backward_setup)
 
 
 def _batched(operator, outputs: int):
@@ -493,8 +494,9 @@ for _operator, _outputs in ((max_pool, 2), (avg_pool, 1), (lp_pool, 1), (adaptiv
 
 
 # ----------------------------------------------------------------------------- public calls
-# Each takes the tensor and the public op's parameters by name (defaults filled in), and
-# calls the operators with those parameters as values.
+# Each takes the operators to call (torch.ops.gpupool, or their eager autograd.Functions), the
+# tensor and the public op's parameters by name (defaults filled in), and calls the operators
+# with those parameters as values.
 
 def _spatial_dims(func: str, p: dict) -> int:
     """A global pooling's ``spatial_dims``, refused as the spec refuses it."""
@@ -518,64 +520,63 @@ def _sizes(func: str, p: dict) -> list:
     return [size] * S.spatial_rank(func, size, "output_size")
 
 
-def _max_pool_call(x, p):
+def _max_pool_call(ops_, x, p):
     wanted = S.check_bool("max_pool", "return_indices", p["return_indices"])
-    values, indices = torch.ops.gpupool.max_pool(x, *_window("max_pool", p),
-                                                 _layout("max_pool", p))
+    values, indices = ops_.max_pool(x, *_window("max_pool", p), _layout("max_pool", p))
     return (values, indices) if wanted else values
 
 
-def _adaptive_max_pool_call(x, p):
+def _adaptive_max_pool_call(ops_, x, p):
     func = "adaptive_max_pool"
     wanted = S.check_bool(func, "return_indices", p["return_indices"])
-    values, indices = torch.ops.gpupool.adaptive_max_pool(
+    values, indices = ops_.adaptive_max_pool(
         x, _sizes(func, p), _layout(func, p))
     return (values, indices) if wanted else values
 
 
-def _global_max_pool_backward_call(grad, p):
+def _global_max_pool_backward_call(ops_, grad, p):
     func = "global_max_pool_backward"
     ones, layout = _ones(func, p), _layout(func, p)
-    _, indices = torch.ops.gpupool.adaptive_max_pool(p["x"], ones, layout)
-    return torch.ops.gpupool.adaptive_max_pool_backward(grad, indices, list(p["x"].shape),
+    _, indices = ops_.adaptive_max_pool(p["x"], ones, layout)
+    return ops_.adaptive_max_pool_backward(grad, indices, list(p["x"].shape),
                                                         ones, layout, False)
 
 
 _OPERATORS = {
     "max_pool": _max_pool_call,
-    "avg_pool": lambda x, p: torch.ops.gpupool.avg_pool(
+    "avg_pool": lambda ops_, x, p: ops_.avg_pool(
         x, *_window("avg_pool", p), S.check_bool("avg_pool", "count_include_pad",
                                                  p["count_include_pad"]),
         p["divisor_override"], _layout("avg_pool", p)),
-    "lp_pool": lambda x, p: torch.ops.gpupool.lp_pool(
+    "lp_pool": lambda ops_, x, p: ops_.lp_pool(
         x, p["p"], *_window("lp_pool", p), _layout("lp_pool", p)),
-    "global_avg_pool": lambda x, p: torch.ops.gpupool.global_avg_pool(
+    "global_avg_pool": lambda ops_, x, p: ops_.global_avg_pool(
         x, _spatial_dims("global_avg_pool", p), _layout("global_avg_pool", p)),
-    "global_max_pool": lambda x, p: torch.ops.gpupool.adaptive_max_pool(
+    "global_max_pool": lambda ops_, x, p: ops_.adaptive_max_pool(
         x, _ones("global_max_pool", p), _layout("global_max_pool", p))[0],
-    "adaptive_avg_pool": lambda x, p: torch.ops.gpupool.adaptive_avg_pool(
+    "adaptive_avg_pool": lambda ops_, x, p: ops_.adaptive_avg_pool(
         x, _sizes("adaptive_avg_pool", p),
         _layout("adaptive_avg_pool", p)),
     "adaptive_max_pool": _adaptive_max_pool_call,
-    "max_pool_backward": lambda g, p: torch.ops.gpupool.max_pool_backward(
+    "max_pool_backward": lambda ops_, g, p: ops_.max_pool_backward(
         g, p["indices"], list(G.check_input_shape("max_pool_backward", p["input_shape"])),
         *_window("max_pool_backward", p), _layout("max_pool_backward", p), True),
-    "avg_pool_backward": lambda g, p: torch.ops.gpupool.avg_pool_backward(
+    "avg_pool_backward": lambda ops_, g, p: ops_.avg_pool_backward(
         g, list(G.check_input_shape("avg_pool_backward", p["input_shape"])),
         *_window("avg_pool_backward", p),
         S.check_bool("avg_pool_backward", "count_include_pad", p["count_include_pad"]),
         p["divisor_override"], _layout("avg_pool_backward", p)),
-    "lp_pool_backward": lambda g, p: torch.ops.gpupool.lp_pool_backward(
+    "lp_pool_backward": lambda ops_, g, p: ops_.lp_pool_backward(
         g, p["x"], p["p"], *_window("lp_pool_backward", p), _layout("lp_pool_backward", p)),
-    "global_avg_pool_backward": lambda g, p: torch.ops.gpupool.global_avg_pool_backward(
+    "global_avg_pool_backward": lambda ops_, g, p: ops_.global_avg_pool_backward(
         g, list(G.check_input_shape("global_avg_pool_backward", p["input_shape"])),
         _spatial_dims("global_avg_pool_backward", p), _layout("global_avg_pool_backward", p)),
     "global_max_pool_backward": _global_max_pool_backward_call,
-    "adaptive_avg_pool_backward": lambda g, p: torch.ops.gpupool.adaptive_avg_pool_backward(
+    "adaptive_avg_pool_backward": lambda ops_, g, p: ops_.adaptive_avg_pool_backward(
         g, list(G.check_input_shape("adaptive_avg_pool_backward", p["input_shape"])),
         _sizes("adaptive_avg_pool_backward", p),
         _layout("adaptive_avg_pool_backward", p)),
-    "adaptive_max_pool_backward": lambda g, p: torch.ops.gpupool.adaptive_max_pool_backward(
+    "adaptive_max_pool_backward": lambda ops_, g, p: ops_.adaptive_max_pool_backward(
         g, p["indices"], list(G.check_input_shape("adaptive_max_pool_backward",
                                                   p["input_shape"])),
         _sizes("adaptive_max_pool_backward", p),

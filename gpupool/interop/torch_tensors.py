@@ -1,5 +1,6 @@
 """Running gpupool's float ops and backward ops on PyTorch tensors: the kernels of the
-operators in :mod:`gpupool.interop.torch_ops`, and the eager path of plain tensors.
+operators in :mod:`gpupool.interop.torch_ops`, the eager path of plain tensors, and the
+operators' ``autograd.Function`` for tracked tensors in eager mode.
 
 * Outputs are allocated by PyTorch on the input's device (on a GPU: PyTorch's caching
   allocator), and on a GPU the work runs on the caller's current PyTorch stream (CuPy's
@@ -15,12 +16,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import types
 
 import torch
 
 from .. import gradients, ops
 from .. import grad_spec as G
 from .. import spec as S
+from ..arrays import dtype_name as numpy_dtype_name
 from . import autograd, dlpack
 
 Tensor = torch.Tensor
@@ -30,17 +33,57 @@ CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
 _DTYPES = {torch.float16: "float16", torch.float32: "float32", torch.float64: "float64"}
 
 
-def plain(x) -> bool:
-    """Whether gpupool may run on ``x``'s memory at once: a plain tensor, untracked by
-    autograd, with no compile, export, JIT trace, ``torch.func`` transform or dispatch mode
-    intercepting it."""
+def untraced(x) -> bool:
+    """Whether ``x`` is a ``torch.Tensor`` (no subclass) in eager mode: no compile, export,
+    JIT trace, ``torch.func`` transform or dispatch mode intercepting it."""
     return (type(x) is torch.Tensor
-            and not (x.requires_grad and torch.is_grad_enabled())
-            and not torch.compiler.is_compiling()
+            and not torch.compiler.is_compiling()  # first: compile traces none of the next
             and not torch.jit.is_tracing()
             and not torch._C._are_functorch_transforms_active()
             and not torch._C._len_torch_dispatch_stack()
             and not torch._C._is_torch_function_mode_enabled())
+
+
+def plain(x) -> bool:
+    """Whether gpupool may run on ``x``'s memory at once: untraced and untracked by autograd."""
+    return not (x.requires_grad and torch.is_grad_enabled()) and untraced(x)
+
+
+#: each operator with an autograd formula as ``torch.autograd.Function.apply``: the same
+#: function, setup and formula without the dispatcher, for tracked tensors in eager mode
+EAGER_TRACKED = types.SimpleNamespace()
+_FUNCTIONS: dict = {}  # each operator's function, by name
+
+
+def custom_op(fn):
+    """``fn`` as the operator ``gpupool::<its name>``."""
+    _FUNCTIONS[fn.__name__] = fn
+    return torch.library.custom_op(f"gpupool::{fn.__name__}", fn, mutates_args=())
+
+
+def differentiable(name: str, backward, setup_context) -> None:
+    """Operator ``name``'s autograd formula, registered with PyTorch and as an
+    ``autograd.Function`` in :data:`EAGER_TRACKED` (what PyTorch's dispatcher makes of it
+    too, behind a costlier call)."""
+    torch.library.register_autograd(f"gpupool::{name}", backward, setup_context=setup_context)
+    run = _FUNCTIONS[name]
+
+    def forward(ctx, *inputs):  # with ctx: apply binds a separate setup_context by inspect
+        output = run(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
+    function = type(f"gpupool_{name}", (torch.autograd.Function,),
+                    {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    setattr(EAGER_TRACKED, name, function.apply)
+
+
+def operators(first: Tensor, *others: Tensor):
+    """The operators to call on ``first`` and ``others``: where all are ``torch.Tensor`` (no
+    subclass) and nothing intercepts them, their ``autograd.Function`` in
+    :data:`EAGER_TRACKED`; else ``torch.ops.gpupool``."""
+    if untraced(first) and all(type(t) is torch.Tensor for t in others):
+        return EAGER_TRACKED
+    return torch.ops.gpupool
 
 
 def stream(t):
@@ -75,7 +118,7 @@ def dtype_name(t: Tensor) -> str:
 def _from_numpy(a) -> Tensor:
     """The NumPy array ``a`` as a CPU tensor sharing its memory (bfloat16: through its bits,
     which PyTorch's ``from_numpy`` takes)."""
-    if a.dtype.name == "bfloat16":
+    if numpy_dtype_name(a.dtype) == "bfloat16":
         return torch.from_numpy(a.view("int16")).view(torch.bfloat16)
     return torch.from_numpy(a)
 
@@ -142,19 +185,24 @@ _OPERAND_NAMES = {"max_pool_backward": "indices", "adaptive_max_pool_backward": 
 
 def _max_grad_spec(name: str, grad, indices, p: dict) -> G.GradSpec:
     """The spec of a max's backward, as the backward op builds it."""
-    dtype = grad.dtype.name
+    dtype = numpy_dtype_name(grad.dtype)
     if name == "max_pool_backward":
         return G.window_grad_spec(name, "max", grad.shape, dtype, p["input_shape"],
                                   p["kernel_size"], p["stride"], p["padding"], p["dilation"],
                                   p["ceil_mode"], p["layout"], index_shape=indices.shape,
-                                  index_dtype=indices.dtype.name)
+                                  index_dtype=numpy_dtype_name(indices.dtype))
     return G.adaptive_grad_spec(name, "max", grad.shape, dtype, p["input_shape"],
                                 p["output_size"], p["layout"], index_shape=indices.shape,
-                                index_dtype=indices.dtype.name)
+                                index_dtype=numpy_dtype_name(indices.dtype))
 
 
 def _eager_pool(name: str):
-    def run(x: Tensor, params: dict):
+    def run(op, x: Tensor, args: tuple, kwargs: dict):
+        if x.is_cpu and x.is_contiguous():  # no memory format to keep: NumPy's op as it is
+            result = op(array_view(name, x, "x"), *args, **kwargs)
+            return tuple(map(_from_numpy, result)) if isinstance(result, tuple) else \
+                _from_numpy(result)
+        params = autograd.op_arguments(op, args, kwargs)
         wanted = params.pop("return_indices", False)
         del params["out"]
         return pool(name, x, params, S.check_bool(name, "return_indices", wanted))
@@ -162,7 +210,8 @@ def _eager_pool(name: str):
 
 
 def _eager_backward(name: str):
-    def run(grad: Tensor, params: dict):
+    def run(op, grad: Tensor, args: tuple, kwargs: dict):
+        params = autograd.op_arguments(op, args, kwargs)
         del params["out"]
         operand = _OPERAND_NAMES.get(name)
         other = None if operand is None else params.pop(operand)
@@ -173,7 +222,9 @@ def _eager_backward(name: str):
     return run
 
 
-#: the ops whose plain eager calls allocate their results with PyTorch
+#: the ops whose plain eager calls (``out`` None) run here, each called as
+#: ``run(op, x, args, kwargs)`` with ``op`` the public op on NumPy/CuPy arrays: on a GPU their
+#: results are allocated by PyTorch
 EAGER = {**{name: _eager_pool(name) for name in autograd.SAVED},
           **{f"{name}_backward": _eager_backward(f"{name}_backward") for name in autograd.SAVED}}
 
