@@ -131,3 +131,31 @@ def test_every_backend_implements_the_contract(name):
         got = list(inspect.signature(getattr(backend, method)).parameters.values())
         assert [(p.name, p.kind, p.default) for p in got] == \
             [(p.name, p.kind, p.default) for p in want], f"{name}.{method}"
+
+
+#: where a collection of op names is not a list of ops: the export lists (``__all__``), the
+#: CUDA backend's kernel tables (kernels are named after their ops), and the PyTorch operators'
+#: per-op call code
+OP_NAMES_ALLOWED = {"gpupool.cuda.backend", "gpupool.interop.torch_ops"}
+
+
+def test_no_op_list_outside_the_op_table():
+    """An op's family, reduction, options, operand and gradient are rows of
+    :mod:`gpupool.op_table`; no other module keeps a list, set or table of op names."""
+    from gpupool.op_table import BY_NAME
+    found = []
+    for module, path in MODULES.items():
+        if module in OP_NAMES_ALLOWED | {"gpupool.op_table"}:
+            continue
+        tree = ast.parse(path.read_text())
+        exports = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                   and any(getattr(t, "id", None) == "__all__" for t in node.targets)}
+        for node in ast.walk(tree):
+            if id(node) in exports:
+                continue
+            items = (node.keys if isinstance(node, ast.Dict) else
+                     node.elts if isinstance(node, (ast.Set, ast.Tuple, ast.List)) else [])
+            names = [i.value for i in items if isinstance(i, ast.Constant) and i.value in BY_NAME]
+            if len(names) >= 2:
+                found.append(f"{module}:{node.lineno} {names}")
+    assert found == []

@@ -5,15 +5,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from .. import spec as S
+from ..op_table import OPS
 from ..ops import Padding, Size
 from .planner import DeviceInfo, plan
 
-_OPS = {
-    "max_pool": ("window", "max"), "avg_pool": ("window", "avg"), "lp_pool": ("window", "lp"),
-    "adaptive_max_pool": ("adaptive", "max"), "adaptive_avg_pool": ("adaptive", "avg"),
-    "global_max_pool": ("global", "max"), "global_avg_pool": ("global", "avg"),
-    "max_unpool": ("unpool", None),
-}
+#: the ops explain accounts for: the forward ops (the backward ops' launches are not planned
+#: by name)
+_EXPLAINED = {op.name: op for op in OPS if not op.is_backward}
 
 
 def explain(op: str, shape: Sequence[int], kernel_size: Size | None = None,
@@ -36,9 +34,9 @@ def explain(op: str, shape: Sequence[int], kernel_size: Size | None = None,
     device: NVIDIA H100 (assumed: no GPU queried) (132 SMs)
     ...
     """
-    if op not in _OPS:
-        raise ValueError(f"gpupool.explain: unknown op {op!r} (one of {sorted(_OPS)})")
-    family, kind = _OPS[op]
+    if op not in _EXPLAINED:
+        raise ValueError(f"gpupool.explain: unknown op {op!r} (one of {sorted(_EXPLAINED)})")
+    family, kind = _EXPLAINED[op].family, _EXPLAINED[op].reduction
     if family == "window":
         sp = S.window_spec(op, kind, tuple(shape), dtype, kernel_size, stride, padding,
                            dilation, ceil_mode, layout, return_indices=return_indices,

@@ -12,12 +12,11 @@ import inspect
 
 from .. import gradients, ops
 from .. import spec as S
+from ..op_table import BY_NAME, DIFFERENTIABLE
 
 #: the ops with a gradient, each with what its backward keeps from the forward: "indices"
 #: (a max), "x" (Lp) or "shape" (an average: only the input's shape)
-SAVED = {"max_pool": "indices", "avg_pool": "shape", "lp_pool": "x",
-         "global_avg_pool": "shape", "global_max_pool": "indices",
-         "adaptive_avg_pool": "shape", "adaptive_max_pool": "indices"}
+SAVED = {name: BY_NAME[name].saved for name in DIFFERENTIABLE}
 
 
 #: each op's parameters after its first, by op: (positional names, keyword-only names,
@@ -70,15 +69,15 @@ def op_arguments(op, args: tuple, kwargs: dict) -> dict:
 def pooling_spec(name: str, shape, dtype: str, params: dict):
     """The spec of op ``name`` on an input of ``shape`` and ``dtype`` (validating every
     argument); a max is specified with indices, which its backward needs."""
-    op = name.split("_")[-2]  # "max", "avg" or "lp"
-    p = params
-    if name in ("max_pool", "avg_pool", "lp_pool"):
+    row = BY_NAME[name]
+    op, p = row.reduction, params
+    if row.family == "window":
         return S.window_spec(name, op, tuple(shape), dtype, p["kernel_size"], p["stride"],
                              p["padding"], p["dilation"], p["ceil_mode"], p["layout"],
                              return_indices=op == "max",
                              count_include_pad=p.get("count_include_pad", False),
                              divisor_override=p.get("divisor_override"), p=p.get("p"))
-    if name.startswith("global_"):
+    if row.family == "global":
         return S.global_spec(name, op, tuple(shape), dtype, p["spatial_dims"], p["layout"])
     return S.adaptive_spec(name, op, tuple(shape), dtype, p["output_size"], p["layout"],
                            return_indices=op == "max")
@@ -96,29 +95,15 @@ def forward(name: str, x, params: dict, spec, indices: bool):
 
 
 def backward(name: str, grad, saved, input_shape: tuple, params: dict, spec):
-    """The gradient of op ``name``'s input from ``grad``, its output's; ``saved`` is what
-    :data:`SAVED` names (None for a shape)."""
-    p = params
-    if name == "max_pool":
-        return gradients.max_pool_backward(grad, saved, input_shape, p["kernel_size"],
-                                           p["stride"], p["padding"], p["dilation"],
-                                           p["ceil_mode"], layout=p["layout"])
-    if name == "avg_pool":
-        return gradients.avg_pool_backward(grad, input_shape, p["kernel_size"], p["stride"],
-                                           p["padding"], p["ceil_mode"],
-                                           p["count_include_pad"], p["divisor_override"],
-                                           dilation=p["dilation"], layout=p["layout"])
-    if name == "lp_pool":
-        return gradients.lp_pool_backward(grad, saved, p["p"], p["kernel_size"], p["stride"],
-                                          p["padding"], p["dilation"], p["ceil_mode"],
-                                          layout=p["layout"])
-    if name == "global_avg_pool":
-        return gradients.global_avg_pool_backward(grad, input_shape,
-                                                  spatial_dims=p["spatial_dims"],
-                                                  layout=p["layout"])
-    if name == "adaptive_avg_pool":
-        return gradients.adaptive_avg_pool_backward(grad, input_shape, p["output_size"],
-                                                    layout=p["layout"])
-    # adaptive_max_pool, and global_max_pool as an adaptive max to one position
-    return gradients.adaptive_max_pool_backward(grad, saved, input_shape, spec.out_spatial,
-                                                layout=p["layout"])
+    """The gradient of op ``name``'s input from ``grad``, its output's, through the backward op
+    its row names (:mod:`gpupool.op_table`); ``saved`` is what :data:`SAVED` names (None for a
+    shape). The backward op takes the forward op's arguments by name, plus the input's shape,
+    the saved operand and the output size (a global max's gradient is an adaptive max's)."""
+    row = BY_NAME[name]
+    gradient = getattr(gradients, row.gradient)
+    known = {**params, "input_shape": input_shape, "output_size": getattr(spec, "out_spatial",
+                                                                          None)}
+    if row.saved != "shape":
+        known[row.saved] = saved
+    positional, keyword, _ = _parameters(gradient)
+    return gradient(grad, **{key: known[key] for key in positional + keyword if key != "out"})

@@ -52,6 +52,7 @@ from .. import spec as S
 from .. import windows
 from ..arrays import dtype_name, is_cupy_array
 from ..cpu.quantized import requantize
+from ..op_table import BY_NAME
 from . import dask_backward
 from .dask_blocks import (adaptive_period, array_module, assemble, check_input, cuts, overlaps,
                           region, window_slice)
@@ -83,7 +84,9 @@ def call(op, x, *args, **kwargs):
         a = params.get(name)
         if isinstance(a, da.Array) and not a.dtype.isnative:
             params[name] = a.astype(a.dtype.newbyteorder("="))
-    return _HANDLERS[func](op, params)
+    row = BY_NAME[func]
+    handlers = dask_backward.HANDLERS if row.is_backward else _HANDLERS
+    return handlers[row.family](op, params)
 
 
 def call_quantized(op, q: QS.QArray, *args, **kwargs) -> QS.QArray:
@@ -92,7 +95,7 @@ def call_quantized(op, q: QS.QArray, *args, **kwargs) -> QS.QArray:
     func = op.__name__
     params = _bind(op, func, q, args, kwargs)
     check_input(f"quantized.{func}", q.data)
-    return _QUANTIZED_HANDLERS[func](op, params)
+    return _QUANTIZED_HANDLERS[BY_NAME[func].family](op, params)
 
 
 def quantize(op, x, scale, zero_point, dtype) -> QS.QArray:
@@ -196,13 +199,6 @@ def _spatial_spans(x, geom, spatial_spans) -> list[list[_Span]]:
 
 # ----------------------------------------------------------------------------- window ops
 
-_WINDOW_FAMILY = {"max_pool": "max", "avg_pool": "avg", "lp_pool": "lp"}
-
-
-#: each window op's own options (beyond the geometry)
-_WINDOW_OPTIONS = {"max_pool": ("return_indices",), "lp_pool": ("p",),
-                   "avg_pool": ("count_include_pad", "divisor_override")}
-
 
 def _global_indices(local, shape, offsets, full_shape):
     """Flat positions in a plane of ``full_shape`` of the flat positions ``local`` in a slice
@@ -263,8 +259,9 @@ def _window_graph(op, x, spec: S.WindowSpec, options: dict, quant, fill):
 
 def _window(op, params: dict):
     func, x = op.__name__, params["x"]
-    options = {name: params[name] for name in _WINDOW_OPTIONS[func]}
-    spec = S.window_spec(func, _WINDOW_FAMILY[func], x.shape, dtype_name(x.dtype),
+    row = BY_NAME[func]
+    options = {name: params[name] for name in row.options}
+    spec = S.window_spec(func, row.reduction, x.shape, dtype_name(x.dtype),
                          params["kernel_size"], params["stride"], params["padding"],
                          params["dilation"], params["ceil_mode"], params["layout"], **options)
     fill = windows.lowest(x.dtype) if spec.op == "max" else 0
@@ -323,7 +320,7 @@ def _global_reduce(x, spec: S.AdaptiveSpec, reduce):
 
 def _global(op, params: dict):
     func, x = op.__name__, params["x"]
-    spec = S.global_spec(func, "max" if func == "global_max_pool" else "avg", x.shape,
+    spec = S.global_spec(func, BY_NAME[func].reduction, x.shape,
                          dtype_name(x.dtype), params["spatial_dims"], params["layout"])
     return _global_reduce(x, spec, functools.partial(op, spatial_dims=spec.geom.nd,
                                                      layout=spec.geom.layout))
@@ -356,7 +353,7 @@ def _adaptive_graph(op, x, spec: S.AdaptiveSpec, options: dict, quant):
 
 def _adaptive(op, params: dict):
     func, x = op.__name__, params["x"]
-    reduction = "max" if func == "adaptive_max_pool" else "avg"
+    reduction = BY_NAME[func].reduction
     spec = S.adaptive_spec(func, reduction, x.shape, dtype_name(x.dtype), params["output_size"],
                            params["layout"], return_indices=params.get("return_indices", False))
     if spec.is_global and not spec.return_indices:
@@ -447,10 +444,8 @@ def _unpool(op, params: dict):
                         spec.out_spatial)
 
 
-_HANDLERS = {"max_pool": _window, "avg_pool": _window, "lp_pool": _window,
-             "global_avg_pool": _global, "global_max_pool": _global,
-             "adaptive_avg_pool": _adaptive, "adaptive_max_pool": _adaptive,
-             "max_unpool": _unpool, **dask_backward.HANDLERS}
+#: the graph builders of the forward ops, by family (:mod:`gpupool.op_table`)
+_HANDLERS = {"window": _window, "global": _global, "adaptive": _adaptive, "unpool": _unpool}
 
 
 # ----------------------------------------------------------------------------- quantized
@@ -459,7 +454,7 @@ def _qwindow(op, params: dict) -> QS.QArray:
     func, q = op.__name__, params["q"]
     data = q.data
     dtype = dtype_name(data.dtype)
-    if func == "max_pool":
+    if BY_NAME[func].reduction == "max":
         spec = QS.window_spec(func, "max", data.shape, dtype, params["kernel_size"],
                               params["stride"], params["padding"], params["dilation"],
                               params["ceil_mode"], params["layout"])
@@ -521,5 +516,5 @@ def _qadaptive(op, params: dict) -> QS.QArray:
                                                   params["output_size"], params["layout"]))
 
 
-_QUANTIZED_HANDLERS = {"max_pool": _qwindow, "avg_pool": _qwindow, "global_avg_pool": _qglobal,
-                       "adaptive_avg_pool": _qadaptive}
+#: the graph builders of the quantized ops, by the family of the float op of the same name
+_QUANTIZED_HANDLERS = {"window": _qwindow, "global": _qglobal, "adaptive": _qadaptive}

@@ -37,6 +37,7 @@ from dask.task_spec import DataNode, Task, TaskRef
 
 from .. import grad_spec as G
 from ..arrays import dtype_name
+from ..op_table import BY_NAME
 from ..windows import check_indices_in_windows
 from .dask_blocks import (adaptive_period, array_module, assemble, check_input, cuts, overlaps,
                           region, window_slice)
@@ -121,10 +122,6 @@ def _empty(grad, shape):
 
 # ----------------------------------------------------------------------------- window ops
 
-_WINDOW_FAMILY = {"max_pool_backward": "max", "avg_pool_backward": "avg",
-                  "lp_pool_backward": "lp"}
-
-
 def _windows_of(e0, e1, size, out, stride, span, pads):
     """``(o0, o1, lo, hi, pad_begin, pad_end)`` for the output block ``[e0, e1)`` of an input
     dim: the windows ``[o0, o1)`` holding every window that meets the block (all windows
@@ -200,7 +197,7 @@ def _window_block(regions, params, op, kind, first, nd, options, spec):
 
 def _window(op, params: dict):
     func, grad = op.__name__, params["grad_output"]
-    kind = _WINDOW_FAMILY[func]
+    kind = BY_NAME[func].reduction
     dtype = dtype_name(grad.dtype)
     geometry = (params["kernel_size"], params["stride"], params["padding"],
                 params["dilation"], params["ceil_mode"], params["layout"])
@@ -291,7 +288,7 @@ def _adaptive_block(regions, params, op, kind, first, nd, layout, spec):
 
 def _adaptive(op, params: dict):
     func, grad = op.__name__, params["grad_output"]
-    kind = "max" if func == "adaptive_max_pool_backward" else "avg"
+    kind = BY_NAME[func].reduction
     dtype = dtype_name(grad.dtype)
     operands = [grad]
     if kind == "max":
@@ -332,7 +329,7 @@ def _global(op, params: dict):
     """Whole planes, chunked along the plane dims as ``grad_output`` (the max: as ``x``, whose
     chunks the result then takes)."""
     func, grad = op.__name__, params["grad_output"]
-    kind = "max" if func == "global_max_pool_backward" else "avg"
+    kind = BY_NAME[func].reduction
     dtype = dtype_name(grad.dtype)
     operands = [grad]
     if kind == "max":
@@ -357,7 +354,5 @@ def _global(op, params: dict):
     return result.rechunk(operands[1].chunks) if kind == "max" else result
 
 
-HANDLERS = {"max_pool_backward": _window, "avg_pool_backward": _window,
-            "lp_pool_backward": _window, "adaptive_avg_pool_backward": _adaptive,
-            "adaptive_max_pool_backward": _adaptive, "global_avg_pool_backward": _global,
-            "global_max_pool_backward": _global}
+#: the graph builders of the backward ops, by family (:mod:`gpupool.op_table`)
+HANDLERS = {"window": _window, "adaptive": _adaptive, "global": _global}

@@ -44,6 +44,7 @@ import numpy as np
 
 from .. import spec as S
 from ..arrays import dtype_name
+from ..op_table import BY_NAME
 
 _CPU, _CUDA = 1, 2
 #: DLPack device types (``DLDeviceType``), for messages
@@ -57,10 +58,6 @@ _TYPE_NAMES = {"torch": "torch.Tensor", "jax": "jax.Array"}
 _INT32_MAX = 2**31 - 1
 #: what a tensor's DLPack export or import raises when it cannot be shared
 _EXPORT_ERRORS = (BufferError, RuntimeError, TypeError, ValueError)
-#: the tensor operand after the first of the ops that take one (by position or by name)
-_OPERANDS = {"max_unpool": "indices", "max_pool_backward": "indices",
-             "adaptive_max_pool_backward": "indices", "lp_pool_backward": "x",
-             "global_max_pool_backward": "x"}
 #: what runs an op on an input that its library tracks, by library: ``"torch"``, a tensor that
 #: requires grad while grad mode is on; ``"jax"``, a traced value. Each is called as
 #: ``handler(op, x, args, kwargs)``; :mod:`gpupool.interop.jax_ops` installs JAX's.
@@ -100,12 +97,13 @@ def run(op, lib: str, x, args: tuple, kwargs: dict):
     given."""
     func = op.__name__
     out = kwargs.get("out")
-    first = "grad_output" if func.endswith("_backward") else "x"
+    row = BY_NAME[func]
+    first = "grad_output" if row.is_backward else "x"
     where = device(func, x, first)
     array = view(func, lib, where, x, first)
     if out is not None:
         kwargs["out"] = operand_view(func, lib, where, out, "out")
-    operand = _OPERANDS.get(func)
+    operand = row.operand
     if operand is not None:
         if args:
             args = (operand_view(func, lib, where, args[0], operand),) + args[1:]

@@ -24,6 +24,7 @@ from .. import gradients, ops
 from .. import grad_spec as G
 from .. import spec as S
 from ..arrays import dtype_name as numpy_dtype_name
+from ..op_table import BY_NAME, OPS
 from . import autograd, dlpack
 
 Tensor = torch.Tensor
@@ -168,7 +169,7 @@ def backward(name: str, grad: Tensor, operand: Tensor | None, params: dict,
             params["input_shape"] = (shape[0],) + shape[2:] + (shape[1],)
     arrays = (array_view(name, grad, "grad_output"),)
     if operand is not None:
-        arrays += (array_view(name, operand, _OPERAND_NAMES[name]),)
+        arrays += (array_view(name, operand, BY_NAME[name].operand),)
     shape = params["input_shape"] if "input_shape" in params else operand.shape
     if trusted:
         result = _run(name, functools.partial(gradients.max_backward_of_own_indices,
@@ -179,14 +180,10 @@ def backward(name: str, grad: Tensor, operand: Tensor | None, params: dict,
     return result.movedim(-1, 1) if nhwc else result
 
 
-_OPERAND_NAMES = {"max_pool_backward": "indices", "adaptive_max_pool_backward": "indices",
-                  "lp_pool_backward": "x", "global_max_pool_backward": "x"}
-
-
 def _max_grad_spec(name: str, grad, indices, p: dict) -> G.GradSpec:
     """The spec of a max's backward, as the backward op builds it."""
     dtype = numpy_dtype_name(grad.dtype)
-    if name == "max_pool_backward":
+    if BY_NAME[name].family == "window":
         return G.window_grad_spec(name, "max", grad.shape, dtype, p["input_shape"],
                                   p["kernel_size"], p["stride"], p["padding"], p["dilation"],
                                   p["ceil_mode"], p["layout"], index_shape=indices.shape,
@@ -213,7 +210,7 @@ def _eager_backward(name: str):
     def run(op, grad: Tensor, args: tuple, kwargs: dict):
         params = autograd.op_arguments(op, args, kwargs)
         del params["out"]
-        operand = _OPERAND_NAMES.get(name)
+        operand = BY_NAME[name].operand
         other = None if operand is None else params.pop(operand)
         if other is not None and not isinstance(other, torch.Tensor):
             raise TypeError(f"gpupool.{name}: {operand} is a {dlpack.type_name(other)}; "
@@ -225,8 +222,8 @@ def _eager_backward(name: str):
 #: the ops whose plain eager calls (``out`` None) run here, each called as
 #: ``run(op, x, args, kwargs)`` with ``op`` the public op on NumPy/CuPy arrays: on a GPU their
 #: results are allocated by PyTorch
-EAGER = {**{name: _eager_pool(name) for name in autograd.SAVED},
-          **{f"{name}_backward": _eager_backward(f"{name}_backward") for name in autograd.SAVED}}
+EAGER = {op.name: (_eager_backward if op.is_backward else _eager_pool)(op.name) for op in OPS
+         if op.family != "unpool"}
 
 
 def out_shape(name: str, x: Tensor, params: dict) -> tuple:
