@@ -3,7 +3,7 @@
 Its ``window``, ``adaptive`` and ``unpool`` are entry points of
 :class:`gpupool.cuda.entry_points.CudaBackend`, imported when the first CuPy array arrives.
 
-* Kernel source: ``gpupool/cuda/kernels_cu/``, package data next to this module: one ``.cu``
+* Kernel source: ``kernels_cu/`` (:data:`KERNEL_DIR`), package data in a wheel: one ``.cu``
   per op family and the ``.cuh`` headers it includes, inlined by :func:`read_source` after the
   file's :data:`DEFINES` (:func:`source`), so the on-disk kernel cache keys on the full text.
 * Every static choice (element type, index type, layout, specialised window size, lanes) is a
@@ -92,7 +92,21 @@ def cbool(b) -> str:
 
 
 # ----------------------------------------------------------------- source and compilation
-KERNEL_DIR = Path(__file__).resolve().parent / "kernels_cu"  # the .cuh and .cu files
+
+
+def _kernel_dir() -> Path:
+    """``kernels_cu/``, the ``.cu`` and ``.cuh`` files: inside the package in an installed wheel
+    (which maps it there, pyproject's ``force-include``), beside the package at the project's
+    root in a checkout or an editable install."""
+    package = Path(__file__).resolve().parent.parent
+    for where in (package / "kernels_cu", package.parent / "kernels_cu"):
+        if where.is_dir():
+            return where
+    raise FileNotFoundError(f"gpupool: the CUDA kernels (kernels_cu/) are neither in {package} "
+                            f"nor beside it; reinstall gpupool")
+
+
+KERNEL_DIR = _kernel_dir()
 #: Macros set before a source file's text: the constants its kernels share with the Python
 #: side, taken from their one definition there.
 DEFINES = {f.name: {"quantized_pool.cu": (("GPQ_LEVELS", str(LEVELS)), ("GPQ_HEAD", str(HEAD)))
