@@ -15,6 +15,7 @@ import numpy as np
 from . import spec as S
 from . import windows
 from .arrays import Array, ArrayLike, as_array, dtype_name, is_dask_array
+from .cpu.memo import array_memo
 
 QDTYPES = ("int8", "uint8")
 ROUNDINGS = ("half_away_from_zero", "half_to_even")
@@ -148,9 +149,11 @@ def requant_table(scale: float, out_scale: float, rounding: str, divisors: Seque
 class AvgPlan:
     """Everything a backend needs to requantize one average pooling (host arrays, read-only).
 
-    ``rows[pos]``: the table row of each output position (shape ``out_spatial``);
-    ``counts[pos]``: valid taps per output position (for ``acc = sum(q) - zp_in * count``);
-    ``acc_dtype``: int32 unless a window could overflow it."""
+    ``table``: one row per distinct divisor; :meth:`rows_and_counts`: per output position its
+    row of the table and its valid taps (for ``acc = sum(q) - zp_in * count``), kept apart in
+    a byte-bounded memo (:func:`output_rows`), so that whatever keeps a plan keeps nothing per
+    output; ``max_count``: the most valid taps of a window; ``acc_dtype``: int32 unless a
+    window could overflow it."""
 
     key: tuple
     zp_in: int
@@ -158,9 +161,12 @@ class AvgPlan:
     qmin: int
     qmax: int
     acc_dtype: str
-    rows: np.ndarray
-    counts: np.ndarray
+    max_count: int
     table: np.ndarray
+
+    def rows_and_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`output_rows` of the plan's spec (built again once the memo let it go)."""
+        return output_rows(self.key[0])
 
 
 def accumulator_dtype(max_taps: int) -> tuple[str, int]:
@@ -176,27 +182,42 @@ def _frozen(a, dtype):
     return a
 
 
-@functools.lru_cache(maxsize=256)
+def _taps(spec) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(divisors, counts, max_taps)`` of an average pooling of ``spec``: per output position
+    its divisor and its valid taps (int64, shape ``out_spatial``), and the most taps a window
+    can have."""
+    if isinstance(spec, S.WindowSpec):
+        return (windows.window_counts(spec, spec.count_include_pad).astype(np.int64),
+                windows.window_counts(spec, False).astype(np.int64), math.prod(spec.kernel))
+    counts = windows.adaptive_counts(spec)
+    return counts, counts, math.prod(int((ends - starts).max()) for starts, ends in (
+        windows.adaptive_bounds(size, out)
+        for size, out in zip(spec.geom.spatial, spec.out_spatial)))
+
+
+@array_memo(256)
+def output_rows(spec) -> tuple[np.ndarray, np.ndarray]:
+    """Per output position of an average pooling of ``spec`` (read-only, shape
+    ``out_spatial``): the row of its divisor in the requantization table (int32; the table
+    has the distinct divisors in increasing order) and its valid taps (the accumulator
+    dtype)."""
+    divisors, counts, max_taps = _taps(spec)
+    rows = np.unique(divisors, return_inverse=True)[1]
+    return (_frozen(rows.reshape(divisors.shape), np.int32),
+            _frozen(counts, accumulator_dtype(max_taps)[0]))
+
+
+@array_memo(256)
 def avg_plan(spec, dtype: str, scale: float, zp_in: int, out_scale: float, zp_out: int,
              rounding: str) -> AvgPlan:
     """The :class:`AvgPlan` of an average pooling of ``spec`` (a window or adaptive spec of
     the quantized ops) with these requantization parameters."""
-    if isinstance(spec, S.WindowSpec):
-        divisors = windows.window_counts(spec, spec.count_include_pad).astype(np.int64)
-        counts = windows.window_counts(spec, False).astype(np.int64)
-        max_taps = math.prod(spec.kernel)
-    else:
-        divisors = counts = windows.adaptive_counts(spec)
-        max_taps = math.prod(int((ends - starts).max()) for starts, ends in (
-            windows.adaptive_bounds(size, out)
-            for size, out in zip(spec.geom.spatial, spec.out_spatial)))
+    divisors, counts, max_taps = _taps(spec)
     acc, amax = accumulator_dtype(max_taps)
-    distinct, rows = np.unique(divisors, return_inverse=True)
-    table = requant_table(scale, out_scale, rounding, distinct.tolist(), amax)
+    table = requant_table(scale, out_scale, rounding, np.unique(divisors).tolist(), amax)
     lo, hi = RANGES[dtype]
     key = (spec, dtype, scale, zp_in, out_scale, zp_out, rounding)
-    return AvgPlan(key, zp_in, zp_out, lo, hi, acc,
-                   _frozen(rows.reshape(divisors.shape), np.int32), _frozen(counts, acc), table)
+    return AvgPlan(key, zp_in, zp_out, lo, hi, acc, int(counts.max(initial=0)), table)
 
 
 # ----------------------------------------------------------------------------- specs

@@ -249,7 +249,7 @@ def _requantize_all(scale, out_scale, rounding, divisor, amax):
     """Run the backend's integer requantizer on every accumulator in [-amax, amax]."""
     from gpupool.cpu.quantized import requantize
     table = Q.requant_table(scale, out_scale, rounding, [divisor], amax)
-    plan = QS.AvgPlan(None, 0, 0, -2 ** 40, 2 ** 40, "int64", None, None, table)
+    plan = QS.AvgPlan(None, 0, 0, -2 ** 40, 2 ** 40, "int64", 0, table)
     acc = np.arange(-amax, amax + 1, dtype=np.int64)
     out = np.empty_like(acc)
     requantize(acc, np.zeros((), np.int64), plan, out)
@@ -301,7 +301,7 @@ def test_large_accumulators_take_int64_and_stay_exact():
             amax = 255 * 2 ** 24
             table = Q.requant_table(scale, out_scale, rounding, [2 ** 24], amax)
             from gpupool.cpu.quantized import requantize
-            plan = QS.AvgPlan(None, 0, 0, -2 ** 40, 2 ** 40, "int64", None, None, table)
+            plan = QS.AvgPlan(None, 0, 0, -2 ** 40, 2 ** 40, "int64", 0, table)
             rng = np.random.default_rng(1)
             acc = np.concatenate([rng.integers(-amax, amax, 20000), [amax, -amax, 0]])
             got = np.empty_like(acc)

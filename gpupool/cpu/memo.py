@@ -1,5 +1,6 @@
-"""Memos of the host arrays the NumPy backend derives from a spec or a shape (divisors, window
-starts, position words), bounded in bytes as well as in entries.
+"""Memos of the arrays derived from a spec or a shape (the NumPy backend's divisors, window
+starts and position words; the quantized ops' per-position table rows, on the host and on each
+device), bounded in bytes as well as in entries.
 
 Such arrays grow with the planes (a word per input or output position), so a memo keeps an
 entry only while all of its entries hold at most ``max_bytes`` of arrays, least recently used
@@ -17,14 +18,16 @@ from typing import Callable
 
 import numpy as np
 
+from ..arrays import is_cupy_array
+
 MEMO_BYTES = 1 << 22  # arrays kept per memo
 _memos: list[ArrayMemo] = []
 
 
 def held_bytes(value) -> int:
-    """Bytes of the NumPy arrays in ``value``: an array, or a tuple, list or dataclass of
-    such values at any depth (anything else holds none)."""
-    if isinstance(value, np.ndarray):
+    """Bytes of the NumPy and CuPy arrays in ``value``: an array, or a tuple, list or dataclass
+    of such values at any depth (anything else holds none)."""
+    if isinstance(value, np.ndarray) or is_cupy_array(value):
         return value.nbytes
     if isinstance(value, (tuple, list)):
         return sum(map(held_bytes, value))

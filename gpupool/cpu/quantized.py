@@ -48,7 +48,7 @@ def _code_table(plan: AvgPlan):
     """``(amax, width, codes)`` with ``codes[row * width + amax + acc]`` the output code of every
     accumulator ``|acc| <= amax`` (``amax = 255 * max valid taps``), computed by
     :func:`requantize` itself; ``None`` when that table would exceed ``CODE_TABLE_LIMIT``."""
-    amax = 255 * int(plan.counts.max(initial=0))
+    amax = 255 * plan.max_count
     rows, width = len(plan.table), 2 * amax + 1
     if rows * width > CODE_TABLE_LIMIT:
         return None
@@ -61,20 +61,21 @@ def _code_table(plan: AvgPlan):
 
 def _requantizer(plan: AvgPlan, geom):
     """``(sum_dtype, finish)``: the working dtype for window sums of the codes (``zp_in`` not
-    yet subtracted: ``plan.counts`` valid taps each) and ``finish(acc, dest)``, which
+    yet subtracted: the plan's counts of valid taps each) and ``finish(acc, dest)``, which
     requantizes them, broadcasting per position as ``geom``'s canonical layout."""
     table = _code_table(plan)
+    rows, counts = plan.rows_and_counts()
     if table is None:
-        rows = expand(plan.rows, geom)
-        zp_counts = expand(plan.counts.astype(np.int64) * plan.zp_in, geom)
+        rows = expand(rows, geom)
+        zp_counts = expand(counts.astype(np.int64) * plan.zp_in, geom)
 
         def finish(acc, dest):
             acc -= zp_counts
             requantize(acc, rows, plan, dest)
         return np.dtype(plan.acc_dtype), finish
     amax, width, codes = table
-    offsets = expand((plan.rows.astype(np.int64) * width + amax
-                       - plan.counts.astype(np.int64) * plan.zp_in).astype(np.int32), geom)
+    offsets = expand((rows.astype(np.int64) * width + amax
+                       - counts.astype(np.int64) * plan.zp_in).astype(np.int32), geom)
 
     def finish(acc, dest):
         shape = np.broadcast_shapes(acc.shape, offsets.shape)

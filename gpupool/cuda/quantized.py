@@ -3,7 +3,8 @@
 Reuses the float backend's machinery (:mod:`gpupool.cuda.backend`): the source loader
 (``load_module``, memoized per device), the launch planner and its thread-to-output maps, and
 the index-type rule. The requantization table and the per-position table rows are built on
-the host (:func:`gpupool.quantized_spec.avg_plan`) and copied to each device once per plan.
+the host (:func:`gpupool.quantized_spec.avg_plan`) and copied to each device once per plan,
+into a byte-bounded memo (:mod:`gpupool.cpu.memo`); prepared launches take them at each call.
 
 * max, NHWC with ``C % 4 == 0`` (and a 4-byte aligned buffer): ``qmax_pool_nhwc4``, 4 channels
   per 32-bit word with ``__vmaxs4`` / ``__vmaxu4``.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 
 import cupy
 import numpy as np
@@ -30,6 +32,7 @@ import numpy as np
 from . import backend as CB
 from . import planner
 from ..cpu import quantized as cpu_quantized
+from ..cpu.memo import array_memo
 from ..quantized_spec import HEAD, LEVELS, AvgPlan
 from ..spec import AdaptiveSpec, Geometry, WindowSpec
 
@@ -95,14 +98,37 @@ def _kernel(name: str):
     return CB.kernel(SOURCE, name)
 
 
-@functools.lru_cache(maxsize=256)
-def _device_tables(plan: AvgPlan, device_id: int):
-    """The plan's rows and table on ``device_id``, copied once per plan and device. The copy
-    is waited for, as any stream may read the tables later."""
+@array_memo(256)
+def _device_tables(plan: AvgPlan, device_id: int) -> tuple:
+    """The plan's rows and table on ``device_id``, copied once per plan and device (while
+    kept). The copy is waited for, as any stream may read the tables later."""
     with cupy.cuda.Device(device_id):
-        rows, table = cupy.asarray(plan.rows), cupy.asarray(plan.table)
+        rows, table = cupy.asarray(plan.rows_and_counts()[0]), cupy.asarray(plan.table)
         cupy.cuda.get_current_stream().synchronize()
         return rows, table
+
+
+def _launch_averages(steps, scratch, x, out, plan: AvgPlan, device_id: int) -> None:
+    rows, table = _device_tables(plan, device_id)
+    CB.launch(steps, scratch, {"x": x, "out": out, "rows": rows, "table": table})
+
+
+class _RequantStep:
+    """A prepared launch of a requantizing kernel, as :class:`~gpupool.cuda.backend.Step`:
+    the arrays named by ``io``, ``scalars``, the plan's device tables named by ``tables``,
+    then ``tail``. The tables come with each launch (:func:`_device_tables`), so that a
+    prepared launch keeps nothing per output position."""
+
+    __slots__ = ("fn", "grid", "block", "io", "scalars", "tables", "tail", "_pick")
+
+    def __init__(self, fn, grid, block, io, scalars, tables, tail):
+        self.fn, self.grid, self.block, self.io = fn, grid, block, io
+        self.scalars, self.tables, self.tail = scalars, tables, tail
+        self._pick = operator.itemgetter(*io, *tables)  # three or more names: a tuple
+
+    def __call__(self, arrays: dict) -> None:
+        picked, n = self._pick(arrays), len(self.io)
+        self.fn(self.grid, self.block, picked[:n] + self.scalars + picked[n:] + self.tail)
 
 
 def _word_spec(spec: WindowSpec) -> WindowSpec:
@@ -236,7 +262,6 @@ def average_steps(spec, plan: AvgPlan, device_id: int) -> tuple:
     global average runs the float global kernels' launches over codes
     (:func:`CB.global_passes`); a split plane's partial sums, in the accumulator dtype, have
     zp_in taken off already."""
-    rows, table = _device_tables(plan, device_id)
     pl = planner.plan(spec, CB.device_info(device_id))
     g = spec.geom
     it = CB.itype_scalar(pl.index_type)
@@ -245,8 +270,9 @@ def average_steps(spec, plan: AvgPlan, device_id: int) -> tuple:
         for p in CB.global_passes(spec, pl, it, plan.acc_dtype):
             name = qavg_global_name(p.launch.kernel, p.tin, plan.acc_dtype, p.tout,
                                     pl.index_type, p.lanes)
-            steps.append(CB.Step(_kernel(name), p.launch.grid, p.launch.block, p.io, p.sizes
-                                 + (table,) + _requant_args(plan, 0 if p.second else None)))
+            steps.append(_RequantStep(_kernel(name), p.launch.grid, p.launch.block, p.io,
+                                      p.sizes, ("table",),
+                                      _requant_args(plan, 0 if p.second else None)))
         scratch = ((g.planes * pl.launches[0].get("nchunks"), plan.acc_dtype)
                    if len(pl.launches) > 1 else None)
         return tuple(steps), scratch
@@ -257,8 +283,8 @@ def average_steps(spec, plan: AvgPlan, device_id: int) -> tuple:
                            nhwc) if window
             else qavg_adaptive_name(g.dtype, plan.acc_dtype, pl.index_type, nhwc))
     geo = CB.geo_args(spec, it, window) + (np.int32(la.rows),)
-    return (CB.Step(_kernel(name), la.grid, la.block, ("x", "out"),
-                    geo + (rows, table) + _requant_args(plan)),), None
+    return (_RequantStep(_kernel(name), la.grid, la.block, ("x", "out"), geo,
+                         ("rows", "table"), _requant_args(plan)),), None
 
 
 #: Most accumulator values :func:`_corrections` runs through; past it, both corrections stay.
@@ -288,15 +314,14 @@ def _corrections(plan: AvgPlan) -> int:
 def row_average_steps(spec: WindowSpec, plan: AvgPlan, device_id: int, unit: int) -> tuple:
     """The launch of ``qavg_pool_words`` for ``spec`` and ``plan`` on ``device_id``: with one
     table row for every output, its head goes as scalars (built once)."""
-    rows, table = _device_tables(plan, device_id)
     pl, la, geo = _row_words_launch(spec, device_id, unit)
     name = qavg_words_name(spec.geom.dtype, plan.acc_dtype, pl.index_type,
                            planner.static_window(spec))
     m, sh, xcap = (int(v) for v in plan.table[0, :3])
     head = (np.int64(m), np.int32(sh), np.int64(xcap), np.int32(len(plan.table) == 1),
             np.int32(_corrections(plan)))
-    return (CB.Step(_kernel(name), la.grid, la.block, ("x", "out"),
-                    geo + (rows, table) + head + _requant_args(plan)),), None
+    return (_RequantStep(_kernel(name), la.grid, la.block, ("x", "out"), geo,
+                         ("rows", "table"), head + _requant_args(plan)),), None
 
 
 def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
@@ -318,7 +343,7 @@ def prepare_qavg_window(spec: WindowSpec):
         unit = _aligned_unit(x, units) if units else 0
         steps, scratch = (row_average_steps(spec, plan, device, unit) if unit
                           else average_steps(spec, plan, device))
-        CB.launch(steps, scratch, {"x": x, "out": out})
+        _launch_averages(steps, scratch, x, out, plan, device)
     return run
 
 
@@ -327,5 +352,6 @@ def qavg_adaptive(x, spec: AdaptiveSpec, out, plan: AvgPlan) -> None:
     if spec.geom.nd > 3 and not spec.is_global:
         CB.on_host(cpu_quantized.qavg_adaptive, x, spec, out, plan)
         return
-    steps, scratch = average_steps(spec, plan, cupy.cuda.runtime.getDevice())
-    CB.launch(steps, scratch, {"x": CB.contiguous(x), "out": out})
+    device = cupy.cuda.runtime.getDevice()
+    steps, scratch = average_steps(spec, plan, device)
+    _launch_averages(steps, scratch, CB.contiguous(x), out, plan, device)

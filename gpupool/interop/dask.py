@@ -497,9 +497,10 @@ def _qaverage(op, params: dict, spec: S.AdaptiveSpec) -> QS.QArray:
     trailing = (None,) * (spec.geom.layout == "NHWC")
     sums = da.sum(_without_empty_chunks(data), axis=_spatial_axes(spec.geom), dtype=np.int64,
                   keepdims=True)
-    zp_counts = plan.counts.astype(np.int64)[(Ellipsis,) + trailing] * q.zero_point
+    rows, counts = plan.rows_and_counts()
+    zp_counts = counts.astype(np.int64)[(Ellipsis,) + trailing] * q.zero_point
     codes = sums.map_blocks(_requantize_sums, plan, zp_counts,
-                            plan.rows[(Ellipsis,) + trailing], data.dtype, dtype=data.dtype,
+                            rows[(Ellipsis,) + trailing], data.dtype, dtype=data.dtype,
                             meta=meta_from_array(data._meta, data.ndim, data.dtype))
     return QS.QArray(codes, out_scale, zp_out)
 
