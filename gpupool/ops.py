@@ -129,10 +129,10 @@ def max_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, paddin
     """
     x, backend, xp = as_array("max_pool", x)
     plan = _window_plan("max_pool", x, backend,
-                 (kernel_size, stride, padding, dilation, ceil_mode, layout, return_indices),
-                 lambda: S.window_spec("max_pool", "max", x.shape, dtype_name(x.dtype),
-                                       kernel_size, stride, padding, dilation, ceil_mode,
-                                       layout, return_indices=return_indices))
+                        (kernel_size, stride, padding, dilation, ceil_mode, layout, return_indices),
+                        lambda: S.window_spec("max_pool", "max", x.shape, dtype_name(x.dtype),
+                                              kernel_size, stride, padding, dilation, ceil_mode,
+                                              layout, return_indices=return_indices))
     return _run("max_pool", x, backend, xp, plan, out, plan[0].return_indices)
 
 
@@ -154,12 +154,12 @@ def avg_pool(x: ArrayLike, kernel_size: Size, stride: Size | None = None, paddin
     """
     x, backend, xp = as_array("avg_pool", x)
     plan = _window_plan("avg_pool", x, backend,
-                 (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
-                  dilation, layout),
-                 lambda: S.window_spec("avg_pool", "avg", x.shape, dtype_name(x.dtype),
-                                       kernel_size, stride, padding, dilation, ceil_mode, layout,
-                                       count_include_pad=count_include_pad,
-                                       divisor_override=divisor_override))
+                        (kernel_size, stride, padding, ceil_mode, count_include_pad,
+                         divisor_override, dilation, layout),
+                        lambda: S.window_spec("avg_pool", "avg", x.shape, dtype_name(x.dtype),
+                                              kernel_size, stride, padding, dilation, ceil_mode,
+                                              layout, count_include_pad=count_include_pad,
+                                              divisor_override=divisor_override))
     return _run("avg_pool", x, backend, xp, plan, out)
 
 
@@ -177,18 +177,18 @@ def lp_pool(x: ArrayLike, p: float, kernel_size: Size, stride: Size | None = Non
     """
     x, backend, xp = as_array("lp_pool", x)
     plan = _window_plan("lp_pool", x, backend,
-                 (p, kernel_size, stride, padding, dilation, ceil_mode, layout),
-                 lambda: S.window_spec("lp_pool", "lp", x.shape, dtype_name(x.dtype),
-                                       kernel_size, stride, padding, dilation, ceil_mode,
-                                       layout, p=p))
+                        (p, kernel_size, stride, padding, dilation, ceil_mode, layout),
+                        lambda: S.window_spec("lp_pool", "lp", x.shape, dtype_name(x.dtype),
+                                              kernel_size, stride, padding, dilation, ceil_mode,
+                                              layout, p=p))
     return _run("lp_pool", x, backend, xp, plan, out)
 
 
 def _global(func: str, op: str, x, spatial_dims, layout, out):
     x, backend, xp = as_array(func, x)
     plan = _adaptive_plan(func, x, backend, (spatial_dims, layout),
-                 lambda: S.global_spec(func, op, x.shape, dtype_name(x.dtype), spatial_dims,
-                                       layout))
+                          lambda: S.global_spec(func, op, x.shape, dtype_name(x.dtype),
+                                                spatial_dims, layout))
     return _run(func, x, backend, xp, plan, out)
 
 
@@ -224,8 +224,8 @@ def adaptive_avg_pool(x: ArrayLike, output_size: Size, *, layout: str = "NCHW",
     """
     x, backend, xp = as_array("adaptive_avg_pool", x)
     plan = _adaptive_plan("adaptive_avg_pool", x, backend, (output_size, layout),
-                 lambda: S.adaptive_spec("adaptive_avg_pool", "avg", x.shape,
-                                         dtype_name(x.dtype), output_size, layout))
+                          lambda: S.adaptive_spec("adaptive_avg_pool", "avg", x.shape,
+                                                  dtype_name(x.dtype), output_size, layout))
     return _run("adaptive_avg_pool", x, backend, xp, plan, out)
 
 
@@ -251,9 +251,9 @@ def adaptive_max_pool(x: ArrayLike, output_size: Size, *, return_indices: bool =
     """
     x, backend, xp = as_array("adaptive_max_pool", x)
     plan = _adaptive_plan("adaptive_max_pool", x, backend, (output_size, return_indices, layout),
-                 lambda: S.adaptive_spec("adaptive_max_pool", "max", x.shape,
-                                         dtype_name(x.dtype), output_size, layout,
-                                         return_indices=return_indices))
+                          lambda: S.adaptive_spec("adaptive_max_pool", "max", x.shape,
+                                                  dtype_name(x.dtype), output_size, layout,
+                                                  return_indices=return_indices))
     return _run("adaptive_max_pool", x, backend, xp, plan, out, plan[0].return_indices)
 
 
@@ -302,5 +302,6 @@ def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_size: Size, stride: Size
         if out is not None and xp.may_share_memory(out, indices):
             raise ValueError(f"gpupool.{func}: out must not overlap indices")
         if result.size:
-            computing.unpool(x, spec, result, indices, in_windows=pooling is not None and bool(inside))
+            computing.unpool(x, spec, result, indices,
+                             in_windows=pooling is not None and bool(inside))
     return result if out is None else out
