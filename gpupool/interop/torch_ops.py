@@ -28,6 +28,7 @@ import torch
 from .. import gradients, ops
 from .. import grad_spec as G
 from .. import spec as S
+from ..op_table import BY_NAME, OPS
 from . import autograd, dlpack
 from .torch_tensors import (CHANNELS_LAST, EAGER, backward, channels_last, custom_op,
                             differentiable, fake, fake_like, operators, plain, pool, stream)
@@ -219,31 +220,6 @@ def _(grad, input_shape, kernel_size, stride, padding, padding_mode, dilation, c
     return fake_like(grad, input_shape, layout)
 
 
-def _avg_pool_setup(ctx, inputs, output):
-    x, *ctx.arguments = inputs
-    ctx.input_shape = list(x.shape)
-    _keep_format(ctx, x, ctx.arguments[-1])
-
-
-def _avg_pool_grad(ctx, grad):
-    gx = operators(grad).avg_pool_backward(_in_format(ctx, grad), ctx.input_shape,
-                                            *ctx.arguments)
-    return (gx,) + _no_grads(ctx.arguments)
-
-
-def _avg_pool_backward_setup(ctx, inputs, output):
-    _, _, *ctx.arguments = inputs
-
-
-def _avg_pool_backward_grad(ctx, v):
-    # avg_pool_backward is the transpose of avg_pool, a linear map: its transpose is avg_pool
-    return (operators(v).avg_pool(v, *ctx.arguments), None) + _no_grads(ctx.arguments)
-
-
-differentiable("avg_pool", _avg_pool_grad, _avg_pool_setup)
-differentiable("avg_pool_backward", _avg_pool_backward_grad, _avg_pool_backward_setup)
-
-
 @custom_op
 def lp_pool(x: Tensor, p: float, kernel_size: list[int], stride: list[int],
             padding: list[int], padding_mode: str, dilation: list[int], ceil_mode: bool,
@@ -348,32 +324,6 @@ def _(grad, input_shape, output_size, layout):
     return fake_like(grad, input_shape, layout)
 
 
-def _adaptive_avg_setup(ctx, inputs, output):
-    x, ctx.output_size, ctx.layout = inputs
-    ctx.input_shape = list(x.shape)
-    _keep_format(ctx, x, ctx.layout)
-
-
-def _adaptive_avg_grad(ctx, grad):
-    return (operators(grad).adaptive_avg_pool_backward(_in_format(ctx, grad), ctx.input_shape,
-                                                        ctx.output_size, ctx.layout),
-            None, None)
-
-
-def _adaptive_avg_backward_setup(ctx, inputs, output):
-    _, _, ctx.output_size, ctx.layout = inputs
-
-
-def _adaptive_avg_backward_grad(ctx, v):  # the transpose of a linear map's transpose
-    return (operators(v).adaptive_avg_pool(v, ctx.output_size, ctx.layout),
-            None, None, None)
-
-
-differentiable("adaptive_avg_pool", _adaptive_avg_grad, _adaptive_avg_setup)
-differentiable("adaptive_avg_pool_backward", _adaptive_avg_backward_grad,
-                _adaptive_avg_backward_setup)
-
-
 @custom_op
 def adaptive_max_pool(x: Tensor, output_size: list[int],
                       layout: str) -> tuple[Tensor, Tensor]:
@@ -454,29 +404,36 @@ def _(grad, input_shape, spatial_dims, layout):
     return fake_like(grad, input_shape, layout)
 
 
-def _global_avg_setup(ctx, inputs, output):
-    x, ctx.spatial_dims, ctx.layout = inputs
-    ctx.input_shape = list(x.shape)
-    _keep_format(ctx, x, ctx.layout)
+def _linear(name: str) -> None:
+    """The autograd formulas of average ``name`` and of its backward op: the backward op is
+    the transpose of the average (a linear map), so its own derivative is the average. Both
+    take their arguments after the tensor (and the input's shape) in the same order, the
+    layout last."""
+    backward_name = BY_NAME[name].gradient
+
+    def setup(ctx, inputs, output):
+        x, *ctx.arguments = inputs
+        ctx.input_shape = list(x.shape)
+        _keep_format(ctx, x, ctx.arguments[-1])
+
+    def grad(ctx, g):
+        gx = getattr(operators(g), backward_name)(_in_format(ctx, g), ctx.input_shape,
+                                                   *ctx.arguments)
+        return (gx,) + _no_grads(ctx.arguments)
+
+    def backward_setup(ctx, inputs, output):
+        _, _, *ctx.arguments = inputs
+
+    def backward_grad(ctx, v):
+        return (getattr(operators(v), name)(v, *ctx.arguments), None) + _no_grads(ctx.arguments)
+
+    differentiable(name, grad, setup)
+    differentiable(backward_name, backward_grad, backward_setup)
 
 
-def _global_avg_grad(ctx, grad):
-    return (operators(grad).global_avg_pool_backward(_in_format(ctx, grad), ctx.input_shape,
-                                                      ctx.spatial_dims, ctx.layout),
-            None, None)
-
-
-def _global_avg_backward_setup(ctx, inputs, output):
-    _, _, ctx.spatial_dims, ctx.layout = inputs
-
-
-def _global_avg_backward_grad(ctx, v):
-    return (operators(v).global_avg_pool(v, ctx.spatial_dims, ctx.layout),
-            None, None, None)
-
-
-differentiable("global_avg_pool", _global_avg_grad, _global_avg_setup)
-differentiable("global_avg_pool_backward", _global_avg_backward_grad, _global_avg_backward_setup)
+for _op in OPS:
+    if _op.saved == "shape":  # the averages: only the input's shape is kept
+        _linear(_op.name)
 
 
 def _batched(operator, outputs: int):
