@@ -126,11 +126,18 @@ __device__ __forceinline__ void max_outputs(const T* __restrict__ x, T* __restri
 #pragma unroll
     for (int j = 0; j < G; ++j) acc[j] = Acc(xp, cs);
     taps.template batched<G>(o, n, acc);
+    if constexpr (Taps::row_tile && !IDX) {
+      T v[G];
 #pragma unroll
-    for (int j = 0; j < G; ++j) {
-      if (j < n) {
-        out[o[j].oi] = Num<T>::store(acc[j].m);
-        if (IDX) indices[o[j].oi] = (long long)acc[j].best;
+      for (int j = 0; j < G; ++j) v[j] = Num<T>::store(acc[j].m);
+      store_row_tile<G>(out, o, n, v);
+    } else {
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        if (j < n) {
+          out[o[j].oi] = Num<T>::store(acc[j].m);
+          if (IDX) indices[o[j].oi] = (long long)acc[j].best;
+        }
       }
     }
   };

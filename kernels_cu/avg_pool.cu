@@ -3,7 +3,7 @@
 // Template parameters: T element type; I index type (int or long long, chosen on the host);
 // K the window size along H and W when both equal K and the host specialised it (0: run time);
 // NHWC the layout. The row-tile kernel (avg_pool_rows) takes KH, KW and the W stride SW
-// instead (planner.ROW_TILE_WINDOWS).
+// instead (planner.ROW_TILE_WINDOWS), and VEC, LEAD: its packs (gp::RowTaps).
 #include "accumulate.cuh"
 #include "geometry.cuh"
 #include "thread_map.cuh"
@@ -38,10 +38,17 @@ __device__ __forceinline__ void avg_outputs(const T* __restrict__ x, T* __restri
     A s[G];
     long long count[G];
     taps.template sums<G>(o, n, gp::TapTerm<T, I, false>{xp, cs, (A)1}, (A)-0.0, s, count);
-    out[o[0].oi] = mean(o[0], s[0], count[0]);  // n >= 1
+    if constexpr (Taps::row_tile) {
+      T v[G];
 #pragma unroll
-    for (int j = 1; j < G; ++j) {
-      if (j < n) out[o[j].oi] = mean(o[j], s[j], count[j]);
+      for (int j = 0; j < G; ++j) v[j] = mean(o[j], s[j], count[j]);
+      gp::store_row_tile<G>(out, o, n, v);
+    } else {
+      out[o[0].oi] = mean(o[0], s[0], count[0]);  // n >= 1
+#pragma unroll
+      for (int j = 1; j < G; ++j) {
+        if (j < n) out[o[j].oi] = mean(o[j], s[j], count[j]);
+      }
     }
   };
   if constexpr (Taps::row_tile) {
@@ -68,14 +75,14 @@ __global__ void GP_WINDOW_BOUNDS(T, I, K && !(K == 3 && NHWC) ? 5 : 4)
 // windows of W stride SW and dilation 1 (gp::RowTaps: the column sums shared between the
 // windows that overlap). Geometry: gp::outputs_rows (grid x = W chunks, y = row groups, z =
 // plane groups; one thread = GP_ROW_TILE outputs side by side along W).
-template <typename T, int KH, int KW, int SW>
+template <typename T, int KH, int KW, int SW, int VEC, int LEAD>
 __global__ void __launch_bounds__(256)
     avg_pool_rows(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(int), int ped,
                   int peh, int pew, int include_pad, int divisor_override) {
   GP_GEO(int);
   const gp::Geo<int> fixed = gp::row_tile_geo<KH, KW, SW>(g);
-  avg_outputs<T, int, false>(x, out, gp::RowTaps<KH, KW, SW>{fixed}, fixed, ped, peh, pew,
-                             include_pad, divisor_override);
+  avg_outputs<T, int, false>(x, out, gp::RowTaps<KH, KW, SW, VEC, LEAD>{fixed}, fixed, ped,
+                             peh, pew, include_pad, divisor_override);
 }
 
 // Lp pooling: (separable sum over the valid taps of |x|**p) ** (1/p), p > 0 finite (A is

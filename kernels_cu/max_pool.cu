@@ -4,7 +4,8 @@
 // Template parameters: T element type; I index type (int when every offset fits in 32 bits,
 // long long otherwise: chosen on the host); K the window size along H and W when both equal K
 // and the host specialised it (0: read kh/kw at run time); NHWC the layout. The row-tile
-// kernels (*_rows) take KH, KW and the W stride SW instead (planner.ROW_TILE_WINDOWS).
+// kernels (*_rows) take KH, KW and the W stride SW instead (planner.ROW_TILE_WINDOWS), and
+// VEC, LEAD: their packs (gp::RowTaps).
 #include "accumulate.cuh"
 #include "gather.cuh"
 #include "geometry.cuh"
@@ -37,11 +38,12 @@ __global__ void GP_WINDOW_BOUNDS(T, I, 5)
 // of W stride SW and dilation 1 (gp::RowTaps). Geometry: gp::outputs_rows (grid x = W
 // chunks, y = row groups, z = plane groups; one thread = GP_ROW_TILE outputs side by side
 // along W, their input rows loaded once).
-template <typename T, int KH, int KW, int SW>
+template <typename T, int KH, int KW, int SW, int VEC, int LEAD>
 __global__ void __launch_bounds__(256)
     max_pool_rows(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(int)) {
   GP_GEO(int);
-  gp::max_outputs<T, int, false, false>(x, out, nullptr, gp::RowTaps<KH, KW, SW>{g}, g);
+  gp::max_outputs<T, int, false, false>(x, out, nullptr,
+                                        gp::RowTaps<KH, KW, SW, VEC, LEAD>{g}, g);
 }
 
 

@@ -132,12 +132,6 @@ __device__ __forceinline__ void max_gather(const T* __restrict__ grad,
   });
 }
 
-// V elements of T stored as one aligned vector.
-template <typename T, int V>
-struct alignas(V * sizeof(T)) Pack {
-  T v[V];
-};
-
 // The max gradients of sliding windows in packs of GatherShape<3>::pack positions along W
 // (C == 3: the host has checked that at most 3 windows cover a position along H, and 3 any of
 // a pack's positions along W): a thread takes 2 packs (input_groups with V = pack), walking for

@@ -2,6 +2,7 @@
 // thread computes, for NCHW and NHWC launches.
 #pragma once
 #include "geometry.cuh"
+#include "traits.cuh"
 
 namespace gp {
 
@@ -147,6 +148,29 @@ __device__ __forceinline__ void outputs_rows(const Geo<int>& g, const T* __restr
   for (int j = 0; j < G; ++j) o[j] = Output<int>{0, row, o_w + j, oi + j};
   const int left = g.ow - o_w;
   h(x + p * (g.ih * g.iw), 1, o, left < G ? left : G);
+}
+
+// A row tile's results v[0..n) to out[o[0].oi + j] (outputs_rows: consecutive along W): one
+// store of a word when the tile is whole and its first output aligned to the word, else one
+// store per output.
+template <int G, typename T>
+__device__ __forceinline__ void store_row_tile(T* __restrict__ out, const Output<int>* o, int n,
+                                               const T (&v)[G]) {
+  typedef typename Word<sizeof(Pack<T, G>)>::type W;
+  T* __restrict__ dst = out + o[0].oi;
+  if (n == G && (unsigned long long)dst % sizeof(W) == 0) {
+    Pack<T, G> p;
+#pragma unroll
+    for (int j = 0; j < G; ++j) p.v[j] = v[j];
+    W w;
+    memcpy(&w, &p, sizeof w);
+    *reinterpret_cast<W*>(dst) = w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      if (j < n) dst[j] = v[j];
+    }
+  }
 }
 
 // TILES: see outputs_nhwc.

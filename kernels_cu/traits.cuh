@@ -6,6 +6,18 @@
 
 namespace gp {
 
+// An unsigned word of B bytes, moved whole by one load or store instruction.
+template <int B> struct Word;
+template <> struct Word<4> { typedef unsigned int type; };
+template <> struct Word<8> { typedef unsigned long long type; };
+template <> struct Word<16> { typedef uint4 type; };
+
+// V elements of T loaded or stored as one aligned vector.
+template <typename T, int V>
+struct alignas(V * sizeof(T)) Pack {
+  T v[V];
+};
+
 // Element traits. `acc` is the type a window is reduced in: float for half and bfloat16 (exact
 // for max, float accumulation for sums; the result rounded once, to nearest even), the element
 // type itself otherwise (integers only ever take the

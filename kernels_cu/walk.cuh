@@ -4,6 +4,7 @@
 #pragma once
 #include "geometry.cuh"
 #include "thread_map.cuh"
+#include "traits.cuh"
 
 namespace gp {
 
@@ -483,23 +484,77 @@ struct WindowTaps {
 // Neighbouring windows overlap along W, so each input row's span of columns is loaded once
 // into registers and every window takes its taps from there: per output KH * span / R loads
 // and no index arithmetic past the row bases.
+//
+// VEC > 1: each row's span is loaded as aligned packs of VEC elements (gp::Pack), from the
+// column LEAD before the tile's first; the host launches this only where every pack is
+// aligned: the input's start on VEC elements, VEC dividing the row length (so a pack lies
+// wholly inside a row or wholly outside it) and GP_ROW_TILE * SW (so every tile's first
+// column lies LEAD past a pack's start, LEAD = -(W pad) mod VEC). VEC 1: one load per column.
 #ifndef GP_ROW_TILE
 #error "GP_ROW_TILE (outputs per thread of a row tile) is set by the host (planner.ROW_TILE)"
 #endif
-template <int KH, int KW, int SW>
+template <int KH, int KW, int SW, int VEC, int LEAD>
 struct RowTaps {
+  static_assert((GP_ROW_TILE * SW) % VEC == 0 && LEAD < VEC, "packs aligned in every tile");
   static constexpr int joint = GP_ROW_TILE;
   static constexpr bool flat_max = true;
   static constexpr bool row_tile = true;
   static constexpr int kd = 1, kh = KH, kw = KW;
   // input columns the windows of a tile cover
   static constexpr int span = (GP_ROW_TILE - 1) * SW + KW;
+  // packs per row that cover them
+  static constexpr int packs = (LEAD + span + VEC - 1) / VEC;
   const Geo<int>& g;
 
+  // The pack of VEC elements from x[pos] (pos a multiple of VEC), loaded as one unsigned
+  // word of its size (one load instruction on the GPU and in the CPU executor alike).
+  template <typename T>
+  static __device__ __forceinline__ Pack<T, VEC> pack(const T* __restrict__ x, int pos) {
+    typedef typename Word<sizeof(Pack<T, VEC>)>::type W;
+    const W w = *reinterpret_cast<const W*>(x + pos);
+    Pack<T, VEC> p;
+    memcpy(&p, &w, sizeof p);
+    return p;
+  }
+
+  // v[b][c] for the columns c of pack k of row b (c = k * VEC - LEAD + e, e < VEC, within the
+  // span) from x[base[b] + c], or f's value of a slot that is not ok where !ok(b, k). A pack
+  // the span holds whole is one load, the columns of the others (the first and last, in part
+  // outside the span) one load each.
+  template <typename F, typename Ok>
+  __device__ __forceinline__ void load_packs(const F& f, const int (&base)[KH],
+                                             typename F::value (&v)[KH][span], Ok ok) const {
+    typedef typename F::value T;
+#pragma unroll
+    for (int b = 0; b < KH; ++b) {
+#pragma unroll
+      for (int k = 0; k < packs; ++k) {
+        const int c0 = k * VEC - LEAD;
+        if (c0 >= 0 && c0 + VEC <= span) {
+          Pack<T, VEC> p;
+          if (ok(b, k)) {
+            p = pack(f.xp, base[b] + c0);
+          } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) p.v[e] = f.load(0, false);
+          }
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) v[b][c0 + e] = p.v[e];
+        } else {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            const int c = c0 + e;
+            if (c >= 0 && c < span) v[b][c] = f.load(base[b] + c, ok(b, k));
+          }
+        }
+      }
+    }
+  }
+
   // The tile of outputs o[0..G) (consecutive along W, one row): v[b][c] = f.load(pos, ok)
-  // for column c < span of window row b < KH, with rok[b], cok[c] whether row and column lie
-  // inside the plane; every load starts before any tap is used. A tile inside the plane (most
-  // of them) loads without a test per slot.
+  // for column c < span of window row b < KH (with VEC > 1 the same values from packs), with
+  // rok[b], cok[c] whether row and column lie inside the plane; every load starts before any
+  // tap is used. A tile inside the plane (most of them) loads without a test per slot.
   template <typename F>
   __device__ __forceinline__ void load(const Output<int>& o0, const F& f,
                                        typename F::value (&v)[KH][span], bool (&rok)[KH],
@@ -519,7 +574,24 @@ struct RowTaps {
       inside = inside && rok[b];
       base[b] = ph * g.iw + w0;
     }
-    if (inside) {
+    if constexpr (VEC > 1) {
+      // pack k starts at column w0 - LEAD + k * VEC; a column outside the row lies in a pack
+      // outside it (pok false). A tile inside the plane loads without a test per pack.
+      bool pok[packs];
+      bool all = true;
+#pragma unroll
+      for (int k = 0; k < packs; ++k) {
+        pok[k] = (unsigned)(w0 - LEAD + k * VEC) < (unsigned)g.iw;
+        all = all && pok[k];
+      }
+#pragma unroll
+      for (int b = 0; b < KH; ++b) all = all && rok[b];
+      if (all) {
+        load_packs(f, base, v, [](int, int) { return true; });
+      } else {
+        load_packs(f, base, v, [&](int b, int k) { return rok[b] && pok[k]; });
+      }
+    } else if (inside) {
 #pragma unroll
       for (int b = 0; b < KH; ++b) {
 #pragma unroll

@@ -576,6 +576,33 @@ def strided_cases():
                    requests=(qavg,))
 
 
+# ----------------------------------------------------------------------------- row tiles
+
+def row_tile_cases():
+    """Each row-tile kernel (planner.ROW_TILE_WINDOWS, W pads up to half the window): max
+    values and averages of rows of 64 elements (aligned packs, from every lead a pad gives)
+    and of 37 (a load per column; a 2-D max then takes the general walk); and inputs one
+    element past an aligned start, which load a column at a time or take the general walk."""
+    for (kh, kw, sw), dtype in itertools.product(planner.ROW_TILE_WINDOWS,
+                                                 planner.ROW_TILE_DTYPES):
+        lead, kernel, stride = ((2, 3, 7), (kh, kw), (2, sw)) if kh > 1 else ((2, 3), (kw,), (sw,))
+        name = f"{dtype}-NCHW-rows-k{kh}x{kw}-s{sw}"
+        for pad, width in [(p, 64) for p in range(kw // 2 + 1)] + [(kw // 2, 37)]:
+            shape = lead + (width,)
+            for op, values, call, kernels in (
+                    ("max", "max", _max(False), ("max_pool" if kh > 1 and width == 37
+                                                 else "max_pool_rows",)),
+                    ("avg-cip", "sum", _avg(cip=True), ("avg_pool_rows",))):
+                w = Window(name, lead[:2], shape[2:], kernel, stride, pad)
+                yield Case(f"{op}-{name}-p{pad}-w{width}", random_input(shape, dtype, values),
+                           lambda x, w=w, f=call: f(x, w, "NCHW"), True, requests=kernels)
+        shape = lead + (64,)
+        w = Window(name, lead[:2], shape[2:], kernel, stride, 1)
+        yield Case(f"max-{name}-p1-w64-misaligned", random_input(shape, dtype, "max"),
+                   lambda x, w=w: _max(False)(x, w, "NCHW"), True, view=misaligned,
+                   requests=("max_pool" if kh > 1 else "max_pool_rows",))
+
+
 # ----------------------------------------------------------------------------- small device
 
 def small_device_cases():
@@ -623,7 +650,7 @@ def small_device_cases():
 
 CASES = (list(window_cases()) + list(unpool_cases()) + list(adaptive_cases())
          + list(global_cases()) + list(quantized_cases()) + list(quantized_word_cases())
-         + list(many_plane_cases())
+         + list(many_plane_cases()) + list(row_tile_cases())
          + list(strided_cases()) + list(natural_int64_accumulator_cases()))
 HOOKED = ([("idx64", c) for c in CASES if "idx64" in c.tags]
           + [("acc64", c) for c in CASES if "acc64" in c.tags]

@@ -424,13 +424,13 @@ def test_strided_reads_cost_dram_time_in_proportion(lib):
 #: down: a change that models below its floor lost speed (more instructions, more traffic).
 #: Raise a floor when a change gains.
 FLOORS = {
-    "resnet stem max 3x3 s2 p1": 56.5,
-    "resnet stem max f16": 27.1,
+    "resnet stem max 3x3 s2 p1": 93.0,
+    "resnet stem max f16": 69.1,
     "resnet stem max + indices": 63.2,
     "resnet stem max NHWC": 39.3,
-    "vgg max 2x2 s2": 79.2,
-    "densenet avg 2x2 s2": 59.1,
-    "inception avg 3x3 s1 p1": 24.6,
+    "vgg max 2x2 s2": 93.0,
+    "densenet avg 2x2 s2": 93.0,
+    "inception avg 3x3 s1 p1": 24.7,
     "inception avg NHWC": 14.7,
     "resnet50 head global avg": 92.1,
     "resnet50 head global avg f16": 42.5,
@@ -439,12 +439,12 @@ FLOORS = {
     "global avg NHWC": 73.6,
     "adaptive avg 14->7": 32.0,
     "3d max 2x2x2": 92.5,
-    "1d max 3 s2 p1": 54.8,
+    "1d max 3 s2 p1": 93.6,
     "1d avg 4 s4": 43.6,
     "int8 max 2x2 s2": 79.8,
     "int8 avg 2x2 s2": 68.3,
     "seed [64,56,56] max 2x2 s2": 5.6,
-    "seed [64,56,56] avg 3x3 s2 p1": 5.5,
+    "seed [64,56,56] avg 3x3 s2 p1": 5.6,
     "seed [64,7,7] global avg": 0.07,
     "resnet stem max 3x3 s2 p1 backward": 38.2,
     "densenet avg 2x2 s2 backward": 10.8,
@@ -553,8 +553,11 @@ def test_avg_pool_output_stores_reach_the_trace(dtype):
         y = gpupool.avg_pool(x, 2)
     (launch,) = recorder.launches
     c = launch.columns()
-    assert int(c["write"].sum()) == y.size
-    assert set(c["size"][c["write"] == 1].tolist()) == {y.itemsize}
+    written = c["write"] == 1
+    # every output byte once, a row tile's outputs in one store of a word (aligned whole tiles)
+    assert int(c["size"][written].sum()) == y.nbytes
+    assert len(set(c["addr"][written].tolist())) == int(written.sum())
+    assert set(c["size"][written].tolist()) == {planner.ROW_TILE * y.itemsize}
 
 
 @executor_only

@@ -188,15 +188,19 @@ def test_nhwc_threads_along_channels():
 
 
 @pytest.mark.parametrize("shape, k, s, p, d, kw, expected", [
-    ((32, 64, 112, 112), 3, 2, 1, 1, dict(op="avg"), (3, 3, 2)),
-    ((16, 128, 56, 56), 2, 2, 0, 1, dict(op="avg", dtype="float16"), (2, 2, 2)),
-    ((2, 3, 9, 300), 3, 1, 1, 1, dict(op="avg"), (3, 3, 1)),
-    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="float16"), (1, 3, 3)),
-    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="bfloat16"), (1, 3, 3)),
+    ((32, 64, 112, 112), 3, 2, 1, 1, dict(op="avg"), (3, 3, 2, 4, 3)),
+    ((16, 128, 56, 56), 2, 2, 0, 1, dict(op="avg", dtype="float16"), (2, 2, 2, 8, 0)),
+    ((2, 3, 9, 300), 3, 1, 1, 1, dict(op="avg"), (3, 3, 1, 4, 3)),
+    ((2, 3, 9, 300), 3, 1, 1, 1, dict(op="avg", dtype="bfloat16"), (3, 3, 1, 4, 3)),  # 8 bytes
+    ((2, 3, 9, 302), 3, 1, 1, 1, dict(op="avg"), (3, 3, 1, 1, 0)),  # rows off the packs
+    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="float16"), (1, 3, 3, 4, 0)),
+    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="bfloat16"), (1, 3, 3, 4, 0)),
+    ((32, 80, 4097), (3,), 3, 0, 1, dict(dtype="float16"), (1, 3, 3, 1, 0)),
     ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="float16", return_indices=True), None),
-    ((32, 64, 112, 112), 3, 2, 1, 1, {}, None),  # a 2-D max
-    ((16, 128, 56, 56), 2, 2, 0, 1, dict(dtype="float16"), None),
-    ((2, 256, 32000), (5,), 4, 2, 1, dict(op="avg", count_include_pad=True), (1, 5, 4)),
+    ((32, 64, 112, 112), 3, 2, 1, 1, {}, (3, 3, 2, 4, 3)),  # a 2-D max, in packs
+    ((16, 128, 56, 56), 2, 2, 0, 1, dict(dtype="float16"), (2, 2, 2, 8, 0)),
+    ((32, 64, 55, 55), 3, 2, 0, 1, {}, None),  # a 2-D max whose rows are off the packs
+    ((2, 256, 32000), (5,), 4, 2, 1, dict(op="avg", count_include_pad=True), (1, 5, 4, 4, 2)),
     ((32, 64, 112, 112), 3, 2, 1, 1, dict(op="avg", layout="NHWC"), None),  # NHWC
     ((32, 64, 112, 112), 3, 2, 1, 1, dict(op="avg", dtype="float64"), None),
     ((32, 64, 112, 112), 3, 2, 1, 2, dict(op="avg"), None),  # dilation
@@ -205,18 +209,32 @@ def test_nhwc_threads_along_channels():
     ((70000, 8, 8), 2, 2, 0, 1, dict(op="avg"), None),  # planes past one grid dim
 ])
 def test_row_tiles_take_the_compiled_in_nchw_windows(shape, k, s, p, d, kw, expected):
-    """1-D and 2-D NCHW average and 1-D values-only max pooling of ROW_TILE_DTYPES with a
-    window and stride of ROW_TILE_WINDOWS and dilation 1 take the row-tile kernels, ROW_TILE
-    outputs per thread; the rest (2-D max, max with indices too) the general window walk."""
+    """1-D and 2-D NCHW averages and values-only max pooling of ROW_TILE_DTYPES with a window
+    and stride of ROW_TILE_WINDOWS and dilation 1 take the row-tile kernels, ROW_TILE outputs
+    per thread, in packs of 16 bytes (8 where 16 do not divide ROW_TILE * SW) where the
+    packs divide the rows; a 2-D max only in packs; the rest the general window walk."""
     sp = window(shape, k, s, p, d, **kw)
     assert planner.row_tile(sp) == expected
     (la,) = plan(sp, H100).launches
     assert la.kernel.endswith("_rows") == (expected is not None)
     if expected:
-        assert (la.get("kh"), la.get("kw"), la.get("sw")) == expected
+        assert tuple(la.get(n) for n in ("kh", "kw", "sw", "vec", "lead")) == expected
         assert la.grid[0] * la.block[0] * planner.ROW_TILE >= sp.out_spatial[-1]
     lp = S.window_spec("lp_pool", "lp", shape, "float32", k, s, p, d, False, "NCHW", p=2.0)
     assert planner.row_tile(lp) is None
+
+
+@pytest.mark.parametrize("align, avg, max_", [(16, (3, 3, 2, 4, 3), (3, 3, 2, 4, 3)),
+                                              (8, (3, 3, 2, 1, 0), None),
+                                              (4, (3, 3, 2, 1, 0), None)])
+def test_row_tiles_load_packs_only_from_an_input_aligned_to_them(align, avg, max_):
+    """An input whose start is not aligned to a pack loads a column at a time (averages) or
+    takes the general walk (a 2-D max)."""
+    for op, expected in (("avg", avg), ("max", max_)):
+        sp = window((2, 64, 112, 112), 3, 2, 1, 1, op=op)
+        assert planner.row_tile(sp, align) == expected
+        (la,) = plan(sp, H100, align=align).launches
+        assert la.kernel == (f"{op}_pool_rows" if expected else f"{op}_pool")
 
 
 @pytest.mark.parametrize("k,expected", [(3, 3), (2, 2), (5, 0), ((3, 2), 0), ((1, 3, 3), 3),

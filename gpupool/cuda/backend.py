@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import itertools
 import math
 import operator
 import os
@@ -42,7 +43,8 @@ import numpy as np
 from . import planner
 from ..arrays import dtype_name
 from ..quantized_spec import HEAD, LEVELS
-from ..spec import ACC_DTYPES, FLOAT_DTYPES, INT_DTYPES, AdaptiveSpec, UnpoolSpec, WindowSpec
+from ..spec import (ACC_DTYPES, FLOAT_DTYPES, INT_DTYPES, AdaptiveSpec, UnpoolSpec, WindowSpec,
+                    window_spec)
 
 #: dtype name -> C type of the kernels (the only dtypes the kernels are instantiated for).
 CTYPES = {
@@ -212,10 +214,24 @@ def window_name(kernel_base: str, dtype: str, itype: str, k: int, nhwc: bool) ->
     return f"{kernel_base}<{ctype(dtype)}, {itype}, {k}, {cbool(nhwc)}>"
 
 
-def rows_name(kernel_base: str, dtype: str, shape: tuple[int, int, int]) -> str:
-    """A row-tile kernel's name expression; ``shape``: its (KH, KW, SW)
+def rows_name(kernel_base: str, dtype: str, shape: tuple[int, ...]) -> str:
+    """A row-tile kernel's name expression; ``shape``: its (KH, KW, SW, VEC, LEAD)
     (:func:`gpupool.cuda.planner.row_tile`)."""
     return f"{kernel_base}<{ctype(dtype)}, {', '.join(map(str, shape))}>"
+
+
+def row_tile_shapes(op: str, dtype: str) -> list[tuple[int, ...]]:
+    """Every (KH, KW, SW, VEC, LEAD) :func:`gpupool.cuda.planner.row_tile` gives ``op``
+    ("max" or "avg") on ``dtype``: each window of ROW_TILE_WINDOWS with each W pad up to half
+    the window, on rows of 64 elements (packs where the window takes them) and of 37 (none)."""
+    shapes = []
+    for kh, kw, sw in planner.ROW_TILE_WINDOWS:
+        spatial, kernel, stride = ((8,), (kh, kw), (1, sw)) if kh > 1 else ((), (kw,), (sw,))
+        for pad, width in itertools.product(range(kw // 2 + 1), (64, 37)):
+            spec = window_spec(f"{op}_pool", op, (1, 1) + spatial + (width,), dtype, kernel,
+                               stride, pad, 1, False, "NCHW")
+            shapes.append(planner.row_tile(spec))
+    return list(dict.fromkeys(s for s in shapes if s))
 
 
 def adaptive_name(kernel_base: str, dtype: str, itype: str, nhwc: bool) -> str:
@@ -259,8 +275,7 @@ def instantiations() -> list[tuple[str, str]]:
                 base = f"{op}_pool_rows"
                 out += [(FAMILY_FILES[base], rows_name(base, dtype, shape))
                         for dtype in planner.ROW_TILE_DTYPES
-                        for shape in planner.ROW_TILE_WINDOWS
-                        if op == "avg" or shape[0] == 1]  # max: 1-D only (planner.row_tile)
+                        for shape in row_tile_shapes(op, dtype)]
             for dtype in (CTYPES if op == "max" else FLOAT_DTYPES):
                 one, first, second = _global_type_pairs(op, dtype)
                 pairs = {"global_block": (one, first), "global_channels": (one, first, second)}
@@ -404,13 +419,14 @@ def clear_launches() -> None:
 
 
 @launch_cache
-def prepared(spec, device_id: int, indices_dtype: str = "int64", scatter: bool = False
-             ) -> tuple[tuple[Step, ...], tuple | None]:
+def prepared(spec, device_id: int, indices_dtype: str = "int64", scatter: bool = False,
+             align: int = 16) -> tuple[tuple[Step, ...], tuple | None]:
     """Launch steps of ``spec`` on ``device_id`` and the (size, dtype) of scratch partials
     (None when a single pass). Compiles the kernels it needs (once per device).
     ``indices_dtype``: dtype of an unpool's indices; ``scatter``: an unpool's scatter plan
-    even where its gather applies (:func:`gpupool.cuda.planner.plan`)."""
-    pl = planner.plan(spec, device_info(device_id), scatter=scatter)
+    even where its gather applies; ``align``: the bytes the input's start is aligned to
+    (:func:`gpupool.cuda.planner.plan`)."""
+    pl = planner.plan(spec, device_info(device_id), scatter=scatter, align=align)
     itype = pl.index_type
     it = itype_scalar(itype)
     g = spec.geom
@@ -422,7 +438,8 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64", scatter: bool =
         geo = geo_args(spec, it, pl.family == "window") + (np.int32(la.rows),)
         if pl.family == "window":
             if la.kernel.endswith("_rows"):
-                name = rows_name(la.kernel, g.dtype, (la.get("kh"), la.get("kw"), la.get("sw")))
+                name = rows_name(la.kernel, g.dtype, tuple(
+                    la.get(k) for k in ("kh", "kw", "sw", "vec", "lead")))
             else:
                 name = window_name(la.kernel, g.dtype, itype, planner.static_window(spec), nhwc)
             extra = ()
@@ -481,9 +498,16 @@ def launch(steps, scratch, arrays: dict) -> None:
         step(arrays)
 
 
+def alignment(a) -> int:
+    """The bytes ``a``'s start is aligned to, up to 16 (the widest load of a thread)."""
+    return math.gcd(a.data.ptr, 16)
+
+
 def _run(x, spec, out, indices, indices_dtype: str = "int64") -> None:
-    steps, scratch = prepared(spec, cupy.cuda.runtime.getDevice(), indices_dtype)
-    launch(steps, scratch, {"x": contiguous(x), "out": out, "indices": indices})
+    x = contiguous(x)
+    steps, scratch = prepared(spec, cupy.cuda.runtime.getDevice(), indices_dtype,
+                              align=alignment(x))
+    launch(steps, scratch, {"x": x, "out": out, "indices": indices})
 
 
 def on_host(entry, x, spec, out, /, *rest, **operands) -> None:

@@ -90,27 +90,30 @@ def static_window(spec: S.WindowSpec) -> int:
     return kh if kh == kw and kh in SPECIALISED_K else 0
 
 
-def row_tile(spec) -> tuple[int, int, int] | None:
-    """(KH, KW, SW) of the row-tile kernels (``max_pool_rows``, ``avg_pool_rows``: ROW_TILE
-    outputs side by side along W per thread, each input row loaded once) when they cover
-    ``spec``: a 1-D or 2-D NCHW average, or a 1-D values-only max, of ROW_TILE_DTYPES with
-    dilation 1, a window and W stride of ROW_TILE_WINDOWS, 32-bit offsets, and planes and
-    output rows within a grid dim; else None. A 2-D max or a max with indices keeps the general
-    walk, which the calibrated GPU model (bench/model.py) has faster there (row tiles: L1-bound)."""
-    if not isinstance(spec, S.WindowSpec) or spec.op not in ("max", "avg"):
-        return None
+def row_tile(spec, align: int = 16) -> tuple[int, ...] | None:
+    """(KH, KW, SW, VEC, LEAD) of the row-tile kernels (``max_pool_rows``, ``avg_pool_rows``:
+    ROW_TILE outputs side by side along W per thread) when they cover ``spec``: a 1-D or 2-D
+    NCHW average or values-only max of ROW_TILE_DTYPES, dilation 1, a window and W stride of
+    ROW_TILE_WINDOWS, 32-bit offsets, planes and output rows within a grid dim; else None.
+    Input rows load in packs of VEC elements from LEAD = -(W pad) mod VEC columns before a
+    tile's first: 16 bytes, or 8 where 16 do not divide ROW_TILE * SW, if VEC divides the row
+    length and ``align`` (the input start's alignment, bytes) holds a pack; else VEC 1. A 2-D
+    max takes them only in packs (a load per column: L1-bound in the calibrated model)."""
     g = spec.geom
-    if spec.op == "max" and (g.nd > 1 or spec.return_indices):
+    if (not isinstance(spec, S.WindowSpec) or spec.op not in ("max", "avg")
+            or spec.return_indices or g.layout != "NCHW" or g.nd > 2
+            or g.dtype not in ROW_TILE_DTYPES or any(d != 1 for d in spec.dilation)):
         return None
-    if g.layout != "NCHW" or g.nd > 2 or g.dtype not in ROW_TILE_DTYPES:
+    shape = canonical3(spec.kernel, 1)[1:] + (spec.stride[-1],)
+    if (shape not in ROW_TILE_WINDOWS or index_type(spec) != "int"
+            or max(g.planes, canonical3(spec.out_spatial, 1)[1]) > GRID_YZ_MAX):
         return None
-    kh, kw = canonical3(spec.kernel, 1)[1:]
-    shape = (kh, kw, spec.stride[-1])
-    if (shape not in ROW_TILE_WINDOWS or any(d != 1 for d in spec.dilation)
-            or index_type(spec) != "int"):
-        return None
-    oh = canonical3(spec.out_spatial, 1)[1]
-    return shape if max(g.planes, oh) <= GRID_YZ_MAX else None
+    item = S.ITEMSIZE[g.dtype]
+    vec = 16 // item if ROW_TILE * shape[2] % (16 // item) == 0 else 8 // item
+    if vec * item > align or g.spatial[-1] % vec:
+        vec = 1
+    return None if spec.op == "max" and g.nd > 1 and vec == 1 else (
+        shape + (vec, -spec.pads[-1][0] % vec))
 
 
 def _row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int, int],
@@ -119,7 +122,7 @@ def _row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int, in
     TX threads along W, TY output rows and TZ planes per block (TZ > 1 when a plane's tiles
     leave a block under MIN_BLOCK_THREADS), plane groups on grid z; TY halves while the grid
     leaves the GPU short of a wave of blocks (down to MIN_BLOCK_THREADS)."""
-    kh, kw, sw = shape
+    kh, kw, sw, vec, lead = shape
     planes = spec.geom.planes
     oh, ow = canonical3(spec.out_spatial, 1)[1:]
     tx, ty = block_shape(_cdiv(ow, ROW_TILE), BLOCK_THREADS, oh)
@@ -138,13 +141,14 @@ def _row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int, in
         ty //= 2
     grid = (_cdiv(ow, tx * ROW_TILE), _cdiv(oh, ty), _cdiv(planes, tz))
     kernel = {"max": "max_pool_rows", "avg": "avg_pool_rows"}[spec.op]
+    packs = f" (aligned packs of {vec * S.ITEMSIZE[spec.geom.dtype]} bytes)" if vec > 1 else ""
     words.append(f"row tiles: {ROW_TILE} outputs per thread side by side along W, their "
                  f"{kh}x{kw} windows of W stride {sw} compiled in; each input row of a tile "
-                 f"loaded once into registers and shared by the windows that overlap")
+                 f"loaded once into registers{packs} and shared by the windows that overlap")
     words.append(f"split: {planes} planes ({grid[2]} groups on grid z) x {grid[1]} groups of "
                  f"{ty} output rows x {grid[0]} chunks of {tx * ROW_TILE} outputs along W")
-    return Plan("window", "int", (Launch(kernel, grid, (tx, ty, tz), 1,
-                                         (("kh", kh), ("kw", kw), ("sw", sw))),), tuple(words))
+    return Plan("window", "int", (Launch(kernel, grid, (tx, ty, tz), 1, tuple(sorted(zip(
+        ("kh", "kw", "sw", "vec", "lead"), shape)))),), tuple(words))
 
 
 #: Positions per thread of the max unpooling gather (gather.cuh named_group: with 32-bit
@@ -509,10 +513,10 @@ def _broadcast(view: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
 
 
 @functools.lru_cache(maxsize=1024)
-def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False) -> Plan:
+def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align: int = 16) -> Plan:
     """The launch plan of ``spec`` (a WindowSpec, AdaptiveSpec, UnpoolSpec or GradSpec) on
     ``device`` (default: an H100's properties); ``scatter``: an UnpoolSpec's zero fill +
-    scatter even where its gather applies."""
+    scatter even where its gather applies; ``align``: the input start's alignment in bytes."""
     device = device or H100
     g = spec.forward.geom if isinstance(spec, GradSpec) else spec.geom
     words = [f"device: {device.name} ({device.sm_count} SMs)",
@@ -531,7 +535,7 @@ def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False) -> Pl
                   "avg": "adaptive_avg"}[spec.op]
         p = _tiled(spec, device, "adaptive", kernel, words)
     else:
-        shape = row_tile(spec)
+        shape = row_tile(spec, align)
         if shape:
             p = _row_tiles(spec, device, shape, words)
         else:
@@ -548,15 +552,11 @@ def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False) -> Pl
         floor = la.floor_seconds(device)
         words.append(
             f"launch: {la.kernel} grid {la.grid} block {la.block}: {la.threads} threads, "
-            f"{la.outputs / la.threads:.3g} outputs per thread, reads {_mb(la.bytes_read)}, writes "
-            f"{_mb(la.bytes_written)}; floor "
+            f"{la.outputs / la.threads:.3g} outputs per thread, reads "
+            f"{la.bytes_read / 1e6:.3f} MB, writes {la.bytes_written / 1e6:.3f} MB; floor "
             + (f"{floor * 1e6:.2f} us at {device.dram_gbps:.0f} GB/s DRAM" if floor
                else "unknown (DRAM bandwidth unknown)"))
     return Plan(p.family, p.index_type, launches, tuple(words))
-
-
-def _mb(nbytes: int) -> str:
-    return f"{nbytes / 1e6:.3f} MB"
 
 
 def _with_traffic(spec, launches: tuple[Launch, ...]) -> tuple[Launch, ...]:

@@ -86,6 +86,11 @@
 #endif
 #define __CUDACPU__ 1
 
+// CUDA's 16-byte vector of unsigned ints, as a GCC vector: a load of one is one 16-byte
+// access (one LDG.128 on the GPU, one record in a trace build), which a struct of four
+// members would not be once GCC splits it. Kernels only move it whole (no .x .. .w here).
+typedef unsigned int uint4 __attribute__((vector_size(16)));
+
 // ------------------------------------------------------------------ built-in variables
 struct uint3 {
   unsigned int x, y, z;
