@@ -1,6 +1,25 @@
 // Window walks: the taps of a sliding or adaptive window, per dim (TapLine), visited in
 // row-major order or summed in the nested orders of the NumPy backend (the forward's
 // separable sums; the backward kernels walk lines of windows the same way).
+//
+// The interfaces, written once here:
+//
+// * Tap sources, the windows of an output (WindowTaps: sliding; AdaptiveTaps; RowTaps: the
+//   windows of a row tile). Each has
+//     joint, flat_max, row_tile, kd/kh/kw   what the kernels compile in around it
+//     (o_d, o_h, o_w, f)                    f(pos) per valid tap, row-major (walk_row_major)
+//     batched<G>(o, n, f)                   the taps of n <= G outputs for the output
+//                                           visitors f[j] (walk_row_major_batched)
+//     sum(o_d, o_h, o_w, term, zero, count) / sums<G>(o, n, term, zero, sum, count)
+//                                           separable sums of term (sum_separable_batched)
+//   (RowTaps has batched and sums only: a tile is always G = GP_ROW_TILE outputs.)
+// * Output visitors (accumulate.cuh MaxOfTaps): F::skips (take only the valid taps, else every
+//   slot), v = load(pos, ok) (ok false: load nothing, return a value take leaves without
+//   effect), take(v, pos) in row-major tap order.
+// * Terms (accumulate.cuh TapTerm): v = load(pos, ok) as above, apply(v) the summed term.
+// * Line visitors of the backward gathers (pool_backward.cu): F::skips,
+//   v = load(o, pd, ph, pw, ok), take(o, v, pd, ph, pw), and plane(o) / plane_end(o) /
+//   row(o) / row_end(o) around each valid D tap and (D, H) pair (walk_lines_batched).
 #pragma once
 #include "geometry.cuh"
 #include "thread_map.cuh"
