@@ -63,7 +63,7 @@ __device__ __forceinline__ void avg_outputs(const T* __restrict__ x, T* __restri
 // thread = `rows` outputs, two at a time: the loads of both windows' taps start before either
 // sum waits, gp::WindowTaps::sums).
 template <typename T, typename I, int K, bool NHWC>
-__global__ void GP_WINDOW_BOUNDS(T, I, K && !(K == 3 && NHWC) ? 5 : 4)
+__global__ void GP_WINDOW_BOUNDS(T, I, GP_BY_ARCH(K && !(K == 3 && NHWC) ? 5 : 4, K == 3 ? 3 : 4))
     avg_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I), int ped, int peh,
              int pew, int include_pad, int divisor_override) {
   GP_GEO(I);

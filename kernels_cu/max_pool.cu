@@ -17,7 +17,7 @@
 // y/z = plane groups; block (TX, TY, TZ planes); one thread = `rows` outputs, two at a time
 // when K is compiled in: the loads of both windows' taps start together, gp::max_outputs).
 template <typename T, typename I, int K, bool NHWC>
-__global__ void GP_WINDOW_BOUNDS(T, I, K ? 5 : 6)
+__global__ void GP_WINDOW_BOUNDS(T, I, K ? GP_BY_ARCH(5, 4) : 6)
     max_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I)) {
   GP_GEO(I);
   gp::max_outputs<T, I, false, NHWC>(x, out, nullptr, gp::WindowTaps<K, I>{g}, g);

@@ -70,13 +70,14 @@ __device__ __forceinline__ bool tap_valid(const TapLine<I>& l, I t, I& p) {
   return t < l.n && p >= 0 && p < l.size;
 }
 
-// walk_lines_batched with the line counts read at run time (NC 0).
-template <int G, int BW, typename I, typename F>
+// walk_lines_batched with the line counts read at run time (NC 0), for positions O0 .. O0 + S
+// (O0 < n) of the G.
+template <int G, int BW, int O0, int S, typename I, typename F>
 __device__ __forceinline__ void walk_lines_runtime(const TapLine<I>* d, const TapLine<I>* h,
                                                    const TapLine<I>* w, int n, F& f) {
-  I nd = d[0].n, nh = h[0].n, nw = w[0].n;
+  I nd = d[O0].n, nh = h[O0].n, nw = w[O0].n;
 #pragma unroll
-  for (int o = 1; o < G; ++o) {
+  for (int o = O0 + 1; o < O0 + S; ++o) {
     if (o < n) {
       nd = d[o].n > nd ? d[o].n : nd;
       nh = h[o].n > nh ? h[o].n : nh;
@@ -88,7 +89,7 @@ __device__ __forceinline__ void walk_lines_runtime(const TapLine<I>* d, const Ta
     I pd[G];
     bool dok[G];
 #pragma unroll
-    for (int o = 0; o < G; ++o) {
+    for (int o = O0; o < O0 + S; ++o) {
       dok[o] = o < n && tap_valid(d[o], a, pd[o]);
       if (dok[o]) f.plane(o);
     }
@@ -96,7 +97,7 @@ __device__ __forceinline__ void walk_lines_runtime(const TapLine<I>* d, const Ta
       I ph[G];
       bool hok[G];
 #pragma unroll
-      for (int o = 0; o < G; ++o) {
+      for (int o = O0; o < O0 + S; ++o) {
         hok[o] = dok[o] && tap_valid(h[o], b, ph[o]);
         if (hok[o]) f.row(o);
       }
@@ -105,7 +106,7 @@ __device__ __forceinline__ void walk_lines_runtime(const TapLine<I>* d, const Ta
         I pw[G][BW];
         bool ok[G][BW];
 #pragma unroll
-        for (int o = 0; o < G; ++o) {
+        for (int o = O0; o < O0 + S; ++o) {
 #pragma unroll
           for (int k = 0; k < BW; ++k) {
             ok[o][k] = hok[o] && tap_valid(w[o], c0 + (I)k, pw[o][k]);
@@ -116,7 +117,7 @@ __device__ __forceinline__ void walk_lines_runtime(const TapLine<I>* d, const Ta
           }
         }
 #pragma unroll
-        for (int o = 0; o < G; ++o) {
+        for (int o = O0; o < O0 + S; ++o) {
 #pragma unroll
           for (int k = 0; k < BW; ++k) {
             if (!F::skips || ok[o][k]) f.take(o, v[o][k], pd[o], ph[o], pw[o][k]);
@@ -124,14 +125,39 @@ __device__ __forceinline__ void walk_lines_runtime(const TapLine<I>* d, const Ta
         }
       }
 #pragma unroll
-      for (int o = 0; o < G; ++o) {
+      for (int o = O0; o < O0 + S; ++o) {
         if (hok[o]) f.row_end(o);
       }
     }
 #pragma unroll
-    for (int o = 0; o < G; ++o) {
+    for (int o = O0; o < O0 + S; ++o) {
       if (dok[o]) f.plane_end(o);
     }
+  }
+}
+
+// Positions of G that walk_lines_batched walks together with run-time line counts: all G, but
+// half of them with 64-bit offsets on sm_100 and later. Those walks (the backward gathers)
+// hold their kernels at the 255-register ceiling on every architecture (four positions with
+// 64-bit lines: 246 to 254 on sm_90), and ptxas for sm_100 and sm_120 went past it (spills).
+template <int G, typename I>
+__device__ __forceinline__ constexpr int runtime_span() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+  return sizeof(I) == 8 && G % 2 == 0 ? G / 2 : G;
+#else
+  return G;
+#endif
+}
+
+// walk_lines_runtime over positions O0 .. G in spans of S, a span only when it holds a
+// position below n.
+template <int G, int BW, int S, int O0, typename I, typename F>
+__device__ __forceinline__ void walk_lines_spans(const TapLine<I>* d, const TapLine<I>* h,
+                                                 const TapLine<I>* w, int n, F& f) {
+  static_assert(G % S == 0, "spans of S cover the G positions");
+  walk_lines_runtime<G, BW, O0, S>(d, h, w, n, f);
+  if constexpr (O0 + S < G) {
+    if (O0 + S < n) walk_lines_spans<G, BW, S, O0 + S>(d, h, w, n, f);
   }
 }
 
@@ -184,7 +210,8 @@ __device__ __forceinline__ void walk_lines_fixed(const TapLine<I>* d, const TapL
 
 // Row-major order over the lines of G positions at once (d[o], h[o], w[o] of position o < n,
 // each with counts of its own), the loads of a batch of taps started before any is used. Per
-// batch -- one (D, H) pair and BW W taps of every position; with NC > 0 (every H and W line
+// batch -- one (D, H) pair and BW W taps of every position (of each span, runtime_span);
+// with NC > 0 (every H and W line
 // has at most NC taps), one D tap and all the (H, W) taps of every position -- v =
 // f.load(o, pd, ph, pw, ok) for every slot (ok false: a position o >= n, a tap past its line's
 // end or outside [0, size), which loads nothing), then, per position, f.take(o, v, pd, ph, pw)
@@ -200,7 +227,7 @@ __device__ __forceinline__ void walk_lines_batched(const TapLine<I>* d, const Ta
   if constexpr (NC > 0) {
     walk_lines_fixed<G, NC>(d, h, w, n, f);
   } else {
-    walk_lines_runtime<G, BW>(d, h, w, n, f);
+    walk_lines_spans<G, BW, runtime_span<G, I>(), 0>(d, h, w, n, f);
   }
 }
 

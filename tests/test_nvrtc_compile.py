@@ -4,6 +4,13 @@ Needs CuPy and its NVRTC library, not a GPU. (sm_80 goes through the same front 
 in registers, which only sm_90 bounds (accumulate.cuh window_blocks), so a sample of it keeps
 the compile time of the suite in check.)
 
+sm_100 and sm_120, what CuPy builds for Blackwell GPUs with NVRTC 13, build the instantiations
+whose code the kernels choose by architecture (``for_arch``): max_pool's and avg_pool's
+register bounds (accumulate.cuh GP_BY_ARCH; float, half and bfloat16 elements with 32-bit
+offsets, which GP_WINDOW_BOUNDS holds to them) and the run-time walks of the backward gathers
+with 64-bit offsets (walk.cuh runtime_span), which sit at 255 registers on every architecture.
+Every instantiation for both would add about 25 minutes to the suite.
+
 The options are the ones ``cupy.RawModule`` uses at run time: CuPy's own include paths and
 ``--std=c++17`` (``cupy._core.core.assemble_cupy_compiler_options``), the backend's OPTIONS,
 ``-arch=sm_XX`` and ``--device-as-default-execution-space`` (added by CuPy's NVRTC path when
@@ -43,7 +50,12 @@ from gpupool.cuda import quantized as quantized_cuda
 
 pytestmark = pytest.mark.nvrtc
 
-ARCHS = ("80", "90")
+ARCHS = ("80", "90", "100", "120")
+#: The kernels whose register bound names a count per architecture (GP_BY_ARCH), and those
+#: that walk run-time line counts (walk_lines_runtime) in the backward gathers.
+ARCH_BOUND_KERNELS = ("max_pool<", "avg_pool<")
+RUNTIME_WALK_KERNELS = ("max_window_backward<", "avg_window_backward<", "lp_window_backward<",
+                        "max_adaptive_backward<", "avg_adaptive_backward<")
 #: A directory filled by ``pip install --target`` with ``nvidia-cuda-nvrtc-cu12`` and
 #: ``nvidia-cuda-runtime-cu12`` (its CUDA headers); unset, the NVRTC 12 tests skip.
 NVRTC12_DIR = "GPUPOOL_TEST_NVRTC12"
@@ -51,9 +63,16 @@ NVRTC12_DIR = "GPUPOOL_TEST_NVRTC12"
 
 def for_arch(names, arch: str) -> list[str]:
     """The instantiations compiled for sm_``arch``: all for sm_90; for sm_80 those of float32
-    and bfloat16 elements (or 32-bit words) and 32-bit offsets."""
+    and bfloat16 elements (or 32-bit words) and 32-bit offsets; for sm_100 and sm_120 the
+    kernels with a bound per architecture of float, half and bfloat16 elements with 32-bit
+    offsets and the run-time walks with 64-bit offsets."""
     if arch == "90":
         return list(names)
+    if arch in ("100", "120"):
+        return [n for n in names
+                if n.startswith(ARCH_BOUND_KERNELS)
+                and re.match(r"\w+<(float|__half|__nv_bfloat16), int,", n)
+                or n.startswith(RUNTIME_WALK_KERNELS) and ", long long," in n]
     return [n for n in names if ("float" in n or "unsigned int" in n) and "long long" not in n
             and "double" not in n and "__half" not in n]
 
@@ -140,8 +159,9 @@ def compile_text(real_nvrtc, text: str, source_file: str, names, arch: str):
     return cubin, mapping
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("source_file", sorted(_by_file()))
+@pytest.mark.parametrize(("source_file", "arch"),
+                         [(f, a) for f in sorted(_by_file()) for a in ARCHS
+                          if for_arch(_by_file()[f], a)])
 def test_compiles_without_warnings_or_local_memory(real_nvrtc, source_file, arch):
     compile_clean(real_nvrtc, source_file, for_arch(_by_file()[source_file], arch), arch)
 
