@@ -4,11 +4,11 @@
 #include "thread_map.cuh"
 #include "traits.cuh"
 
-// The window kernels' launches have at most 256 threads per block (the planner's
-// BLOCK_THREADS); GP_WINDOW_BOUNDS(T, I, B) holds a kernel's registers to what
+// The window kernels' launches have at most GP_BLOCK_THREADS threads per block;
+// GP_WINDOW_BOUNDS(T, I, B) holds a kernel's registers to what
 // gp::window_blocks<T, I>(B) such blocks per SM allow, so that the loads a thread starts
 // together (its windows' taps) keep the occupancy.
-#define GP_WINDOW_BOUNDS(T, I, B) __launch_bounds__(256, gp::window_blocks<T, I>(B))
+#define GP_WINDOW_BOUNDS(T, I, B) __launch_bounds__(GP_BLOCK_THREADS, gp::window_blocks<T, I>(B))
 
 // A kernel's blocks B for sm_90 (SM90) and for sm_100 and later (SM100). ptxas for sm_100 and
 // sm_120 needs 10 to 20 registers more than sm_90's for the kernels that start the taps of two

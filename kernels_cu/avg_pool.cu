@@ -76,7 +76,7 @@ __global__ void GP_WINDOW_BOUNDS(T, I, GP_BY_ARCH(K && !(K == 3 && NHWC) ? 5 : 4
 // windows that overlap). Geometry: gp::outputs_rows (grid x = W chunks, y = row groups, z =
 // plane groups; one thread = GP_ROW_TILE outputs side by side along W).
 template <typename T, int KH, int KW, int SW, int VEC, int LEAD>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(GP_BLOCK_THREADS)
     avg_pool_rows(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(int), int ped,
                   int peh, int pew, int include_pad, int divisor_override) {
   GP_GEO(int);

@@ -122,7 +122,7 @@ struct NamedTakes {
 // ones (twice the registers an offset takes; the planner's rows then make 2 groups).
 template <typename I>
 constexpr int named_group() {
-  return sizeof(I) == 4 ? 8 : 4;
+  return sizeof(I) == 4 ? GP_NAMED_GROUP : GP_NAMED_GROUP / 2;
 }
 
 // For each input position of this thread (input_groups, named_group<I>() at once), where at most

@@ -2,6 +2,18 @@
 // sliding-window geometry Geo<I> that the window and adaptive kernels take as parameters.
 #pragma once
 
+// The constants the planner shares with the kernels arrive as #defines ahead of the text, from
+// their one definition in gpupool.cuda.planner (gpupool.cuda.backend.DEFINES): the threads of
+// a block at most (GP_BLOCK_THREADS), the outputs of a row tile (GP_ROW_TILE), the positions
+// of a max unpooling gather (GP_NAMED_GROUP, 32-bit offsets), the positions of a max
+// gradient's pack (GP_MAX_PACK) and the slots of a backward gather by its compiled-in bound C
+// (GP_GATHER_GROUP_C).
+#if !defined(GP_BLOCK_THREADS) || !defined(GP_ROW_TILE) || !defined(GP_NAMED_GROUP) || \
+    !defined(GP_MAX_PACK) || !defined(GP_GATHER_GROUP_0) || !defined(GP_GATHER_GROUP_1) || \
+    !defined(GP_GATHER_GROUP_2) || !defined(GP_GATHER_GROUP_3)
+#error "the planner's constants are set by the host (gpupool.cuda.backend.DEFINES)"
+#endif
+
 namespace gp {
 
 // Index of this block over grid y, then z (each at most 65535).

@@ -39,7 +39,7 @@ __global__ void GP_WINDOW_BOUNDS(T, I, 5)
 // chunks, y = row groups, z = plane groups; one thread = GP_ROW_TILE outputs side by side
 // along W, their input rows loaded once).
 template <typename T, int KH, int KW, int SW, int VEC, int LEAD>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(GP_BLOCK_THREADS)
     max_pool_rows(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(int)) {
   GP_GEO(int);
   gp::max_outputs<T, int, false, false>(x, out, nullptr,

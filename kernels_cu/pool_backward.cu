@@ -42,22 +42,25 @@ struct AdaptiveCovers {
 
 // Input positions per thread taken together: their covering windows' loads all start before
 // any of their sums waits.
-constexpr int kGroup = 4;
+constexpr int kGroup = GP_GATHER_GROUP_0;
 
-// Slots a thread takes at once (group) and blocks of 256 threads per SM its registers are held
+// Slots a thread takes at once (group) and blocks of GP_BLOCK_THREADS per SM its registers are held
 // to (blocks; with float and half elements, see GP_WINDOW_BOUNDS), C the compiled-in bound on
 // a slot's windows along H and along W (0: none). The sums' slot is a position: one window at
 // most (C == 1), 8 positions, a batch of 8 windows; two (C == 2), 4 positions, all their 16
 // windows of one D tap in a batch. The max gradients' slot is a pack of 4 positions along W
 // (C == 3, the windows covering any of them; pack): 2 packs, 18 windows in a batch. Else kGroup
 // positions, their windows in batches of BW W taps (max_gather's, sum_gather's). Each holds
-// as many loads in flight per SM as ptxas keeps in one run without spilling
-// (planner.GATHER_GROUP matches).
+// as many loads in flight per SM as ptxas keeps in one run without spilling (the groups are
+// the planner's GATHER_GROUP, GP_GATHER_GROUP_C).
 template <int C>
 struct GatherShape {
-  static constexpr int group = C == 1 ? 8 : C == 3 ? 2 : kGroup;
+  static constexpr int group = C == 1   ? GP_GATHER_GROUP_1
+                               : C == 2 ? GP_GATHER_GROUP_2
+                               : C == 3 ? GP_GATHER_GROUP_3
+                                        : GP_GATHER_GROUP_0;
   static constexpr int blocks = C ? 2 : 1;
-  static constexpr int pack = C == 3 ? 4 : 1;
+  static constexpr int pack = C == 3 ? GP_MAX_PACK : 1;
 };
 #define GP_GATHER_BOUNDS(T, I, C) GP_WINDOW_BOUNDS(T, I, (gp::GatherShape<C>::blocks))
 

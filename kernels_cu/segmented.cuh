@@ -155,7 +155,7 @@ __device__ __forceinline__ void reduce_channels(const R& r,
                                                 typename R::Out* __restrict__ out, I nbatch,
                                                 I seglen, I chans, I nchunks, I chunklen) {
   typedef typename R::Acc A;
-  __shared__ A part[256];
+  __shared__ A part[GP_BLOCK_THREADS];
   const long long vv = block_plane();
   if (vv >= (long long)nbatch * (long long)nchunks) return;  // uniform over the block
   const I v = (I)vv;

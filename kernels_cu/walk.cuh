@@ -536,9 +536,6 @@ struct WindowTaps {
 // aligned: the input's start on VEC elements, VEC dividing the row length (so a pack lies
 // wholly inside a row or wholly outside it) and GP_ROW_TILE * SW (so every tile's first
 // column lies LEAD past a pack's start, LEAD = -(W pad) mod VEC). VEC 1: one load per column.
-#ifndef GP_ROW_TILE
-#error "GP_ROW_TILE (outputs per thread of a row tile) is set by the host (planner.ROW_TILE)"
-#endif
 template <int KH, int KW, int SW, int VEC, int LEAD>
 struct RowTaps {
   static_assert((GP_ROW_TILE * SW) % VEC == 0 && LEAD < VEC, "packs aligned in every tile");

@@ -114,15 +114,34 @@ def test_instantiation_list_covers_every_family():
         assert any(n.startswith(prefix) for n in names), prefix
 
 
-def test_quantized_constants_are_defined_once_by_the_host():
-    """GPQ_LEVELS and GPQ_HEAD reach the kernels from quantized_spec's LEVELS and HEAD, set
-    ahead of the text (the kernel files hold no copy of them)."""
+def test_shared_constants_are_defined_once_by_the_host():
+    """The constants the kernels share with the host (the planner's block size, row tile and
+    gather groups; quantized_spec's LEVELS and HEAD) reach every kernel file as #defines ahead
+    of its text, from their one definition on the Python side: no kernel file defines them or
+    writes their values as literals where they belong, and a file compiled without them fails
+    on an #error naming the host."""
+    import re
+
     from gpupool import quantized_spec as QS
-    head = f"#define GPQ_LEVELS {QS.LEVELS}\n#define GPQ_HEAD {QS.HEAD}\n"
-    text = cuda_backend.source("quantized_pool.cu")
-    assert text.startswith(head)
-    assert "#define GPQ_LEVELS" not in text[len(head):]
-    assert "#define GPQ_HEAD" not in text[len(head):]
+    from gpupool.cuda import planner
+    want = {"GP_BLOCK_THREADS": planner.BLOCK_THREADS, "GP_ROW_TILE": planner.ROW_TILE,
+            "GP_NAMED_GROUP": planner.NAMED_GROUP, "GP_MAX_PACK": planner.MAX_PACK,
+            **{f"GP_GATHER_GROUP_{c}": g for c, g in planner.GATHER_GROUP.items()}}
+    kernels = {f.name: f.read_text() for f in cuda_backend.KERNEL_DIR.iterdir()}
+    for name in cuda_backend.DEFINES:
+        text = cuda_backend.source(name)
+        defines = dict(re.findall(r"^#define (GP\w+|GPQ\w+) (\S+)$", text, re.M))
+        assert {k: int(defines[k]) for k in want} == want, name
+        if name == "quantized_pool.cu":
+            assert (int(defines["GPQ_LEVELS"]), int(defines["GPQ_HEAD"])) == (QS.LEVELS,
+                                                                               QS.HEAD)
+    for name, text in kernels.items():
+        assert not re.search(r"#\s*define\s+(GP_(BLOCK_THREADS|ROW_TILE|NAMED_GROUP|MAX_PACK|"
+                             r"GATHER_GROUP_\d)|GPQ_LEVELS|GPQ_HEAD)\b", text), name
+        assert not re.search(r"__launch_bounds__\(\s*\d", text), name
+    guards = kernels["geometry.cuh"] + kernels["quantized_pool.cu"]
+    assert all(f"!defined({k})" in guards for k in want)
+    assert "#error" in kernels["geometry.cuh"] and "gpupool.cuda.backend.DEFINES" in guards
 
 
 def compile_clean(real_nvrtc, source_file: str, names, arch: str):

@@ -111,8 +111,14 @@ def _kernel_dir() -> Path:
 KERNEL_DIR = _kernel_dir()
 #: Macros set before a source file's text: the constants its kernels share with the Python
 #: side, taken from their one definition there.
+PLANNER_DEFINES = (("GP_BLOCK_THREADS", str(planner.BLOCK_THREADS)),
+                   ("GP_ROW_TILE", str(planner.ROW_TILE)),
+                   ("GP_NAMED_GROUP", str(planner.NAMED_GROUP)),
+                   ("GP_MAX_PACK", str(planner.MAX_PACK)),
+                   *((f"GP_GATHER_GROUP_{c}", str(g)) for c, g in sorted(
+                       planner.GATHER_GROUP.items())))
 DEFINES = {f.name: {"quantized_pool.cu": (("GPQ_LEVELS", str(LEVELS)), ("GPQ_HEAD", str(HEAD)))
-                    }.get(f.name, ()) + (("GP_ROW_TILE", str(planner.ROW_TILE)),)
+                    }.get(f.name, ()) + PLANNER_DEFINES
            for f in KERNEL_DIR.glob("*.cu")}
 #: A quoted include line, as read_source inlines it.
 QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)

@@ -151,14 +151,14 @@ def _row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int, in
         ("kh", "kw", "sw", "vec", "lead"), shape)))),), tuple(words))
 
 
-#: Positions per thread of the max unpooling gather (gather.cuh named_group: with 32-bit
-#: offsets all their windows' loads in one batch).
+#: Positions per thread of the max unpooling gather with 32-bit offsets, all their windows'
+#: loads in one batch (the kernels' GP_NAMED_GROUP; half as many with 64-bit offsets).
 NAMED_GROUP = 8
 #: Positions along W of one slot of the max gradients' walk when its windows are compiled in
-#: (pool_backward.cu GatherShape<3>::pack).
+#: (the kernels' GP_MAX_PACK).
 MAX_PACK = 4
 #: Slots per thread that a window backward kernel takes together, by the compiled-in bound of
-#: :func:`gather_covers`, as pool_backward.cu's GatherShape.
+#: :func:`gather_covers` (the kernels' GP_GATHER_GROUP_C).
 GATHER_GROUP = {0: 4, 1: 8, 2: 4, 3: 2}
 
 
