@@ -36,22 +36,20 @@ template <typename T> struct Num;
 GP_TRAITS(float, __int_as_float(0xff800000), isnan(v))
 GP_TRAITS(double, __longlong_as_double(0xfff0000000000000ULL), isnan(v))
 
-template <> struct Num<__half> {
-  typedef float acc;
-  static __device__ __forceinline__ acc lowest() { return __int_as_float(0xff800000); }
-  static __device__ __forceinline__ acc load(__half v) { return __half2float(v); }
-  static __device__ __forceinline__ __half store(acc v) { return __float2half_rn(v); }
-  static __device__ __forceinline__ bool is_nan(acc v) { return isnan(v); }
-};
-
-// __float2bfloat16_rn gives 0x7FFF for every NaN (the NumPy backend rounds the same way).
-template <> struct Num<__nv_bfloat16> {
-  typedef float acc;
-  static __device__ __forceinline__ acc lowest() { return __int_as_float(0xff800000); }
-  static __device__ __forceinline__ acc load(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __device__ __forceinline__ __nv_bfloat16 store(acc v) { return __float2bfloat16_rn(v); }
-  static __device__ __forceinline__ bool is_nan(acc v) { return isnan(v); }
-};
+// The 16-bit floats: float32 arithmetic, each tap widened exactly (WIDEN) and each result
+// rounded once to nearest even (ROUND); __float2bfloat16_rn gives 0x7FFF for every NaN (the
+// NumPy backend rounds the same way).
+#define GP_WIDENED_TRAITS(T, WIDEN, ROUND)                                              \
+  template <> struct Num<T> {                                                           \
+    typedef float acc;                                                                  \
+    static __device__ __forceinline__ acc lowest() { return __int_as_float(0xff800000); } \
+    static __device__ __forceinline__ acc load(T v) { return WIDEN(v); }                \
+    static __device__ __forceinline__ T store(acc v) { return ROUND(v); }               \
+    static __device__ __forceinline__ bool is_nan(acc v) { return isnan(v); }           \
+  };
+GP_WIDENED_TRAITS(__half, __half2float, __float2half_rn)
+GP_WIDENED_TRAITS(__nv_bfloat16, __bfloat162float, __float2bfloat16_rn)
+#undef GP_WIDENED_TRAITS
 
 GP_TRAITS(signed char, (signed char)(-128), ((void)v, false))
 GP_TRAITS(unsigned char, (unsigned char)0, ((void)v, false))
