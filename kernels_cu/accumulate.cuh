@@ -64,7 +64,7 @@ __device__ __forceinline__ T tap_load(const T* __restrict__ xp, I cs, I pos, boo
 // take tests max_takes without its short circuit, the form after which ptxas starts all of a
 // batch's loads in the compiled-in-K and adaptive walks (with the short circuit it waited for
 // each tap of their NHWC, double and adaptive variants); the run-time-K walk and the indices
-// keep the short circuit, which ptxas batches there (FLAT spilled the run-time-K kernel).
+// keep the short circuit, which ptxas batches there (FLAT would spill the run-time-K kernel).
 template <typename T, typename I, bool IDX, bool FLAT = false>
 struct MaxOfTaps {
   typedef typename Num<T>::acc A;

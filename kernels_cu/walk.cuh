@@ -479,7 +479,7 @@ struct WindowTaps {
   static constexpr bool flat_max = K != 0;
   static constexpr bool row_tile = false;
   // the D, H and W tap counts the averages' divisors compile in (0: counted in a loop at run
-  // time; unrolled, the counts held the compiled-in-K kernels over their register bound)
+  // time: unrolled counts would hold the compiled-in-K kernels over their register bound)
   static constexpr int kd = 0, kh = 0, kw = 0;
   const Geo<I>& g;
   __device__ __forceinline__ void lines(I o_d, I o_h, I o_w, TapLine<I>& d, TapLine<I>& h,
