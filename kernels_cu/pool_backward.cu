@@ -40,16 +40,13 @@ struct AdaptiveCovers {
   }
 };
 
-// Input positions per thread taken together: their covering windows' loads all start before
-// any of their sums waits.
-constexpr int kGroup = GP_GATHER_GROUP_0;
-
-// Slots a thread takes at once (group) and blocks of GP_BLOCK_THREADS per SM its registers are held
+// Slots a thread takes at once, their covering windows' loads all started before any of their
+// sums waits (group), and blocks of GP_BLOCK_THREADS threads per SM its registers are held
 // to (blocks; with float and half elements, see GP_WINDOW_BOUNDS), C the compiled-in bound on
 // a slot's windows along H and along W (0: none). The sums' slot is a position: one window at
 // most (C == 1), 8 positions, a batch of 8 windows; two (C == 2), 4 positions, all their 16
 // windows of one D tap in a batch. The max gradients' slot is a pack of 4 positions along W
-// (C == 3, the windows covering any of them; pack): 2 packs, 18 windows in a batch. Else kGroup
+// (C == 3, the windows covering any of them; pack): 2 packs, 18 windows in a batch. Else 4
 // positions, their windows in batches of BW W taps (max_gather's, sum_gather's). Each holds
 // as many loads in flight per SM as ptxas keeps in one run without spilling (the groups are
 // the planner's GATHER_GROUP, GP_GATHER_GROUP_C).
@@ -107,16 +104,16 @@ struct MaxGrads {
 };
 
 // The max gradient over any covering windows (WindowCovers, AdaptiveCovers; C: at most C
-// along H and W, 0 any number), kGroup positions of a thread at once, the loads of their
-// covering windows in joint batches.
+// along H and W, 0 any number), GP_GATHER_GROUP_0 positions of a thread at once, the loads of
+// their covering windows in joint batches.
 template <typename T, typename I, bool NHWC, typename Covers>
 __device__ __forceinline__ void max_gather(const T* __restrict__ grad,
                                            const long long* __restrict__ indices,
                                            T* __restrict__ out, const Covers& covers,
                                            const Geo<I>& g) {
-  // W taps per batch of the covering windows' loads, a batch of kGroup * BW windows (ptxas
+  // W taps per batch of the covering windows' loads, a batch of G * BW windows (ptxas
   // on sm_90: about as many registers as 1, the same blocks per SM)
-  constexpr int G = kGroup, BW = 2;
+  constexpr int G = GP_GATHER_GROUP_0, BW = 2;
   input_groups<G, NHWC>(g, grad, [&](I base, I cs, const Output<I>* e, int n) {
     TapLine<I> d[G], h[G], w[G];
     cover_lines<G>(covers, e, d, h, w);
