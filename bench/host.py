@@ -51,11 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     import cudacpu
     cupy = cudacpu.install()
     import gpupool as gp
-    from gpupool.cuda import backend
+    from gpupool.cuda import kernels
 
-    def stub(source_file, name):  # the launch list is built as usual; nothing runs
+    def stub(name):  # the launch list is built as usual; nothing runs
         return lambda grid, block, arguments: None
-    backend.kernel = stub
+    kernels.kernel = stub
     print(f"host time per warm call, launches stubbed (stand-in CuPy, {args.calls} calls x "
           f"{args.repeats} repeats, median):")
     for name, call in calls(gp, cupy).items():

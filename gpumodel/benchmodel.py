@@ -178,10 +178,10 @@ def scaled_shape(case, planes: int) -> tuple:
 
 def _clear_backend_caches() -> None:
     """Forget gpupool's device properties, prepared launches and loaded kernels."""
-    from gpupool.cuda import backend as cuda_backend
-    for cached in (cuda_backend.device_info, cuda_backend.load_module, cuda_backend.kernel):
+    from gpupool.cuda import kernels as cuda_kernels, launching
+    for cached in (launching.device_info, cuda_kernels.load_module, cuda_kernels.kernel):
         cached.cache_clear()
-    cuda_backend.clear_launches()
+    launching.clear_launches()
 
 
 @contextlib.contextmanager
@@ -189,9 +189,9 @@ def sm_count(sms: int):
     """While inside, the stand-in device has ``sms`` SMs."""
     saved = os.environ.get("CUDACPU_SM_COUNT")
     os.environ["CUDACPU_SM_COUNT"] = str(sms)
-    from gpupool.cuda import backend as cuda_backend
-    cuda_backend.device_info.cache_clear()
-    cuda_backend.clear_launches()
+    from gpupool.cuda import launching
+    launching.device_info.cache_clear()
+    launching.clear_launches()
     try:
         yield
     finally:
@@ -199,8 +199,8 @@ def sm_count(sms: int):
             os.environ.pop("CUDACPU_SM_COUNT", None)
         else:
             os.environ["CUDACPU_SM_COUNT"] = saved
-        cuda_backend.device_info.cache_clear()
-        cuda_backend.clear_launches()
+        launching.device_info.cache_clear()
+        launching.clear_launches()
 
 
 def prepared_call(case, x):
@@ -237,28 +237,28 @@ def planned_with_setup(case, shape, sms: int = devices.SM_COUNT
     on an input of ``shape`` on ``sms`` SMs, without compiling or running anything (the input
     is never written: any size costs nothing)."""
     import cupy
-    from gpupool.cuda import backend as cuda_backend
+    from gpupool.cuda import kernels as cuda_kernels, launching, names
     launches = []
 
-    def kernel(source_file, name):
+    def kernel(name):
         def launch(grid, block, args, **_):
             scalars = tuple(getattr(a, "item", lambda: a)() for a in args
                             if not isinstance(a, np.ndarray))
             arrays = tuple(a.nbytes for a in args if isinstance(a, np.ndarray))
-            launches.append(PlannedLaunch(source_file, name, tuple(grid), tuple(block), scalars,
-                                          arrays))
+            launches.append(PlannedLaunch(names.source_file(name), name, tuple(grid),
+                                          tuple(block), scalars, arrays))
         return launch
 
-    real = cuda_backend.kernel
-    cuda_backend.kernel = kernel
+    real = cuda_kernels.kernel
+    cuda_kernels.kernel = kernel
     try:
         with sm_count(sms), _unchecked_indices():
             f, _ = prepared_call(case, cupy.empty(shape, case.dtype))
             setup = list(launches)
             f()
     finally:
-        cuda_backend.kernel = real
-        cuda_backend.clear_launches()
+        cuda_kernels.kernel = real
+        launching.clear_launches()
     return setup, launches[len(setup):]
 
 
@@ -329,10 +329,10 @@ def block_limit(case, planes: int, full: list[PlannedLaunch]) -> int | None:
 
 def source_lines(source_file: str) -> list[str]:
     """``file:line`` of each line of the text gpupool compiles for ``source_file``
-    (``cuda_backend.source``: its defines, then the file with its includes inlined); "" for
+    (``gpupool.cuda.kernels.source``: its defines, then the file with its includes inlined); "" for
     a blank line or a define."""
-    from gpupool.cuda import backend as cuda_backend
-    root = cuda_backend.KERNEL_DIR
+    from gpupool.cuda import kernels as cuda_kernels
+    root = cuda_kernels.KERNEL_DIR
     seen = set()
 
     def expand(name: str) -> str:
@@ -342,12 +342,12 @@ def source_lines(source_file: str) -> list[str]:
         # blank lines and includes stay as they are, so that the include pattern (whose
         # trailing \s* takes line ends) expands the marked text as it does the plain one
         marked = "\n".join(
-            line if not line.strip() or cuda_backend.QUOTED_INCLUDE.fullmatch(line) else
+            line if not line.strip() or cuda_kernels.QUOTED_INCLUDE.fullmatch(line) else
             f"{line}\0{name}:{number}"
             for number, line in enumerate((root / name).read_text().split("\n"), 1))
-        return cuda_backend.QUOTED_INCLUDE.sub(lambda m: expand(m.group(1)), marked)
+        return cuda_kernels.QUOTED_INCLUDE.sub(lambda m: expand(m.group(1)), marked)
 
-    defines = [""] * len(cuda_backend.DEFINES.get(source_file, ()))
+    defines = [""] * len(cuda_kernels.DEFINES.get(source_file, ()))
     return defines + [line.partition("\0")[2] for line in expand(source_file).split("\n")]
 
 
@@ -420,8 +420,8 @@ class CaseModel:
 
 def _site_labels(launch, counts, source_file) -> dict[int, str]:
     """Site -> "file:line: text" of the kernel source line it came from."""
-    from gpupool.cuda import backend as cuda_backend
-    text = cuda_backend.source(source_file).split("\n")
+    from gpupool.cuda import kernels as cuda_kernels
+    text = cuda_kernels.source(source_file).split("\n")
     origins = source_lines(source_file)
     labels = {}
     for site, line in launch.site_lines([s.site for s in counts.sites]).items():
@@ -435,7 +435,7 @@ def tracing(names_by_file: dict[str, list[str]]):
     """While inside, gpupool's kernels are trace builds of the given names only (one library
     per source file, built now in parallel) and a :class:`trace.Recorder` records launches."""
     import cupy
-    from gpupool.cuda import backend as cuda_backend
+    from gpupool.cuda import kernels as cuda_kernels
     saved_batches = dict(cupy.batches)
     saved_cache = os.environ.get("GPUPOOL_CACHE_DIR")
     kernel_cache = tempfile.mkdtemp(prefix="gpupool-trace-kernels-")
@@ -443,7 +443,7 @@ def tracing(names_by_file: dict[str, list[str]]):
     cupy.batches.clear()
     jobs = []
     for source_file, names in names_by_file.items():
-        code = cuda_backend.source(source_file)
+        code = cuda_kernels.source(source_file)
         cupy.batches[code] = tuple(sorted(set(names)))
         jobs += cupy.chunks(code, cupy.batches[code])
     _clear_backend_caches()
@@ -471,7 +471,7 @@ def model_suite(cases, nvrtc, sites: bool = False,
     ``min_planes``: trace at least this many planes."""
     from gpupool import bench as benchmark
     from gpupool.bench import cases as bench_cases
-    from gpupool.cuda import backend as cuda_backend
+    from gpupool.cuda import kernels as cuda_kernels
     scales = {case.name: matching_scale(case, min_planes) for case in cases}
     names_by_file: dict[str, list[str]] = {}
     for case in cases:
@@ -482,7 +482,7 @@ def model_suite(cases, nvrtc, sites: bool = False,
     sass.nvdisasm()  # before compiling: fail at once when it is missing
     with installed_cupy():
         for source_file, names in names_by_file.items():
-            compiled = sass.compile_kernels(nvrtc, cuda_backend.source(source_file), names)
+            compiled = sass.compile_kernels(nvrtc, cuda_kernels.source(source_file), names)
             registers.update(traffic.register_usage(compiled))
             batching.update(sass.load_batching(compiled))
             code = sass.disassemble(compiled.cubin)

@@ -67,14 +67,14 @@ class Compiled:
 
 def compile_kernels(nvrtc, source: str, names, arch: str = ARCH) -> Compiled:
     """Compile ``names`` (name expressions) of ``source`` as gpupool's CuPy backend does
-    (``cuda_backend.OPTIONS``) for sm_``arch``, to a cubin, with ptxas's resource report.
+    (``gpupool.cuda.kernels.OPTIONS``) for sm_``arch``, to a cubin, with ptxas's resource report.
     ``nvrtc``: :func:`cudacpu.real_nvrtc`'s namespace, used inside
     :func:`cudacpu.installed_cupy`."""
-    from gpupool.cuda import backend as cuda_backend
+    from gpupool.cuda import kernels as cuda_kernels
     names = list(dict.fromkeys(names))
     program = nvrtc.compiler._NVRTCProgram(source, "kernel.cu", name_expressions=names,
                                            method="cubin")
-    options = tuple(nvrtc.core.assemble_cupy_compiler_options(cuda_backend.OPTIONS)) + (
+    options = tuple(nvrtc.core.assemble_cupy_compiler_options(cuda_kernels.OPTIONS)) + (
         f"-arch=sm_{arch}", "--device-as-default-execution-space", "-Xptxas=-v")
     log = io.StringIO()
     cubin, mapping = program.compile(options, log)

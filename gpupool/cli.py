@@ -53,7 +53,7 @@ def info() -> None:
         print(f"device {dev}: {name}, {props['multiProcessorCount']} SMs, compute capability "
               f"{props['major']}.{props['minor']}, driver "
               f"{cuda_version(cupy.cuda.runtime.driverGetVersion())}")
-    from .cuda.backend import cache_dir
+    from .cuda.kernels import cache_dir
     print(f"kernel cache: {cache_dir()} (set GPUPOOL_CACHE_DIR to move it)")
 
 

@@ -13,14 +13,14 @@
 // both agree to the bit; why the steps are exact is in gpupool/quantized.py.
 //
 // GPQ_LEVELS and GPQ_HEAD are quantized_spec.LEVELS and HEAD, defined by the host before this
-// text (gpupool.cuda.backend.DEFINES).
+// text (gpupool.cuda.kernels.DEFINES).
 #include "geometry.cuh"
 #include "segmented.cuh"
 #include "thread_map.cuh"
 #include "walk.cuh"
 
 #if !defined(GPQ_LEVELS) || !defined(GPQ_HEAD)
-#error "GPQ_LEVELS and GPQ_HEAD are defined by the host (gpupool.cuda.backend.DEFINES)"
+#error "GPQ_LEVELS and GPQ_HEAD are defined by the host (gpupool.cuda.kernels.DEFINES)"
 #endif
 #define GPQ_ROW (GPQ_HEAD + GPQ_LEVELS + 2)
 

@@ -86,7 +86,7 @@ def fresh_nvrtc_probe():
 def test_gpu_is_usable_only_where_nvrtc_compiles_the_probe(fresh_nvrtc_probe, monkeypatch):
     """The probe compiles its kernel through CuPy's NVRTC with the backend's options."""
     cupy = pytest.importorskip("cupy")
-    from gpupool.cuda import backend
+    from gpupool.cuda import kernels
     compiles = []
     real = cupy.cuda.compiler.compile_using_nvrtc
     monkeypatch.setattr(cupy.cuda.runtime, "getDeviceCount", lambda: 1)
@@ -94,7 +94,7 @@ def test_gpu_is_usable_only_where_nvrtc_compiles_the_probe(fresh_nvrtc_probe, mo
                         lambda source, options=(), *a, **k: compiles.append(
                             (source, tuple(options))) or real(source, options, *a, **k))
     assert probe.gpu_usable() == (True, "1 GPU(s)")
-    assert compiles == [(probe.PROBE_SOURCE, backend.compile_options())]
+    assert compiles == [(probe.PROBE_SOURCE, kernels.compile_options())]
     probe.gpu_usable()
     assert len(compiles) == 1  # once per process
 

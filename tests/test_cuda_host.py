@@ -68,12 +68,12 @@ def test_float32_subnormals_are_kept(cupy):
 def test_a_new_process_loads_compiled_kernels_from_disk(cupy, monkeypatch):
     """The compiled image is kept on disk: with the in-process memos empty (as in a new
     process), the same op does not compile again."""
-    from gpupool.cuda import backend as CB
+    from gpupool.cuda import kernels, launching
     x = cupy.asarray(np.ones((1, 2, 9, 9), np.float64))
     gpupool.max_pool(x, (2, 3), 2)
-    for memo in (CB.kernel, CB.load_module):
+    for memo in (kernels.kernel, kernels.load_module):
         memo.cache_clear()
-    CB.clear_launches()
+    launching.clear_launches()
     before = len(cupy.calls)
     assert_array_equal(gpupool.max_pool(x, (2, 3), 2).get(), np.ones((1, 2, 4, 4)))
     assert len(cupy.calls) == before
@@ -141,14 +141,14 @@ def test_requantization_table_is_ready_on_every_stream(cupy):
 def test_quantized_nhwc_global_average_spreads_positions_over_threads(cupy, monkeypatch):
     """Regression: one thread per (batch row, channel) summed every position: (1, 224, 224,
     3) ran 3 threads reading 50,176 codes each."""
-    from gpupool.cuda import backend as CB
-    launches, real = [], CB.kernel
+    from gpupool.cuda import kernels
+    launches, real = [], kernels.kernel
 
-    def spy(source_file, name):
-        fn = real(source_file, name)
+    def spy(name):
+        fn = real(name)
         return lambda grid, block, args: (launches.append((name, grid, block)),
                                           fn(grid, block, args))
-    monkeypatch.setattr(CB, "kernel", spy)
+    monkeypatch.setattr(kernels, "kernel", spy)
     x = np.random.default_rng(5).integers(-128, 128, (1, 224, 224, 3)).astype(np.int8)
     got = Q.global_avg_pool(Q.QArray(cupy.asarray(x), 0.1, 4), layout="NHWC").data
     expected = Q.global_avg_pool(Q.QArray(x, 0.1, 4), layout="NHWC").data

@@ -12,8 +12,8 @@ While a case runs on CuPy, every ``planner.plan`` call and every kernel the CUDA
 for are recorded, so a case can assert the path it means to take (global single or two-pass
 kernels, template window size, grid z, 64-bit indices, several outputs per thread).
 ``test_every_instantiation_is_requested`` replays all cases with no-op kernels and checks that
-together they request every name of ``cuda_backend.instantiations()`` and
-``quantized_cuda.instantiations()`` that the backends can ask for.
+together they request every name of ``gpupool.cuda.names.instantiations()`` that the float
+and quantized ops can ask for.
 
 Test hooks (monkeypatched, memoized plans cleared on both sides):
   * ``idx64``: ``planner.INT32_LIMIT = 100`` forces the ``long long`` index variants;
@@ -663,7 +663,7 @@ assert len({c.id for c in CASES}) == len(CASES)
 def apply_hooks(mp, hooks: str) -> None:
     """Install the named test hooks (see the module docstring) with ``mp``; the caller clears
     the memoized plans before and after."""
-    from gpupool.cuda import backend as CB
+    from gpupool.cuda import launching
     if "idx64" in hooks:
         mp.setattr(planner, "INT32_LIMIT", 100)
     if "acc64" in hooks:
@@ -671,14 +671,14 @@ def apply_hooks(mp, hooks: str) -> None:
     if "grid64" in hooks:
         mp.setattr(planner, "GRID_YZ_MAX", 64)
     if "small-device" in hooks:
-        mp.setattr(CB, "device_info", lambda device_id: planner.DeviceInfo(
+        mp.setattr(launching, "device_info", lambda device_id: planner.DeviceInfo(
             name="test: 1 SM", sm_count=1))
 
 
 def clear_plans() -> None:
-    from gpupool.cuda import backend as CB
+    from gpupool.cuda import launching
     PLAN.cache_clear()
-    CB.clear_launches()
+    launching.clear_launches()
     QS.avg_plan.cache_clear()
     gpupool.plans.clear()
 
@@ -694,20 +694,20 @@ class Record:
 def record(mp, kernel=None) -> Record:
     """Record plans and kernel requests of the CUDA backends from now on (``kernel``: what to
     hand out instead of the compiled kernel, e.g. a no-op)."""
-    from gpupool.cuda import backend as CB
-    rec, real_kernel = Record(), CB.kernel
+    from gpupool.cuda import kernels, launching, names
+    rec, real_kernel = Record(), kernels.kernel
 
     def plan_spy(spec, device=None, **options):
         p = PLAN(spec, device, **options)
         rec.plans.append((spec, p))
         return p
 
-    def kernel_spy(source_file, name):
-        rec.names.append((source_file, name))
-        return kernel if kernel is not None else real_kernel(source_file, name)
+    def kernel_spy(name):
+        rec.names.append((names.source_file(name), name))
+        return kernel if kernel is not None else real_kernel(name)
     mp.setattr(planner, "plan", plan_spy)
-    mp.setattr(CB, "kernel", kernel_spy)
-    CB.clear_launches()  # launch steps ask for their kernels again
+    mp.setattr(kernels, "kernel", kernel_spy)
+    launching.clear_launches()  # launch steps ask for their kernels again
     return rec
 
 
@@ -873,8 +873,7 @@ def test_max_returns_the_winning_element_bit_for_bit(kind, dtype, backend, cupy)
 
 def test_every_instantiation_is_requested(cupy):
     """All cases together (no-op kernels) ask for every kernel instantiation the host can."""
-    from gpupool.cuda import backend as CB
-    from gpupool.cuda import quantized as QC
+    from gpupool.cuda import names
     requested = set()
     groups = [("", CASES)] + [(h, [c for g, c in HOOKED if g == h])
                               for h in dict.fromkeys(g for g, _ in HOOKED)]
@@ -888,6 +887,6 @@ def test_every_instantiation_is_requested(cupy):
                 case.run(*[cupy.asarray(a) for a in host])
             requested |= set(rec.names)
         clear_plans()
-    listed = set(CB.instantiations()) | set(QC.instantiations())
+    listed = {n for n in names.instantiations() if n[0] != "pool_backward.cu"}
     assert requested <= listed, sorted(requested - listed)
     assert not listed - requested, sorted(listed - requested)

@@ -518,8 +518,8 @@ def test_the_stand_in_reports_the_sm_count_it_is_given(monkeypatch):
 
 
 def test_registers_come_from_ptxas(real_nvrtc):
-    from gpupool.cuda import backend as cuda_backend
-    source = cuda_backend.source("max_pool.cu")
+    from gpupool.cuda import kernels
+    source = kernels.source("max_pool.cu")
     names = ["max_pool<float, int, 3, false>", "max_pool<__half, int, 2, true>"]
     regs = traffic.registers(real_nvrtc, source, names)
     assert set(regs) == set(names)

@@ -43,14 +43,15 @@ from pathlib import Path
 import nvrtc_ctypes
 import pytest
 
-from gpupool.cuda import backend as cuda_backend
-from gpupool.cuda import backward as backward_cuda
+from gpupool.cuda import kernels as cuda_kernels
+from gpupool.cuda import names as kernel_names
 from gpupool.cuda import probe
-from gpupool.cuda import quantized as quantized_cuda
 
 pytestmark = pytest.mark.nvrtc
 
 ARCHS = ("80", "90", "100", "120")
+#: The quantized kernels (int8 and uint8 codes).
+QUANTIZED_KERNELS = ("qmax_", "qavg_")
 #: The kernels whose register bound names a count per architecture (GP_BY_ARCH), and those
 #: that walk run-time line counts (walk_lines_runtime) in the backward gathers.
 ARCH_BOUND_KERNELS = ("max_pool<", "avg_pool<")
@@ -63,7 +64,8 @@ NVRTC12_DIR = "GPUPOOL_TEST_NVRTC12"
 
 def for_arch(names, arch: str) -> list[str]:
     """The instantiations compiled for sm_``arch``: all for sm_90; for sm_80 those of float32
-    and bfloat16 elements (or 32-bit words) and 32-bit offsets; for sm_100 and sm_120 the
+    and bfloat16 elements, 32-bit words or int8/uint8 codes, with 32-bit offsets (and
+    accumulators); for sm_100 and sm_120 the
     kernels with a bound per architecture of float, half and bfloat16 elements with 32-bit
     offsets and the run-time walks with 64-bit offsets."""
     if arch == "90":
@@ -73,45 +75,41 @@ def for_arch(names, arch: str) -> list[str]:
                 if n.startswith(ARCH_BOUND_KERNELS)
                 and re.match(r"\w+<(float|__half|__nv_bfloat16), int,", n)
                 or n.startswith(RUNTIME_WALK_KERNELS) and ", long long," in n]
-    return [n for n in names if ("float" in n or "unsigned int" in n) and "long long" not in n
-            and "double" not in n and "__half" not in n]
-
-
-def _by_file(instantiations=None):
-    """Source file -> name expressions of ``instantiations`` (default: the float families')."""
-    files = defaultdict(list)
-    for source_file, name in (cuda_backend.instantiations() if instantiations is None
-                              else instantiations):
-        files[source_file].append(name)
-    return dict(files)
+    return [n for n in names
+            if ("float" in n or "unsigned int" in n or n.startswith(QUANTIZED_KERNELS))
+            and "long long" not in n and "double" not in n and "__half" not in n]
 
 
 @functools.cache
 def every_instantiation() -> dict[str, list[str]]:
-    """Source file -> every name expression the runtime can request, from the backends' own
-    lists (float, backward and quantized families)."""
-    return _by_file(cuda_backend.instantiations() + backward_cuda.instantiations()
-                    + quantized_cuda.instantiations())
+    """Source file -> every name expression the runtime can request
+    (:func:`gpupool.cuda.names.instantiations`)."""
+    files = defaultdict(list)
+    for source_file, name in kernel_names.instantiations():
+        files[source_file].append(name)
+    return dict(files)
 
 
 def nvrtc_options(real_nvrtc, arch: str) -> tuple[str, ...]:
     """What the runtime passes to NVRTC: CuPy's include paths, the backend's OPTIONS, then
     -arch and --device-as-default-execution-space (added by ``compile_using_nvrtc``)."""
-    return tuple(real_nvrtc.core.assemble_cupy_compiler_options(cuda_backend.OPTIONS)) + (
+    return tuple(real_nvrtc.core.assemble_cupy_compiler_options(cuda_kernels.OPTIONS)) + (
         f"-arch=sm_{arch}", "--device-as-default-execution-space")
 
 
 def test_instantiation_list_covers_every_family():
-    files = _by_file()
-    assert set(files) == {"max_pool.cu", "avg_pool.cu", "adaptive_pool.cu", "global_pool.cu"}
+    """The one list names every kernel template of every ``.cu`` file, each once."""
+    files = every_instantiation()
+    assert set(files) == {f.name for f in cuda_kernels.KERNEL_DIR.glob("*.cu")}
     names = [n for ns in files.values() for n in ns]
     assert len(names) == len(set(names))
-    for prefix in ("max_pool<", "max_pool_indices<", "max_unpool<", "max_unpool_gather<",
-                   "avg_pool<", "lp_pool<", "max_pool_rows<",
-                   "avg_pool_rows<",
-                   "adaptive_max<", "adaptive_max_indices<", "adaptive_avg<", "global_lanes<",
-                   "global_block<", "global_channels<"):
-        assert any(n.startswith(prefix) for n in names), prefix
+    for base in kernel_names.FAMILY_FILES:
+        assert any(n.startswith(base + "<") for n in names), base
+    for source_file in files:  # each file's kernels: those FAMILY_FILES gives it
+        text = cuda_kernels.source(source_file)
+        bases = [b for b, f in kernel_names.FAMILY_FILES.items() if f == source_file]
+        assert text.count("__global__") == len(bases), source_file
+        assert all(re.search(rf"\b{b}\(", text) for b in bases), source_file
 
 
 def test_shared_constants_are_defined_once_by_the_host():
@@ -127,9 +125,9 @@ def test_shared_constants_are_defined_once_by_the_host():
     want = {"GP_BLOCK_THREADS": planner.BLOCK_THREADS, "GP_ROW_TILE": planner.ROW_TILE,
             "GP_NAMED_GROUP": planner.NAMED_GROUP, "GP_MAX_PACK": planner.MAX_PACK,
             **{f"GP_GATHER_GROUP_{c}": g for c, g in planner.GATHER_GROUP.items()}}
-    kernels = {f.name: f.read_text() for f in cuda_backend.KERNEL_DIR.iterdir()}
-    for name in cuda_backend.DEFINES:
-        text = cuda_backend.source(name)
+    kernels = {f.name: f.read_text() for f in cuda_kernels.KERNEL_DIR.iterdir()}
+    for name in cuda_kernels.DEFINES:
+        text = cuda_kernels.source(name)
         defines = dict(re.findall(r"^#define (GP\w+|GPQ\w+) (\S+)$", text, re.M))
         assert {k: int(defines[k]) for k in want} == want, name
         if name == "quantized_pool.cu":
@@ -141,14 +139,14 @@ def test_shared_constants_are_defined_once_by_the_host():
         assert not re.search(r"__launch_bounds__\(\s*\d", text), name
     guards = kernels["geometry.cuh"] + kernels["quantized_pool.cu"]
     assert all(f"!defined({k})" in guards for k in want)
-    assert "#error" in kernels["geometry.cuh"] and "gpupool.cuda.backend.DEFINES" in guards
+    assert "#error" in kernels["geometry.cuh"] and "gpupool.cuda.kernels.DEFINES" in guards
 
 
 def compile_clean(real_nvrtc, source_file: str, names, arch: str):
     """(cubin, mapping) of ``names`` from ``source_file`` for sm_``arch``; fails the test on a
     compile error, on any NVRTC or ptxas diagnostic, and on a kernel with a stack frame or
     spills."""
-    return compile_text(real_nvrtc, cuda_backend.source(source_file), source_file, names, arch)
+    return compile_text(real_nvrtc, cuda_kernels.source(source_file), source_file, names, arch)
 
 
 def compile_text(real_nvrtc, text: str, source_file: str, names, arch: str):
@@ -179,19 +177,11 @@ def compile_text(real_nvrtc, text: str, source_file: str, names, arch: str):
 
 
 @pytest.mark.parametrize(("source_file", "arch"),
-                         [(f, a) for f in sorted(_by_file()) for a in ARCHS
-                          if for_arch(_by_file()[f], a)])
+                         [(f, a) for f in sorted(every_instantiation()) for a in ARCHS
+                          if for_arch(every_instantiation()[f], a)])
 def test_compiles_without_warnings_or_local_memory(real_nvrtc, source_file, arch):
-    compile_clean(real_nvrtc, source_file, for_arch(_by_file()[source_file], arch), arch)
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_backward_kernels_compile_without_warnings_or_local_memory(real_nvrtc, arch):
-    """The backward family keeps its own list (``gpupool.cuda.backward.instantiations``): every
-    name compiles as the forward families' do."""
-    names = [n for f, n in backward_cuda.instantiations() if f == backward_cuda.SOURCE]
-    assert len(names) == len(set(names)) == len(backward_cuda.instantiations())
-    compile_clean(real_nvrtc, backward_cuda.SOURCE, for_arch(names, arch), arch)
+    compile_clean(real_nvrtc, source_file, for_arch(every_instantiation()[source_file], arch),
+                  arch)
 
 
 def test_no_multiply_add_is_fused(real_nvrtc):
@@ -205,8 +195,8 @@ def test_no_multiply_add_is_fused(real_nvrtc):
                                  + ("-arch=compute_90",), io.StringIO())
         return len(re.findall(r"\bfma\.", ptx.decode() if isinstance(ptx, bytes) else ptx))
 
-    assert fused(tuple(o for o in cuda_backend.OPTIONS if o != "--fmad=false")) > 0
-    assert fused(cuda_backend.OPTIONS) == 0
+    assert fused(tuple(o for o in cuda_kernels.OPTIONS if o != "--fmad=false")) > 0
+    assert fused(cuda_kernels.OPTIONS) == 0
 
 
 @functools.cache
@@ -269,7 +259,7 @@ def test_each_instantiation_alone_passes_the_front_end_without_warnings(nvrtc, s
     """Each name expression in a program of its own, as the backend compiles it (a program of
     one kernel leaves unused what other kernels use: NVRTC warns #177-D about a constant at
     namespace scope only they reference)."""
-    text = cuda_backend.source(source_file)
+    text = cuda_kernels.source(source_file)
     options = nvrtc_options(nvrtc, "90")
     said = {}
     for name in every_instantiation()[source_file]:

@@ -17,5 +17,5 @@ def test_wheel_ships_the_kernels_inside_the_package(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     kernels = sorted(p.name for p in (ROOT / "kernels_cu").iterdir())
     assert kernels and all(f"gpupool/kernels_cu/{k}" in names for k in kernels)
-    assert "gpupool/cuda/backend.py" in names
+    assert "gpupool/cuda/kernels.py" in names
     assert not any(n.startswith(("tests/", "gpumodel/", "bench/", "kernels_cu/")) for n in names)

@@ -690,18 +690,18 @@ def test_max_unpool_gather_and_scatter_paths(backend, monkeypatch, geometry, str
         inn.reshape(-1)[0] = max(set(range(int(np.prod(spatial)))) - named)
     names = []
     if backend.name == "cupy":
-        from gpupool.cuda import backend as cuda_backend
-        real = cuda_backend.kernel
-        monkeypatch.setattr(cuda_backend, "kernel",
-                            lambda f, n: (names.append(n.split("<")[0]), real(f, n))[1])
-        cuda_backend.clear_launches()
+        from gpupool.cuda import kernels, launching
+        real = kernels.kernel
+        monkeypatch.setattr(kernels, "kernel",
+                            lambda n: (names.append(n.split("<")[0]), real(n))[1])
+        launching.clear_launches()
     up = gpupool.max_unpool(y, backend.to_backend(inn), kernel, stride, padding,
                             output_size=spatial, dilation=dilation, layout=layout)
     check(backend, up, scatter_reference(yn, inn, spatial, layout), yn.dtype, exact=True)
     if backend.name == "cupy":
         gather = not stray and "overlapping" not in name
         assert names == ["max_unpool_gather" if gather else "max_unpool"]
-        cuda_backend.clear_launches()
+        launching.clear_launches()
 
 
 SWAPPED_OPS = {

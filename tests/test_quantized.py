@@ -727,39 +727,24 @@ def test_onnxruntime_qlinear_pools_report(request, capsys):
 # ----------------------------------------------------------------------------- NVRTC
 
 @pytest.mark.nvrtc
-@pytest.mark.parametrize("arch", ["80", "90"])
-def test_quantized_kernels_compile_without_warnings_or_local_memory(real_nvrtc, arch):
-    """Every quantized instantiation the runtime can request compiles for sm_80 / sm_90 with
-    the runtime's options, with no diagnostic, stack frame or spill (as
-    tests/test_nvrtc_compile.py checks for the float families)."""
-    from test_nvrtc_compile import compile_clean
-
-    from gpupool.cuda import quantized as quantized_cuda
-    names = [n for f, n in quantized_cuda.instantiations() if f == quantized_cuda.SOURCE]
-    assert len(names) == len(set(names)) == len(quantized_cuda.instantiations())
-    compile_clean(real_nvrtc, quantized_cuda.SOURCE, names, arch)
-
-
-@pytest.mark.nvrtc
 def test_cuda_host_plans_name_instantiated_kernels():
     """Host side of the CUDA path without a GPU: the word view of an NHWC max plans, and the
     names the launchers build are in the compiled list."""
     pytest.importorskip("cupy")
-    from gpupool.cuda import planner
+    from gpupool.cuda import names, planner
     from gpupool.cuda import quantized as QC
-    listed = set(QC.instantiations())
+    listed = {n for _, n in names.instantiations()}
     spec = QS.window_spec("max_pool", "max", (2, 5, 6, 8), "int8", 3, 1, 1, 1, False, "NHWC")
     words = QC._word_spec(spec)
     assert words.geom.channels == 2 and words.out_spatial == spec.out_spatial
     pl = planner.plan(words)
-    assert (QC.SOURCE, QC.qmax_nhwc4_name("int8", pl.index_type,
-                                          planner.static_window(spec))) in listed
+    assert names.qmax_nhwc4_name("int8", pl.index_type, planner.static_window(spec)) in listed
     for dtype in ("int8", "uint8"):
         for acc in ("int32", "int64"):
             for nhwc in (False, True):
                 base = "global_channels" if nhwc else "global_block"
-                assert (QC.SOURCE, QC.qavg_global_name(base, dtype, acc, dtype, "int")) in listed
-                assert (QC.SOURCE, QC.qavg_pool_name(dtype, acc, "long long", 3, nhwc)) in listed
+                assert names.qavg_global_name(base, dtype, acc, dtype, "int") in listed
+                assert names.qavg_pool_name(dtype, acc, "long long", 3, nhwc) in listed
 
 
 def test_cuda_word_kernels_host_side():
@@ -768,7 +753,7 @@ def test_cuda_word_kernels_host_side():
     pytest.importorskip("cupy")
     from types import SimpleNamespace
 
-    from gpupool.cuda import planner
+    from gpupool.cuda import names, planner
     from gpupool.cuda import quantized as QC
 
     def buf(ptr):
@@ -785,9 +770,9 @@ def test_cuda_word_kernels_host_side():
     words = QC._row_word_spec(spec)
     assert words.out_spatial == (4, 2) and words.kernel == (2, 8) and words.stride == (2, 8)
     pl = planner.plan(words)
-    listed = set(QC.instantiations())
-    assert (QC.SOURCE, QC.qmax_words_name("int8", pl.index_type, 2)) in listed
-    assert (QC.SOURCE, QC.qavg_words_name("uint8", "int64", pl.index_type, 0)) in listed
+    listed = {n for _, n in names.instantiations()}
+    assert names.qmax_words_name("int8", pl.index_type, 2) in listed
+    assert names.qavg_words_name("uint8", "int64", pl.index_type, 0) in listed
     avg = QS.window_spec("avg_pool", "avg", (2, 3, 8, 16), "int8", 2, 2, 0, 1, False, "NCHW")
     # divisor 4 at scale ratio 1: M is exact, only ties to even round down
     assert QC._corrections(QS.avg_plan(avg, "int8", 0.05, 0, 0.05, 0,

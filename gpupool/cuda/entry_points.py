@@ -1,25 +1,25 @@
 """The CUDA backend as one object, :data:`BACKEND`: the entry points of
-:class:`gpupool.backends.Backend`, implemented by the float ops (:mod:`.backend`), the backward
-ops (:mod:`.backward`) and the quantized ops (:mod:`.quantized`), each launching kernels on
-CuPy's current stream."""
+:class:`gpupool.backends.Backend`, implemented by the float forward ops (:mod:`.forward`), the
+backward ops (:mod:`.backward`) and the quantized ops (:mod:`.quantized`), each launching
+kernels on CuPy's current stream."""
 from __future__ import annotations
 
-from . import backend, backward, planner, quantized
+from . import backward, forward, planner, quantized
 from ..spec import WindowSpec
 
 
 def _prepare_window(spec: WindowSpec):
     """The float window entry point itself: its launches are prepared per spec and device at
-    the first call (:func:`gpupool.cuda.backend.prepared`)."""
-    return backend.window
+    the first call (:func:`gpupool.cuda.forward.prepared`)."""
+    return forward.window
 
 
 class CudaBackend:
     """:class:`gpupool.backends.Backend` on CuPy arrays, on their GPU."""
-    window = staticmethod(backend.window)
+    window = staticmethod(forward.window)
     prepare_window = staticmethod(_prepare_window)
-    adaptive = staticmethod(backend.adaptive)
-    unpool = staticmethod(backend.unpool)
+    adaptive = staticmethod(forward.adaptive)
+    unpool = staticmethod(forward.unpool)
     unpool_gathers = staticmethod(planner.unpool_gathers)
     backward = staticmethod(backward.backward)
     qmax_window = staticmethod(quantized.qmax_window)

@@ -16,7 +16,7 @@ def nvrtc_reason() -> str | None:
     the current device, else why not; found once per process."""
     from cupy.cuda import compiler
 
-    from .backend import compile_options
+    from .kernels import compile_options
     try:
         compiler.compile_using_nvrtc(PROBE_SOURCE, compile_options())
     except Exception as e:  # noqa: BLE001 - a missing library, header or architecture

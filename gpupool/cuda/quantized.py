@@ -1,10 +1,11 @@
 """CUDA backend of :mod:`gpupool.quantized`: kernels in ``kernels_cu/quantized_pool.cu``.
 
-Reuses the float backend's machinery (:mod:`gpupool.cuda.backend`): the source loader
-(``load_module``, memoized per device), the launch planner and its thread-to-output maps, and
-the index-type rule. The requantization table and the per-position table rows are built on
-the host (:func:`gpupool.quantized_spec.avg_plan`) and copied to each device once per plan,
-into a byte-bounded memo (:mod:`gpupool.cpu.memo`); prepared launches take them at each call.
+Reuses the float backend's machinery: kernel loading (:mod:`gpupool.cuda.kernels`, memoized
+per device), launch steps (:mod:`gpupool.cuda.launching`), the launch planner and its
+thread-to-output maps, and the index-type rule. The requantization table and the
+per-position table rows are built on the host (:func:`gpupool.quantized_spec.avg_plan`) and
+copied to each device once per plan, into a byte-bounded memo (:mod:`gpupool.cpu.memo`);
+prepared launches take them at each call.
 
 * max, NHWC with ``C % 4 == 0`` (and a 4-byte aligned buffer): ``qmax_pool_nhwc4``, 4 channels
   per 32-bit word with ``__vmaxs4`` / ``__vmaxu4``.
@@ -29,73 +30,16 @@ import operator
 import cupy
 import numpy as np
 
-from . import backend as CB
-from . import planner
+from . import kernels, launching, planner
+from .forward import window as float_window
+from .names import (qavg_adaptive_name, qavg_global_name, qavg_pool_name, qavg_words_name,
+                    qmax_nhwc4_name, qmax_words_name)
+from .launching import (Step, contiguous, geo_args, global_passes, itype_scalar,
+                        launch, launch_cache, on_host)
 from ..cpu import quantized as cpu_quantized
 from ..cpu.memo import array_memo
 from ..quantized_spec import HEAD, LEVELS, AvgPlan
 from ..spec import AdaptiveSpec, Geometry, WindowSpec
-
-SOURCE = "quantized_pool.cu"
-CODE_DTYPES = ("int8", "uint8")
-ACC_DTYPES = ("int32", "int64")
-
-
-def qavg_pool_name(dtype, acc, itype, k, nhwc):
-    return f"qavg_pool<{CB.ctype(dtype)}, {CB.ctype(acc)}, {itype}, {k}, {CB.cbool(nhwc)}>"
-
-
-def qavg_adaptive_name(dtype, acc, itype, nhwc):
-    return f"qavg_adaptive<{CB.ctype(dtype)}, {CB.ctype(acc)}, {itype}, {CB.cbool(nhwc)}>"
-
-
-def qavg_global_name(kernel_base, tin, acc, tout, itype, lanes=None):
-    """The quantized average of a float global kernel (``kernel_base``: ``global_lanes``,
-    ``global_block`` or ``global_channels``): reads ``tin``, sums in ``acc``, writes ``tout``
-    (a code dtype, or ``acc`` for partial sums)."""
-    tail = f", {lanes}" if kernel_base == "global_lanes" else ""
-    return (f"q{kernel_base.replace('global', 'avg_global')}<{CB.ctype(tin)}, {CB.ctype(acc)}, "
-            f"{CB.ctype(tout)}, {itype}{tail}>")
-
-
-def qmax_nhwc4_name(dtype, itype, k):
-    return f"qmax_pool_nhwc4<{CB.ctype(dtype)}, {itype}, {k}>"
-
-
-def qmax_words_name(dtype, itype, k):
-    return f"qmax_pool_words<{CB.ctype(dtype)}, {itype}, {k}>"
-
-
-def qavg_words_name(dtype, acc, itype, k):
-    return f"qavg_pool_words<{CB.ctype(dtype)}, {CB.ctype(acc)}, {itype}, {k}>"
-
-
-def instantiations() -> list[tuple[str, str]]:
-    """Every (source file, name expression) this backend can request."""
-    out = []
-    ks = (0,) + planner.SPECIALISED_K
-    for itype in CB.INDEX_TYPES:
-        for dtype in CODE_DTYPES:
-            out += [(SOURCE, qmax_nhwc4_name(dtype, itype, k)) for k in ks]
-            out += [(SOURCE, qmax_words_name(dtype, itype, k)) for k in ks]
-            for acc in ACC_DTYPES:
-                out += [(SOURCE, qavg_words_name(dtype, acc, itype, k)) for k in ks]
-                for nhwc in (False, True):
-                    out += [(SOURCE, qavg_pool_name(dtype, acc, itype, k, nhwc)) for k in ks]
-                    out.append((SOURCE, qavg_adaptive_name(dtype, acc, itype, nhwc)))
-                # one pass, the first of two (to partial sums), the second
-                passes = {"global_lanes": [(dtype, dtype, n) for n in planner.LANE_WIDTHS]
-                          + [(acc, dtype, 32)],
-                          "global_block": [(dtype, dtype, None), (dtype, acc, None)],
-                          "global_channels": [(dtype, dtype, None), (dtype, acc, None),
-                                              (acc, dtype, None)]}
-                out += [(SOURCE, qavg_global_name(base, tin, acc, tout, itype, lanes))
-                        for base, types in passes.items() for tin, tout, lanes in types]
-    return out
-
-
-def _kernel(name: str):
-    return CB.kernel(SOURCE, name)
 
 
 @array_memo(256)
@@ -110,11 +54,11 @@ def _device_tables(plan: AvgPlan, device_id: int) -> tuple:
 
 def _launch_averages(steps, scratch, x, out, plan: AvgPlan, device_id: int) -> None:
     rows, table = _device_tables(plan, device_id)
-    CB.launch(steps, scratch, {"x": x, "out": out, "rows": rows, "table": table})
+    launch(steps, scratch, {"x": x, "out": out, "rows": rows, "table": table})
 
 
 class _RequantStep:
-    """A prepared launch of a requantizing kernel, as :class:`~gpupool.cuda.backend.Step`:
+    """A prepared launch of a requantizing kernel, as :class:`~gpupool.cuda.launching.Step`:
     the arrays named by ``io``, ``scalars``, the plan's device tables named by ``tables``,
     then ``tail``. The tables come with each launch (:func:`_device_tables`), so that a
     prepared launch keeps nothing per output position."""
@@ -155,15 +99,16 @@ def _aligned_unit(x, units: tuple[int, ...]) -> int:
     return 0
 
 
-@CB.launch_cache
+@launch_cache
 def word_max_steps(spec: WindowSpec, device_id: int) -> tuple:
     """The launch of ``qmax_pool_nhwc4`` for ``spec`` on ``device_id`` (built once)."""
     wspec = _word_spec(spec)
-    pl = planner.plan(wspec, CB.device_info(device_id))
+    pl = planner.plan(wspec, launching.device_info(device_id))
     la = pl.launches[0]
-    geo = CB.geo_args(wspec, CB.itype_scalar(pl.index_type), True) + (np.int32(la.rows),)
-    fn = _kernel(qmax_nhwc4_name(spec.geom.dtype, pl.index_type, planner.static_window(spec)))
-    return (CB.Step(fn, la.grid, la.block, ("x", "out"), geo),), None
+    geo = geo_args(wspec, itype_scalar(pl.index_type), True) + (np.int32(la.rows),)
+    fn = kernels.kernel(qmax_nhwc4_name(spec.geom.dtype, pl.index_type,
+                                        planner.static_window(spec)))
+    return (Step(fn, la.grid, la.block, ("x", "out"), geo),), None
 
 
 @functools.lru_cache(maxsize=256)
@@ -202,22 +147,23 @@ def _row_word_spec(spec: WindowSpec) -> WindowSpec:
 
 def _row_words_launch(spec: WindowSpec, device_id: int, unit: int) -> tuple:
     """(plan, launch, geometry scalars with rows and unit) of a word kernel."""
-    pl = planner.plan(_row_word_spec(spec), CB.device_info(device_id))
+    pl = planner.plan(_row_word_spec(spec), launching.device_info(device_id))
     la = pl.launches[0]
-    geo = CB.geo_args(spec, CB.itype_scalar(pl.index_type), True)
+    geo = geo_args(spec, itype_scalar(pl.index_type), True)
     return pl, la, geo + (np.int32(la.rows), np.int32(unit))
 
 
-@CB.launch_cache
+@launch_cache
 def row_max_steps(spec: WindowSpec, device_id: int, unit: int) -> tuple:
     """The launch of ``qmax_pool_words`` for ``spec`` on ``device_id`` (built once)."""
     pl, la, geo = _row_words_launch(spec, device_id, unit)
-    fn = _kernel(qmax_words_name(spec.geom.dtype, pl.index_type, planner.static_window(spec)))
-    return (CB.Step(fn, la.grid, la.block, ("x", "out"), geo),), None
+    fn = kernels.kernel(qmax_words_name(spec.geom.dtype, pl.index_type,
+                                        planner.static_window(spec)))
+    return (Step(fn, la.grid, la.block, ("x", "out"), geo),), None
 
 
 def _float_window(x, spec: WindowSpec, out) -> None:
-    CB.window(x, spec, out, None)
+    float_window(x, spec, out, None)
 
 
 def qmax_window(x, spec: WindowSpec, out) -> None:
@@ -230,7 +176,7 @@ def prepare_qmax_window(spec: WindowSpec):
     (more than 3 spatial dims), ``qmax_pool_nhwc4`` or ``qmax_pool_words`` (on an input whose
     start is aligned to their words), else the float backend's integer ``max_pool``."""
     if spec.geom.nd > 3:
-        return functools.partial(CB.on_host, cpu_quantized.qmax_window)
+        return functools.partial(on_host, cpu_quantized.qmax_window)
     if _vmax4_applies(spec):
         units, steps_of = (4,), lambda device, unit: word_max_steps(spec, device)
     else:
@@ -239,12 +185,12 @@ def prepare_qmax_window(spec: WindowSpec):
         return _float_window
 
     def words(x, spec, out) -> None:
-        x = CB.contiguous(x)
+        x = contiguous(x)
         unit = _aligned_unit(x, units)
         if not unit:
             return _float_window(x, spec, out)
         steps, scratch = steps_of(cupy.cuda.runtime.getDevice(), unit)
-        CB.launch(steps, scratch, {"x": x, "out": out})
+        launch(steps, scratch, {"x": x, "out": out})
     return words
 
 
@@ -255,22 +201,22 @@ def _requant_args(plan: AvgPlan, zp_in: int | None = None) -> tuple:
             np.int32(plan.qmin), np.int32(plan.qmax))
 
 
-@CB.launch_cache
+@launch_cache
 def average_steps(spec, plan: AvgPlan, device_id: int) -> tuple:
     """The launches of a quantized average (window, adaptive or global) on ``device_id`` and
     the (size, dtype) of its partial sums, or None: built once per (spec, plan, device). A
     global average runs the float global kernels' launches over codes
-    (:func:`CB.global_passes`); a split plane's partial sums, in the accumulator dtype, have
-    zp_in taken off already."""
-    pl = planner.plan(spec, CB.device_info(device_id))
+    (:func:`gpupool.cuda.launching.global_passes`); a split plane's partial sums, in the
+    accumulator dtype, have zp_in taken off already."""
+    pl = planner.plan(spec, launching.device_info(device_id))
     g = spec.geom
-    it = CB.itype_scalar(pl.index_type)
+    it = itype_scalar(pl.index_type)
     if isinstance(spec, AdaptiveSpec) and spec.is_global:
         steps = []
-        for p in CB.global_passes(spec, pl, it, plan.acc_dtype):
+        for p in global_passes(spec, pl, it, plan.acc_dtype):
             name = qavg_global_name(p.launch.kernel, p.tin, plan.acc_dtype, p.tout,
                                     pl.index_type, p.lanes)
-            steps.append(_RequantStep(_kernel(name), p.launch.grid, p.launch.block, p.io,
+            steps.append(_RequantStep(kernels.kernel(name), p.launch.grid, p.launch.block, p.io,
                                       p.sizes, ("table",),
                                       _requant_args(plan, 0 if p.second else None)))
         scratch = ((g.planes * pl.launches[0].get("nchunks"), plan.acc_dtype)
@@ -282,8 +228,8 @@ def average_steps(spec, plan: AvgPlan, device_id: int) -> tuple:
     name = (qavg_pool_name(g.dtype, plan.acc_dtype, pl.index_type, planner.static_window(spec),
                            nhwc) if window
             else qavg_adaptive_name(g.dtype, plan.acc_dtype, pl.index_type, nhwc))
-    geo = CB.geo_args(spec, it, window) + (np.int32(la.rows),)
-    return (_RequantStep(_kernel(name), la.grid, la.block, ("x", "out"), geo,
+    geo = geo_args(spec, it, window) + (np.int32(la.rows),)
+    return (_RequantStep(kernels.kernel(name), la.grid, la.block, ("x", "out"), geo,
                          ("rows", "table"), _requant_args(plan)),), None
 
 
@@ -310,7 +256,7 @@ def _corrections(plan: AvgPlan) -> int:
     return checks
 
 
-@CB.launch_cache
+@launch_cache
 def row_average_steps(spec: WindowSpec, plan: AvgPlan, device_id: int, unit: int) -> tuple:
     """The launch of ``qavg_pool_words`` for ``spec`` and ``plan`` on ``device_id``: with one
     table row for every output, its head goes as scalars (built once)."""
@@ -320,7 +266,7 @@ def row_average_steps(spec: WindowSpec, plan: AvgPlan, device_id: int, unit: int
     m, sh, xcap = (int(v) for v in plan.table[0, :3])
     head = (np.int64(m), np.int32(sh), np.int64(xcap), np.int32(len(plan.table) == 1),
             np.int32(_corrections(plan)))
-    return (_RequantStep(_kernel(name), la.grid, la.block, ("x", "out"), geo,
+    return (_RequantStep(kernels.kernel(name), la.grid, la.block, ("x", "out"), geo,
                          ("rows", "table"), head + _requant_args(plan)),), None
 
 
@@ -334,11 +280,11 @@ def prepare_qavg_window(spec: WindowSpec):
     (more than 3 spatial dims), ``qavg_pool_words`` (on an input aligned to its words) or
     ``qavg_pool``."""
     if spec.geom.nd > 3:
-        return functools.partial(CB.on_host, cpu_quantized.qavg_window)
+        return functools.partial(on_host, cpu_quantized.qavg_window)
     units = _row_units(spec)[0]
 
     def run(x, spec, out, plan) -> None:
-        x = CB.contiguous(x)
+        x = contiguous(x)
         device = cupy.cuda.runtime.getDevice()
         unit = _aligned_unit(x, units) if units else 0
         steps, scratch = (row_average_steps(spec, plan, device, unit) if unit
@@ -350,8 +296,8 @@ def prepare_qavg_window(spec: WindowSpec):
 
 def qavg_adaptive(x, spec: AdaptiveSpec, out, plan: AvgPlan) -> None:
     if spec.geom.nd > 3 and not spec.is_global:
-        CB.on_host(cpu_quantized.qavg_adaptive, x, spec, out, plan)
+        on_host(cpu_quantized.qavg_adaptive, x, spec, out, plan)
         return
     device = cupy.cuda.runtime.getDevice()
     steps, scratch = average_steps(spec, plan, device)
-    _launch_averages(steps, scratch, CB.contiguous(x), out, plan, device)
+    _launch_averages(steps, scratch, contiguous(x), out, plan, device)

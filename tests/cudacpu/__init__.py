@@ -2,8 +2,8 @@
 GPU, through a stand-in ``cupy`` (``standin/cupy``) over a host-compiled runtime
 (``executor.py``, ``include/cudacpu.h``).
 
-:func:`install` swaps the stand-in in for CuPy in this process, so ``gpupool.cuda.backend``
-and ``gpupool.cuda.quantized`` run unchanged on NumPy memory.
+:func:`install` swaps the stand-in in for CuPy in this process, so the CUDA backend
+(``gpupool.cuda``) runs unchanged on NumPy memory.
 """
 from __future__ import annotations
 
@@ -65,14 +65,12 @@ def install():
     cache = tempfile.mkdtemp(prefix="gpupool-kernels-")
     atexit.register(shutil.rmtree, cache, ignore_errors=True)
     os.environ["GPUPOOL_CACHE_DIR"] = cache
-    from gpupool.cuda import backend as cuda_backend, backward as backward_cuda
-    from gpupool.cuda import quantized as quantized_cuda
+    from gpupool.cuda import kernels, names as kernel_names
     by_file: dict[str, list[str]] = {}
-    for source_file, name in (cuda_backend.instantiations() + quantized_cuda.instantiations()
-                              + backward_cuda.instantiations()):
+    for source_file, name in kernel_names.instantiations():
         by_file.setdefault(source_file, []).append(name)
     for source_file, names in by_file.items():
-        cupy.batches[cuda_backend.source(source_file)] = tuple(names)
+        cupy.batches[kernels.source(source_file)] = tuple(names)
     return cupy
 
 

@@ -1,7 +1,7 @@
 """A stand-in for the part of CuPy that gpupool uses, running kernels on the CPU executor.
 
 Put ``tests/cudacpu/standin`` first on ``sys.path`` (``tests/conftest.py`` does, on a machine
-without a usable GPU) and ``gpupool.cuda.backend`` / ``gpupool.cuda.quantized`` run unchanged:
+without a usable GPU) and the CUDA backend (``gpupool.cuda``) runs unchanged:
 
 * ``ndarray`` is a NumPy subclass that also records its device and the stream that last wrote
   it; ``asarray``, ``empty``, ... and any other NumPy function reached through this module

@@ -1,0 +1,241 @@
+"""The CUDA kernels by name: the C types they take, the name expression of every template
+instantiation, the ``.cu`` file each kernel lives in, and :func:`instantiations`, the one list
+of every name expression the runtime can ask for (the NVRTC test compiles exactly that list).
+"""
+from __future__ import annotations
+
+import itertools
+
+from . import planner
+from ..spec import ACC_DTYPES, FLOAT_DTYPES, INT_DTYPES, window_spec
+
+#: dtype name -> C type of the kernels (the only dtypes the kernels are instantiated for).
+CTYPES = {
+    "float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "float64": "double",
+    "int8": "signed char", "uint8": "unsigned char", "int16": "short", "int32": "int",
+    "int64": "long long",
+}
+#: unsigned word moved by max_unpool for each element size.
+WORDS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
+INDEX_TYPES = ("int", "long long")
+#: The code dtypes of quantized pooling and the accumulator dtypes of its averages.
+CODE_DTYPES = ("int8", "uint8")
+QUANTIZED_ACC_DTYPES = ("int32", "int64")
+
+#: The ``.cu`` file of each kernel template, by its name.
+FAMILY_FILES = {
+    **dict.fromkeys(("max_pool", "max_pool_indices", "max_pool_rows", "max_unpool",
+                     "max_unpool_gather"), "max_pool.cu"),
+    **dict.fromkeys(("avg_pool", "avg_pool_rows", "lp_pool"), "avg_pool.cu"),
+    **dict.fromkeys(("adaptive_max", "adaptive_max_indices", "adaptive_avg"),
+                    "adaptive_pool.cu"),
+    **dict.fromkeys(("global_lanes", "global_block", "global_channels"), "global_pool.cu"),
+    **dict.fromkeys(("max_window_backward", "max_adaptive_backward", "avg_window_backward",
+                     "lp_window_backward", "avg_adaptive_backward", "avg_global_backward"),
+                    "pool_backward.cu"),
+    **dict.fromkeys(("qmax_pool_nhwc4", "qmax_pool_words", "qavg_pool_words", "qavg_pool",
+                     "qavg_adaptive", "qavg_global_lanes", "qavg_global_block",
+                     "qavg_global_channels"), "quantized_pool.cu"),
+}
+#: The backward window kernels, which take the bound on covering windows
+#: (:func:`gpupool.cuda.planner.gather_covers`).
+BACKWARD_WINDOW_KERNELS = ("max_window_backward", "avg_window_backward", "lp_window_backward")
+
+
+def ctype(dtype: str) -> str:
+    """C type of a dtype name; ``TypeError`` before anything is compiled if unsupported."""
+    try:
+        return CTYPES[dtype]
+    except KeyError:
+        raise TypeError(f"gpupool (cuda): dtype {dtype} has no CUDA kernel "
+                        f"(supported: {', '.join(CTYPES)})") from None
+
+
+def cbool(b) -> str:
+    """A C++ bool template argument."""
+    return "true" if b else "false"
+
+
+def source_file(name_expression: str) -> str:
+    """The ``.cu`` file that defines the kernel of ``name_expression``."""
+    return FAMILY_FILES[name_expression.split("<", 1)[0]]
+
+
+def acc_dtype(dtype: str) -> str:
+    """Accumulator dtype of the float reductions (Num<T>::acc in traits.cuh): ACC_DTYPES for
+    floats, the dtype itself for integers."""
+    return ACC_DTYPES.get(dtype, dtype)
+
+
+def partial_dtype(op: str, dtype: str) -> str:
+    """Dtype of the per-chunk partials of a split global reduction."""
+    return dtype if op == "max" else acc_dtype(dtype)
+
+
+def global_type_pairs(op: str, dtype: str) -> tuple[tuple[str, str], ...]:
+    """(Tin, Tout) of the global kernels: one pass (any kernel), first pass (``global_block``
+    or ``global_channels``), second pass (``global_lanes`` with 32 lanes or
+    ``global_channels``)."""
+    part = partial_dtype(op, dtype)
+    return (dtype, dtype), (dtype, part), (part, dtype)
+
+
+# ----------------------------------------------------------------- float forward kernels
+def window_name(kernel_base: str, dtype: str, itype: str, k: int, nhwc: bool) -> str:
+    return f"{kernel_base}<{ctype(dtype)}, {itype}, {k}, {cbool(nhwc)}>"
+
+
+def rows_name(kernel_base: str, dtype: str, shape: tuple[int, ...]) -> str:
+    """A row-tile kernel's name expression; ``shape``: its (KH, KW, SW, VEC, LEAD)
+    (:func:`gpupool.cuda.planner.row_tile`)."""
+    return f"{kernel_base}<{ctype(dtype)}, {', '.join(map(str, shape))}>"
+
+
+def row_tile_shapes(op: str, dtype: str) -> list[tuple[int, ...]]:
+    """Every (KH, KW, SW, VEC, LEAD) :func:`gpupool.cuda.planner.row_tile` gives ``op``
+    ("max" or "avg") on ``dtype``: each window of ROW_TILE_WINDOWS with each W pad up to half
+    the window, on rows of 64 elements (packs where the window takes them) and of 37 (none)."""
+    shapes = []
+    for kh, kw, sw in planner.ROW_TILE_WINDOWS:
+        spatial, kernel, stride = ((8,), (kh, kw), (1, sw)) if kh > 1 else ((), (kw,), (sw,))
+        for pad, width in itertools.product(range(kw // 2 + 1), (64, 37)):
+            spec = window_spec(f"{op}_pool", op, (1, 1) + spatial + (width,), dtype, kernel,
+                               stride, pad, 1, False, "NCHW")
+            shapes.append(planner.row_tile(spec))
+    return list(dict.fromkeys(s for s in shapes if s))
+
+
+def adaptive_name(kernel_base: str, dtype: str, itype: str, nhwc: bool) -> str:
+    return f"{kernel_base}<{ctype(dtype)}, {itype}, {cbool(nhwc)}>"
+
+
+def global_name(kernel_base: str, is_max: bool, tin: str, tout: str, itype: str,
+                lanes: int | None = None) -> str:
+    tail = f", {lanes}" if kernel_base == "global_lanes" else ""
+    return f"{kernel_base}<{cbool(is_max)}, {ctype(tin)}, {ctype(tout)}, {itype}{tail}>"
+
+
+def unpool_name(itemsize: int, indices_dtype: str, itype: str, nhwc: bool | None = None) -> str:
+    """The scatter's name expression, or with ``nhwc`` (a bool) the gather's."""
+    if nhwc is None:
+        return f"max_unpool<{WORDS[itemsize]}, {ctype(indices_dtype)}, {itype}>"
+    return (f"max_unpool_gather<{WORDS[itemsize]}, {ctype(indices_dtype)}, {itype}, "
+            f"{cbool(nhwc)}>")
+
+
+# ----------------------------------------------------------------- backward kernels
+def backward_name(kernel_base: str, dtype: str, itype: str, nhwc: bool, covers: int = 0) -> str:
+    tail = f", {covers}" if kernel_base in BACKWARD_WINDOW_KERNELS else ""
+    return f"{kernel_base}<{ctype(dtype)}, {itype}, {cbool(nhwc)}{tail}>"
+
+
+def backward_covers(kernel_base: str, itype: str) -> tuple[int, ...]:
+    """The covering-window bounds a backward kernel is compiled with (planner.gather_covers)."""
+    if kernel_base not in BACKWARD_WINDOW_KERNELS or itype != "int":
+        return (0,)
+    return (0, 3) if kernel_base == "max_window_backward" else (0, 1, 2)
+
+
+# ----------------------------------------------------------------- quantized kernels
+def qavg_pool_name(dtype, acc, itype, k, nhwc):
+    return f"qavg_pool<{ctype(dtype)}, {ctype(acc)}, {itype}, {k}, {cbool(nhwc)}>"
+
+
+def qavg_adaptive_name(dtype, acc, itype, nhwc):
+    return f"qavg_adaptive<{ctype(dtype)}, {ctype(acc)}, {itype}, {cbool(nhwc)}>"
+
+
+def qavg_global_name(kernel_base, tin, acc, tout, itype, lanes=None):
+    """The quantized average of a float global kernel (``kernel_base``: ``global_lanes``,
+    ``global_block`` or ``global_channels``): reads ``tin``, sums in ``acc``, writes ``tout``
+    (a code dtype, or ``acc`` for partial sums)."""
+    tail = f", {lanes}" if kernel_base == "global_lanes" else ""
+    return (f"q{kernel_base.replace('global', 'avg_global')}<{ctype(tin)}, {ctype(acc)}, "
+            f"{ctype(tout)}, {itype}{tail}>")
+
+
+def qmax_nhwc4_name(dtype, itype, k):
+    return f"qmax_pool_nhwc4<{ctype(dtype)}, {itype}, {k}>"
+
+
+def qmax_words_name(dtype, itype, k):
+    return f"qmax_pool_words<{ctype(dtype)}, {itype}, {k}>"
+
+
+def qavg_words_name(dtype, acc, itype, k):
+    return f"qavg_pool_words<{ctype(dtype)}, {ctype(acc)}, {itype}, {k}>"
+
+
+# ----------------------------------------------------------------- every instantiation
+def _forward_names(itype: str) -> list[str]:
+    """The float forward kernels' name expressions with index type ``itype``."""
+    out = []
+    ks = (0,) + planner.SPECIALISED_K
+    for nhwc in (False, True):
+        for dtype in CTYPES:
+            for base in ("max_pool", "max_pool_indices"):
+                out += [window_name(base, dtype, itype, k, nhwc) for k in ks]
+            for base in ("adaptive_max", "adaptive_max_indices"):
+                out.append(adaptive_name(base, dtype, itype, nhwc))
+        for dtype in FLOAT_DTYPES:
+            for base in ("avg_pool", "lp_pool"):
+                out += [window_name(base, dtype, itype, k, nhwc) for k in ks]
+            out.append(adaptive_name("adaptive_avg", dtype, itype, nhwc))
+    for op in ("max", "avg"):
+        if itype == "int":
+            base = f"{op}_pool_rows"
+            out += [rows_name(base, dtype, shape) for dtype in planner.ROW_TILE_DTYPES
+                    for shape in row_tile_shapes(op, dtype)]
+        for dtype in (CTYPES if op == "max" else FLOAT_DTYPES):
+            one, first, second = global_type_pairs(op, dtype)
+            pairs = {"global_block": (one, first), "global_channels": (one, first, second)}
+            for base, types in pairs.items():
+                out += [global_name(base, op == "max", tin, tout, itype)
+                        for tin, tout in dict.fromkeys(types)]
+            out += [global_name("global_lanes", op == "max", *one, itype, lanes)
+                    for lanes in planner.LANE_WIDTHS]
+            out.append(global_name("global_lanes", op == "max", *second, itype, 32))
+    for size in WORDS:
+        for idt in INT_DTYPES:
+            out += [unpool_name(size, idt, itype, nhwc) for nhwc in (None, False, True)]
+    return out
+
+
+def _backward_names(itype: str) -> list[str]:
+    """The backward kernels' name expressions with index type ``itype``."""
+    return [backward_name(base, dtype, itype, nhwc, covers)
+            for base, file in FAMILY_FILES.items() if file == "pool_backward.cu"
+            for dtype in FLOAT_DTYPES for nhwc in (False, True)
+            for covers in backward_covers(base, itype)]
+
+
+def _quantized_names(itype: str) -> list[str]:
+    """The quantized kernels' name expressions with index type ``itype``."""
+    out = []
+    ks = (0,) + planner.SPECIALISED_K
+    for dtype in CODE_DTYPES:
+        out += [qmax_nhwc4_name(dtype, itype, k) for k in ks]
+        out += [qmax_words_name(dtype, itype, k) for k in ks]
+        for acc in QUANTIZED_ACC_DTYPES:
+            out += [qavg_words_name(dtype, acc, itype, k) for k in ks]
+            for nhwc in (False, True):
+                out += [qavg_pool_name(dtype, acc, itype, k, nhwc) for k in ks]
+                out.append(qavg_adaptive_name(dtype, acc, itype, nhwc))
+            # one pass, the first of two (to partial sums), the second
+            passes = {"global_lanes": [(dtype, dtype, n) for n in planner.LANE_WIDTHS]
+                      + [(acc, dtype, 32)],
+                      "global_block": [(dtype, dtype, None), (dtype, acc, None)],
+                      "global_channels": [(dtype, dtype, None), (dtype, acc, None),
+                                          (acc, dtype, None)]}
+            out += [qavg_global_name(base, tin, acc, tout, itype, lanes)
+                    for base, types in passes.items() for tin, tout, lanes in types]
+    return out
+
+
+def instantiations() -> list[tuple[str, str]]:
+    """Every (source file, name expression) the runtime can ask for: the float forward, the
+    backward and the quantized kernels, for each index type."""
+    names = [n for itype in INDEX_TYPES
+             for family in (_forward_names, _backward_names, _quantized_names)
+             for n in family(itype)]
+    return [(source_file(n), n) for n in dict.fromkeys(names)]
