@@ -89,10 +89,6 @@ def _window_params(kernel_size, stride, padding, padding_mode, dilation, ceil_mo
                 dilation=tuple(dilation), ceil_mode=ceil_mode)
 
 
-def _layout(func: str, p: dict) -> str:
-    return S.check_layout(func, p["layout"])
-
-
 def _no_grads(ctx_args) -> tuple:
     return (None,) * len(ctx_args)
 
@@ -436,18 +432,29 @@ for _op in OPS:
         _linear(_op.name)
 
 
-def _batched(operator, outputs: int):
-    """The batching rule of a forward operator: every dim before the spatial ones is a plane
-    dim, so a vmapped batch is one more, in front."""
+def _batched(name: str, outputs: int):
+    """The batching rule of forward operator ``name``: every dim before the spatial ones is a
+    plane dim, so a vmapped batch is one more, in front."""
+    operator = getattr(torch.ops.gpupool, name)
+
     def rule(info, in_dims, x, *arguments):
         result = operator(x.movedim(in_dims[0], 0), *arguments)
         return result, (0,) * outputs if outputs > 1 else 0
     return rule
 
 
-for _operator, _outputs in ((max_pool, 2), (avg_pool, 1), (lp_pool, 1), (adaptive_avg_pool, 1),
-                            (adaptive_max_pool, 2), (global_avg_pool, 1)):
-    _operator.register_vmap(_batched(_operator, _outputs))
+def _operator(op) -> str:
+    """The operator that runs public op ``op``: that of the forward op its gradient belongs to
+    (:data:`gpupool.op_table.OPS`), so a global max runs as the adaptive max to size 1."""
+    forward = BY_NAME[op.gradient_of] if op.is_backward else op
+    gradient = BY_NAME[forward.gradient]
+    return gradient.name if op.is_backward else gradient.gradient_of
+
+
+for _op in OPS:
+    if not _op.is_backward and _op.family != "unpool" and _operator(_op) == _op.name:
+        torch.library.register_vmap(f"gpupool::{_op.name}",
+                                    _batched(_op.name, 2 if _op.reduction == "max" else 1))
 
 
 # ----------------------------------------------------------------------------- public calls
@@ -463,11 +470,6 @@ def _spatial_dims(func: str, p: dict) -> int:
     return int(n)
 
 
-def _ones(func: str, p: dict) -> list[int]:
-    """The output size of a global pooling as an adaptive one."""
-    return [1] * _spatial_dims(func, p)
-
-
 def _sizes(func: str, p: dict) -> list:
     """An adaptive pooling's ``output_size`` as a list (an int is one per spatial dim, as the
     spec reads it, which checks each where the operator runs)."""
@@ -477,67 +479,55 @@ def _sizes(func: str, p: dict) -> list:
     return [size] * S.spatial_rank(func, size, "output_size")
 
 
-def _max_pool_call(ops_, x, p):
-    wanted = S.check_bool("max_pool", "return_indices", p["return_indices"])
-    values, indices = ops_.max_pool(x, *_window("max_pool", p), _layout("max_pool", p))
-    return (values, indices) if wanted else values
+def _arguments(op, p: dict) -> list:
+    """The arguments of :func:`_operator`'s operator for public op ``op``, after its first
+    tensor, from the op's parameters ``p``: its operand, the input's shape (where the operand
+    is not the input), Lp's ``p``, the geometry (window, output size, or spatial dims), the
+    average's options, the layout, and for a max's backward True (check the indices)."""
+    func = op.name
+    forward = BY_NAME[op.gradient_of] if op.is_backward else op
+    args = [p[op.operand]] if op.operand else []
+    if op.is_backward and op.operand != "x":
+        args.append(list(G.check_input_shape(func, p["input_shape"])))
+    if forward.reduction == "lp":
+        args.append(p["p"])
+    if forward.family == "window":
+        args += _window(func, p)
+    elif forward.family == "adaptive":
+        args.append(_sizes(func, p))
+    elif forward.reduction == "max":  # a global max, as the adaptive max to size 1
+        args.append([1] * _spatial_dims(func, p))
+    else:
+        args.append(_spatial_dims(func, p))
+    if "count_include_pad" in forward.options:
+        args += [S.check_bool(func, "count_include_pad", p["count_include_pad"]),
+                 p["divisor_override"]]
+    args.append(S.check_layout(func, p["layout"]))
+    if op.operand == "indices":
+        args.append(True)
+    return args
 
 
-def _adaptive_max_pool_call(ops_, x, p):
-    func = "adaptive_max_pool"
-    wanted = S.check_bool(func, "return_indices", p["return_indices"])
-    values, indices = ops_.adaptive_max_pool(
-        x, _sizes(func, p), _layout(func, p))
-    return (values, indices) if wanted else values
+def _call(op):
+    """The call of public op ``op`` on the operators (see above)."""
+    operator = _operator(op)
+    if op.is_backward and operator != op.name:  # a global max's: from the input's indices
+        def global_max_backward(ops_, grad, p):
+            x, ones, layout = _arguments(op, p)
+            _, indices = ops_.adaptive_max_pool(x, ones, layout)
+            return ops_.adaptive_max_pool_backward(grad, indices, list(x.shape), ones, layout,
+                                                   False)
+        return global_max_backward
+    if op.reduction == "max" and not op.is_backward:
+        def max_call(ops_, x, p):
+            wanted = "return_indices" in op.options and S.check_bool(
+                op.name, "return_indices", p["return_indices"])
+            values, indices = getattr(ops_, operator)(x, *_arguments(op, p))
+            return (values, indices) if wanted else values
+        return max_call
+    return lambda ops_, x, p: getattr(ops_, operator)(x, *_arguments(op, p))
 
 
-def _global_max_pool_backward_call(ops_, grad, p):
-    func = "global_max_pool_backward"
-    ones, layout = _ones(func, p), _layout(func, p)
-    _, indices = ops_.adaptive_max_pool(p["x"], ones, layout)
-    return ops_.adaptive_max_pool_backward(grad, indices, list(p["x"].shape),
-                                                        ones, layout, False)
-
-
-_OPERATORS = {
-    "max_pool": _max_pool_call,
-    "avg_pool": lambda ops_, x, p: ops_.avg_pool(
-        x, *_window("avg_pool", p), S.check_bool("avg_pool", "count_include_pad",
-                                                 p["count_include_pad"]),
-        p["divisor_override"], _layout("avg_pool", p)),
-    "lp_pool": lambda ops_, x, p: ops_.lp_pool(
-        x, p["p"], *_window("lp_pool", p), _layout("lp_pool", p)),
-    "global_avg_pool": lambda ops_, x, p: ops_.global_avg_pool(
-        x, _spatial_dims("global_avg_pool", p), _layout("global_avg_pool", p)),
-    "global_max_pool": lambda ops_, x, p: ops_.adaptive_max_pool(
-        x, _ones("global_max_pool", p), _layout("global_max_pool", p))[0],
-    "adaptive_avg_pool": lambda ops_, x, p: ops_.adaptive_avg_pool(
-        x, _sizes("adaptive_avg_pool", p),
-        _layout("adaptive_avg_pool", p)),
-    "adaptive_max_pool": _adaptive_max_pool_call,
-    "max_pool_backward": lambda ops_, g, p: ops_.max_pool_backward(
-        g, p["indices"], list(G.check_input_shape("max_pool_backward", p["input_shape"])),
-        *_window("max_pool_backward", p), _layout("max_pool_backward", p), True),
-    "avg_pool_backward": lambda ops_, g, p: ops_.avg_pool_backward(
-        g, list(G.check_input_shape("avg_pool_backward", p["input_shape"])),
-        *_window("avg_pool_backward", p),
-        S.check_bool("avg_pool_backward", "count_include_pad", p["count_include_pad"]),
-        p["divisor_override"], _layout("avg_pool_backward", p)),
-    "lp_pool_backward": lambda ops_, g, p: ops_.lp_pool_backward(
-        g, p["x"], p["p"], *_window("lp_pool_backward", p), _layout("lp_pool_backward", p)),
-    "global_avg_pool_backward": lambda ops_, g, p: ops_.global_avg_pool_backward(
-        g, list(G.check_input_shape("global_avg_pool_backward", p["input_shape"])),
-        _spatial_dims("global_avg_pool_backward", p), _layout("global_avg_pool_backward", p)),
-    "global_max_pool_backward": _global_max_pool_backward_call,
-    "adaptive_avg_pool_backward": lambda ops_, g, p: ops_.adaptive_avg_pool_backward(
-        g, list(G.check_input_shape("adaptive_avg_pool_backward", p["input_shape"])),
-        _sizes("adaptive_avg_pool_backward", p),
-        _layout("adaptive_avg_pool_backward", p)),
-    "adaptive_max_pool_backward": lambda ops_, g, p: ops_.adaptive_max_pool_backward(
-        g, p["indices"], list(G.check_input_shape("adaptive_max_pool_backward",
-                                                  p["input_shape"])),
-        _sizes("adaptive_max_pool_backward", p),
-        _layout("adaptive_max_pool_backward", p), True),
-}
-autograd.keep_signatures(getattr(gradients if name.endswith("_backward") else ops, name).__wrapped__
-                         for name in _OPERATORS)
+_OPERATORS = {op.name: _call(op) for op in OPS if op.family != "unpool"}
+autograd.keep_signatures(getattr(gradients if op.is_backward else ops, op.name).__wrapped__
+                         for op in OPS if op.name in _OPERATORS)
