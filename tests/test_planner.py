@@ -201,6 +201,10 @@ def test_nhwc_threads_along_channels():
     ((16, 128, 56, 56), 2, 2, 0, 1, dict(dtype="float16"), (2, 2, 2, 8, 0)),
     ((32, 64, 55, 55), 3, 2, 0, 1, {}, None),  # a 2-D max whose rows are off the packs
     ((2, 256, 32000), (5,), 4, 2, 1, dict(op="avg", count_include_pad=True), (1, 5, 4, 4, 2)),
+    ((2, 128, 56, 56), 5, 2, 2, 1, dict(op="avg", dtype="float16"), (5, 5, 2, 8, 6)),
+    ((3, 96, 55, 57), (3, 5), 2, (1, 2), 1, dict(op="avg", dtype="bfloat16", divisor_override=7),
+     (3, 5, 2, 1, 0)),  # rows off the packs
+    ((64, 8192), (4,), 4, 0, 1, dict(op="avg"), (1, 4, 4, 4, 0)),
     ((32, 64, 112, 112), 3, 2, 1, 1, dict(op="avg", layout="NHWC"), None),  # NHWC
     ((32, 64, 112, 112), 3, 2, 1, 1, dict(op="avg", dtype="float64"), None),
     ((32, 64, 112, 112), 3, 2, 1, 2, dict(op="avg"), None),  # dilation

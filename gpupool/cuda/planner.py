@@ -49,8 +49,8 @@ SPECIALISED_K = (2, 3)  # window sizes compiled as template constants (H and W e
 ROW_TILE = 4  # outputs per thread of a row tile, along W (the kernels' GP_ROW_TILE)
 #: (KH, KW, SW) of the row tiles compiled in: window rows and columns and W stride (KH 1: a
 #: 1-D pooling), dilation 1.
-ROW_TILE_WINDOWS = ((2, 2, 2), (3, 3, 1), (3, 3, 2), (1, 3, 2), (1, 3, 3), (1, 4, 2),
-                    (1, 5, 4))
+ROW_TILE_WINDOWS = ((2, 2, 2), (3, 3, 1), (3, 3, 2), (3, 5, 2), (5, 5, 2), (1, 3, 2),
+                    (1, 3, 3), (1, 4, 2), (1, 4, 4), (1, 5, 4))
 ROW_TILE_DTYPES = ("float16", "bfloat16", "float32")
 LANE_WIDTHS = (4, 8, 16, 32)  # lanes per segment of the small-plane global reduction
 SMALL_SEGMENT = 1024  # global: planes up to this many elements use lane groups
