@@ -197,6 +197,22 @@ def window_cases():
                        tags=frozenset({"idx64"} if w.id in WIDE_WINDOWS else ()))
 
 
+# One window per plane covering it (its taps reach past the plane, padding included): values
+# only, a max runs as the global max's reduction; with indices, the window walk.
+PLANE_WINDOWS = [Window("1d-k40-s40-p2-plane", (2, 5), (37,), (40,), (40,), 2),
+                 Window("2d-k5x6-plane", (2, 3), (5, 6), (5, 6))]
+
+
+def whole_plane_cases():
+    for w, layout, idx, dtype in itertools.product(PLANE_WINDOWS, ("NCHW", "NHWC"),
+                                                   (False, True), FLOATS):
+        kernel = ("max_pool_indices" if idx else
+                  "global_lanes" if layout == "NCHW" else "global_channels")
+        yield Case(f"max{'-idx' if idx else ''}-{dtype}-{layout}-{w.id}",
+                   random_input(shaped(w.lead, w.spatial, layout), dtype, "max"),
+                   lambda x, w=w, L=layout, f=_max(idx): f(x, w, L), True, launches=(kernel,))
+
+
 # ----------------------------------------------------------------------------- max_unpool
 
 @dataclass(frozen=True)
@@ -648,7 +664,7 @@ def small_device_cases():
 
 # ----------------------------------------------------------------------------- the tables
 
-CASES = (list(window_cases()) + list(unpool_cases()) + list(adaptive_cases())
+CASES = (list(window_cases()) + list(whole_plane_cases()) + list(unpool_cases()) + list(adaptive_cases())
          + list(global_cases()) + list(quantized_cases()) + list(quantized_word_cases())
          + list(many_plane_cases()) + list(row_tile_cases())
          + list(strided_cases()) + list(natural_int64_accumulator_cases()))

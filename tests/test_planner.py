@@ -89,9 +89,13 @@ def _small_plane_specs():
 def test_blocks_hold_two_warps_when_there_are_64_outputs(device):
     """Small planes are packed several to a block (block z), so no launch with >= 64
     outputs runs blocks under 64 threads (a streaming multiprocessor holds at most 32
-    blocks); every output is still covered."""
+    blocks); every output is still covered. (A max whose window covers its plane runs as the
+    global max: see its own test.)"""
     for sp in _small_plane_specs():
-        (la,) = plan(sp, device).launches
+        pl = plan(sp, device)
+        if pl.family == "global":
+            continue
+        (la,) = pl.launches
         tx, ty, tz = la.block
         outputs = math.prod(sp.out_shape)
         if outputs >= 64:
@@ -323,6 +327,28 @@ def test_global_nhwc_split():
     n = first.get("nchunks")
     assert first.grid[1] * first.grid[2] >= 2 * n
     assert second.get("chunklen") == n
+
+
+@pytest.mark.parametrize("shape, k, s, p, d, kw, kernel", [
+    ((64, 256, 128), (128,), 1, 0, 1, dict(dtype="float16"), "global_lanes"),
+    ((2, 3, 37), (40,), 40, 2, 1, {}, "global_lanes"),  # padding around the plane
+    ((2, 5, 6, 3), (5, 6), None, 0, 1, dict(layout="NHWC"), "global_channels"),
+    ((2, 3, 100, 100), 100, None, 0, 1, {}, "global_block"),
+    ((2, 3, 37), (37,), 1, 0, 1, dict(return_indices=True), "max_pool_indices"),
+    ((2, 3, 37), (36,), 2, 0, 1, {}, "max_pool"),  # the last element in no window
+    ((2, 3, 37), (19,), 1, 0, 2, {}, "max_pool"),  # dilation: every other element
+    ((2, 3, 37), (37,), 1, 0, 1, dict(op="avg"), "avg_pool"),
+    ((2, 3, 37), (37,), 1, 0, 1, dict(dtype="int8"), "max_pool"),
+])
+def test_max_windows_covering_their_planes_run_as_the_global_max(shape, k, s, p, d, kw, kernel):
+    """A values-only float max whose one window per plane covers the plane runs as the global
+    max's segmented reduction; with indices, another op, an integer dtype (the quantized word
+    kernels plan integer windows as window launches) or a window that misses an element, the
+    window kernels."""
+    sp = window(shape, k, s, p, d, **kw)
+    pl = plan(sp, H100)
+    assert pl.launches[0].kernel == kernel
+    assert (pl.family == "global") == kernel.startswith("global")
 
 
 def test_global_with_indices_is_tiled():

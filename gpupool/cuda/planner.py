@@ -346,7 +346,7 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
                 (Launch(kernel, grid, (tx, ty, tz), rows, extra),), tuple(words))
 
 
-def _global(spec: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
+def _global(spec: S.AdaptiveSpec | S.WindowSpec, device: DeviceInfo, words: list) -> Plan:
     g = spec.geom
     seglen = math.prod(g.spatial)
     launches = []
@@ -410,6 +410,14 @@ def _global(spec: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
                                        (BLOCK_THREADS, 1, 1), 1,
                                        (("lanes", 32), ("second", 1), ("seglen", nchunks))))
     return Plan("global", index_type(spec), tuple(launches), tuple(words))
+
+
+def _window_is_global(spec) -> bool:
+    """Whether a window pooling runs as the global max (:func:`_global`): a values-only max
+    of a float dtype whose one window per plane covers the plane (the quantized word kernels
+    plan their integer windows as window launches)."""
+    return (isinstance(spec, S.WindowSpec) and spec.op == "max" and not spec.return_indices
+            and spec.geom.dtype in S.FLOAT_DTYPES and spec.covers_planes)
 
 
 def unpool_gathers(spec: S.UnpoolSpec) -> bool:
@@ -527,6 +535,9 @@ def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align
     elif isinstance(spec, S.UnpoolSpec):
         p = _unpool(spec, device, words, scatter)
     elif isinstance(spec, S.AdaptiveSpec) and spec.is_global and not spec.return_indices:
+        p = _global(spec, device, words)
+    elif _window_is_global(spec):
+        words.append("one window covers each whole plane: the global max's reduction")
         p = _global(spec, device, words)
     elif g.nd > 3:
         raise ValueError(f"gpupool: the CUDA window kernels take 1-3 spatial dims, got {g.nd}")
