@@ -598,7 +598,8 @@ def row_tile_cases():
     """Each row-tile kernel (planner.ROW_TILE_WINDOWS, W pads up to half the window): max
     values and averages of rows of 64 elements (aligned packs, from every lead a pad gives)
     and of 37 (a load per column; a 2-D max then takes the general walk); and inputs one
-    element past an aligned start, which load a column at a time or take the general walk."""
+    element past an aligned start, which load a column at a time or take the general walk;
+    3-D max values, with D taps and with one D tap per slice."""
     for (kh, kw, sw), dtype in itertools.product(planner.ROW_TILE_WINDOWS,
                                                  planner.ROW_TILE_DTYPES):
         lead, kernel, stride = ((2, 3, 7), (kh, kw), (2, sw)) if kh > 1 else ((2, 3), (kw,), (sw,))
@@ -617,6 +618,19 @@ def row_tile_cases():
         yield Case(f"max-{name}-p1-w64-misaligned", random_input(shape, dtype, "max"),
                    lambda x, w=w: _max(False)(x, w, "NCHW"), True, view=misaligned,
                    requests=("max_pool" if kh > 1 else "max_pool_rows",))
+        # 3-D max: windows of 2 D taps (D pad 1, ceil mode: windows of one valid D tap and
+        # of none), the D taps at run time, each W pad; one D tap per window at its own slice,
+        # the 2-D pooling of the slices
+        spatial3 = (3, 7, 64)
+        kernel3, stride3 = (2, kh, kw), (1, 2 if kh > 1 else 1, sw)
+        for pad in range(kw // 2 + 1):
+            w = Window(name, lead[:2], spatial3, kernel3, stride3, (1, kh // 2, pad), 1, True)
+            yield Case(f"max-3d-{name}-p{pad}", random_input(lead[:2] + spatial3, dtype, "max"),
+                       lambda x, w=w: _max(False)(x, w, "NCHW"), True,
+                       requests=("max_pool_depth_rows",))
+        w = Window(name, lead[:2], spatial3, (1,) + kernel3[1:], stride3, (0, kh // 2, kw // 2))
+        yield Case(f"max-3d-slices-{name}", random_input(lead[:2] + spatial3, dtype, "max"),
+                   lambda x, w=w: _max(False)(x, w, "NCHW"), True, requests=("max_pool_rows",))
 
 
 # ----------------------------------------------------------------------------- small device

@@ -64,6 +64,7 @@ OPTIONS = ("--std=c++17", "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "--
 FAMILY_FILES = {
     "max_pool": "max_pool.cu", "max_pool_indices": "max_pool.cu", "max_unpool": "max_pool.cu",
     "max_pool_rows": "max_pool.cu", "avg_pool_rows": "avg_pool.cu",
+    "max_pool_depth_rows": "max_pool.cu",
     "max_unpool_gather": "max_pool.cu",
     "avg_pool": "avg_pool.cu", "lp_pool": "avg_pool.cu",
     "adaptive_max": "adaptive_pool.cu", "adaptive_max_indices": "adaptive_pool.cu",
@@ -282,6 +283,11 @@ def instantiations() -> list[tuple[str, str]]:
                 out += [(FAMILY_FILES[base], rows_name(base, dtype, shape))
                         for dtype in planner.ROW_TILE_DTYPES
                         for shape in row_tile_shapes(op, dtype)]
+                if op == "max":  # 3-D: in packs only
+                    out += [(FAMILY_FILES["max_pool_depth_rows"],
+                             rows_name("max_pool_depth_rows", dtype, shape))
+                            for dtype in planner.ROW_TILE_DTYPES
+                            for shape in row_tile_shapes(op, dtype) if shape[3] > 1]
             for dtype in (CTYPES if op == "max" else FLOAT_DTYPES):
                 one, first, second = _global_type_pairs(op, dtype)
                 pairs = {"global_block": (one, first), "global_channels": (one, first, second)}
