@@ -496,10 +496,11 @@ def many_plane_cases():
     than launching 2**22 planes; unhooked, the same cases run packed on grid y."""
     n = 66000
     f32 = [
-        ("max", (1, n, 2, 2), "NCHW", lambda x: gpupool.max_pool(x, 2), True),
+        # (2, 3) planes: a 2x2 window covering a plane would run as the global max
+        ("max", (1, n, 2, 3), "NCHW", lambda x: gpupool.max_pool(x, 2), True),
         ("max-idx", (1, n, 2, 2), "NCHW", lambda x: gpupool.max_pool(x, 2, return_indices=True),
          True),
-        ("max", (n, 2, 2, 1), "NHWC", lambda x: gpupool.max_pool(x, 2, layout="NHWC"), True),
+        ("max", (n, 2, 3, 1), "NHWC", lambda x: gpupool.max_pool(x, 2, layout="NHWC"), True),
         ("avg-cip", (1, n, 2, 2), "NCHW",
          lambda x: gpupool.avg_pool(x, 2, 2, ((1, 1), (0, 0)), count_include_pad=True), True),
         ("lp2", (n, 1, 2), "NCHW", lambda x: gpupool.lp_pool(x, 2, (2,)), True),

@@ -107,7 +107,7 @@ def test_instantiation_list_covers_every_family():
     names = [n for ns in files.values() for n in ns]
     assert len(names) == len(set(names))
     for prefix in ("max_pool<", "max_pool_indices<", "max_unpool<", "max_unpool_gather<",
-                   "avg_pool<", "lp_pool<", "max_pool_rows<",
+                   "avg_pool<", "lp_pool<", "max_pool_rows<", "max_pool_depth_rows<",
                    "avg_pool_rows<",
                    "adaptive_max<", "adaptive_max_indices<", "adaptive_avg<", "global_lanes<",
                    "global_block<", "global_channels<"):
