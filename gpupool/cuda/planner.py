@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from .. import spec as S
 from ..grad_spec import GradSpec
-from .launches import H100, DeviceInfo, Launch, Plan
+from .launches import H100, DeviceInfo, Launch, Plan, gather_traffic, with_traffic
 
 INT32_LIMIT = 2**31 - 1
 GRID_YZ_MAX = 65535
@@ -586,7 +586,7 @@ def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align
             if k:
                 words.append(f"window {k}x{k} compiled as a template constant")
             p = _tiled(spec, device, "window", kernel, words)
-    launches = (_gather_traffic if isinstance(spec, GradSpec) else _with_traffic)(
+    launches = (gather_traffic if isinstance(spec, GradSpec) else with_traffic)(
         spec, p.launches)
     words = list(p.words) + [f"index arithmetic: {'32' if p.index_type == 'int' else '64'}-bit"]
     for la in launches:
@@ -598,44 +598,3 @@ def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align
             + (f"{floor * 1e6:.2f} us at {device.dram_gbps:.0f} GB/s DRAM" if floor
                else "unknown (DRAM bandwidth unknown)"))
     return Plan(p.family, p.index_type, launches, tuple(words))
-
-
-def _with_traffic(spec, launches: tuple[Launch, ...]) -> tuple[Launch, ...]:
-    """The launches with the bytes each must move: its input once, its output once (with
-    int64 indices; unpool reads its indices, and its scatter zero-fills the output first)."""
-    g = spec.geom
-    item = S.ITEMSIZE[g.dtype]
-    x_bytes = math.prod(g.shape) * item
-    out_elems = math.prod(spec.out_shape)
-    if isinstance(spec, S.UnpoolSpec):  # the scatter also zero-fills, the gather does not
-        (la,) = launches
-        n = math.prod(g.shape)
-        fills = la.kernel == "max_unpool"
-        return (dataclasses.replace(
-            la, outputs=n if fills else out_elems, bytes_written=(1 + fills) * out_elems * item,
-            bytes_read=x_bytes + S.ITEMSIZE[spec.index_dtype] * n),)
-    indices = 8 * out_elems if getattr(spec, "return_indices", False) else 0
-    if len(launches) == 1:
-        return (dataclasses.replace(launches[0], outputs=out_elems, bytes_read=x_bytes,
-                                    bytes_written=out_elems * item + indices),)
-    first, second = launches
-    part = 4 if (spec.op == "avg" and S.ACC_DTYPES.get(g.dtype) == "float32") else item
-    partials = out_elems * first.get("nchunks")
-    return (dataclasses.replace(first, outputs=partials, bytes_read=x_bytes,
-                                bytes_written=partials * part),
-            dataclasses.replace(second, outputs=out_elems, bytes_read=partials * part,
-                                bytes_written=out_elems * item))
-
-
-def _gather_traffic(spec: GradSpec, launches: tuple[Launch, ...]) -> tuple[Launch, ...]:
-    """The gather with the bytes it must move: the output gradient (and a max's int64
-    indices; Lp's input and forward output) read once, the input gradient written once."""
-    fwd = spec.forward
-    item = S.ITEMSIZE[fwd.geom.dtype]
-    x_elems = math.prod(fwd.geom.shape)
-    out_elems = math.prod(fwd.out_shape)
-    read = out_elems * item + {"max": 8 * out_elems, "lp": (x_elems + out_elems) * item}.get(
-        spec.op, 0)
-    (la,) = launches
-    return (dataclasses.replace(la, outputs=x_elems, bytes_read=read,
-                                bytes_written=x_elems * item),)
