@@ -292,6 +292,14 @@ class WindowSpec:
     def out_shape(self) -> tuple[int, ...]:
         return self.geom.with_spatial(self.out_spatial)
 
+    @functools.cached_property
+    def covers_planes(self) -> bool:
+        """Whether each plane has one window and its taps cover the whole plane (output size
+        1, dilation 1, the window reaching the plane's end): a values-only max is then the
+        plane's max (exact in any order)."""
+        return all(o == 1 and d == 1 and k - pb >= n for o, d, k, (pb, _), n in zip(
+            self.out_spatial, self.dilation, self.kernel, self.pads, self.geom.spatial))
+
 
 def window_arguments(func: str, kernel_size, stride, padding, dilation):
     """``(kernel, stride, dilation, padding)`` validated without the input: ``padding`` as

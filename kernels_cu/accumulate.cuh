@@ -122,7 +122,7 @@ struct TapTerm {
   }
 };
 
-// Max pooling over any walk (WindowTaps, AdaptiveTaps, RowTaps): values, and with IDX int64
+// Max pooling over any walk (WindowTaps, AdaptiveTaps, RowTaps, DepthRowTaps): values, and with IDX int64
 // indices. Values only: Taps::joint outputs per group, the loads of their windows' taps in
 // joint batches (walk_row_major_batched); with IDX one output at a time, but for a row tile
 // (its GP_ROW_TILE outputs share their loads).
@@ -153,7 +153,7 @@ __device__ __forceinline__ void max_outputs(const T* __restrict__ x, T* __restri
     }
   };
   if constexpr (Taps::row_tile) {
-    outputs_rows<G>(g, x, group);
+    outputs_rows<G, Taps::depth>(g, x, group);
   } else {
     output_groups<G, NHWC, true>(g, x, group);
   }

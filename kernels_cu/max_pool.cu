@@ -35,15 +35,27 @@ __global__ void GP_WINDOW_BOUNDS(T, I, 5)
 }
 
 // Max pooling (as max_pool) of 1-D and 2-D NCHW planes with 32-bit offsets, KH x KW windows
-// of W stride SW and dilation 1 (gp::RowTaps). Geometry: gp::outputs_rows (grid x = W
-// chunks, y = row groups, z = plane groups; one thread = GP_ROW_TILE outputs side by side
-// along W, their input rows loaded once).
+// of W stride SW and dilation 1 (gp::RowTaps), and of 3-D planes whose windows take one D
+// tap at their own slice, as the 2-D pooling of the slices (gp::slices_as_planes). Geometry:
+// gp::outputs_rows (grid x = W chunks, y = row groups, z = plane (slice) groups; one thread =
+// GP_ROW_TILE outputs side by side along W, their input rows loaded once).
 template <typename T, int KH, int KW, int SW, int VEC, int LEAD>
 __global__ void __launch_bounds__(GP_BLOCK_THREADS)
     max_pool_rows(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(int)) {
   GP_GEO(int);
+  const gp::Geo<int> s = gp::slices_as_planes(g);
   gp::max_outputs<T, int, false, false>(x, out, nullptr,
-                                        gp::RowTaps<KH, KW, SW, VEC, LEAD>{g}, g);
+                                        gp::RowTaps<KH, KW, SW, VEC, LEAD>{s}, s);
+}
+
+// max_pool_rows of 3-D NCHW planes, their windows' D taps at run time (gp::DepthRowTaps).
+// Geometry: gp::outputs_rows with DEPTH (grid y = groups of the output rows (d, h)).
+template <typename T, int KH, int KW, int SW, int VEC, int LEAD>
+__global__ void __launch_bounds__(GP_BLOCK_THREADS)
+    max_pool_depth_rows(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(int)) {
+  GP_GEO(int);
+  gp::max_outputs<T, int, false, false>(x, out, nullptr,
+                                        gp::DepthRowTaps<KH, KW, SW, VEC, LEAD>{{g}}, g);
 }
 
 

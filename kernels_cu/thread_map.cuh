@@ -131,23 +131,33 @@ __device__ __forceinline__ void outputs_nhwc(const Geo<I>& g, const T* __restric
 
 // Row tiles (1-D and 2-D NCHW, 32-bit offsets; see RowTaps in walk.cuh) -- grid: x = W
 //   chunks of blockDim.x * G outputs, y = groups of blockDim.y output rows, z = groups of
-//   blockDim.z planes (the host keeps each within 65535). block: (TX, TY, TZ planes, several
-//   when a plane's tiles leave a block under two warps). thread: the G consecutive outputs
-//   along W from (blockIdx.x * TX + threadIdx.x) * G of row blockIdx.y * TY + threadIdx.y of
-//   plane blockIdx.z * TZ + threadIdx.z, in one call h(xp, 1, o, n) (o[n..G) continue past
-//   the row's end: never stored).
-template <int G, typename T, typename H>
+//   blockDim.z planes (the host keeps each within 65535). DEPTH (3-D, the output rows being
+//   the (d, h) pairs): x = (W chunks) x (row groups), y = plane groups, as outputs_nchw.
+//   block: (TX, TY, TZ planes, several when a plane's tiles leave a block under two warps).
+//   thread: the G consecutive outputs along W from (W chunk * TX + threadIdx.x) * G of row
+//   (row group * TY + threadIdx.y) of plane (plane group * TZ + threadIdx.z), in one call
+//   h(xp, 1, o, n) (o[n..G) continue past the row's end: never stored).
+template <int G, bool DEPTH = false, typename T, typename H>
 __device__ __forceinline__ void outputs_rows(const Geo<int>& g, const T* __restrict__ x, H h) {
-  const int row = (int)(blockIdx.y * blockDim.y + threadIdx.y);
-  const int o_w = (int)(blockIdx.x * blockDim.x + threadIdx.x) * G;
-  const int p = (int)(blockIdx.z * blockDim.z + threadIdx.z);
-  if (row >= g.oh || o_w >= g.ow || p >= g.planes) return;
-  const int oi = (p * g.oh + row) * g.ow + o_w;
+  int wchunk = (int)blockIdx.x, rchunk = (int)blockIdx.y, pgroup = (int)blockIdx.z;
+  if constexpr (DEPTH) {
+    const int nwb = (g.ow + (int)blockDim.x * G - 1) / ((int)blockDim.x * G);
+    rchunk = wchunk / nwb;
+    wchunk -= rchunk * nwb;
+    pgroup = (int)blockIdx.y;
+  }
+  const int row = rchunk * (int)blockDim.y + (int)threadIdx.y;
+  const int o_w = (wchunk * (int)blockDim.x + (int)threadIdx.x) * G;
+  const int p = pgroup * (int)blockDim.z + (int)threadIdx.z;
+  const int nrows = DEPTH ? g.od * g.oh : g.oh;
+  if (row >= nrows || o_w >= g.ow || p >= g.planes) return;
+  const int o_d = DEPTH ? row / g.oh : 0;
+  const int oi = (p * nrows + row) * g.ow + o_w;
   Output<int> o[G];
 #pragma unroll
-  for (int j = 0; j < G; ++j) o[j] = Output<int>{0, row, o_w + j, oi + j};
+  for (int j = 0; j < G; ++j) o[j] = Output<int>{o_d, row - o_d * g.oh, o_w + j, oi + j};
   const int left = g.ow - o_w;
-  h(x + p * (g.ih * g.iw), 1, o, left < G ? left : G);
+  h(x + p * ((DEPTH ? g.id : 1) * g.ih * g.iw), 1, o, left < G ? left : G);
 }
 
 // A row tile's results v[0..n) to out[o[0].oi + j] (outputs_rows: consecutive along W): one

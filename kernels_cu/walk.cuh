@@ -543,6 +543,8 @@ struct RowTaps {
   static constexpr bool flat_max = true;
   static constexpr bool row_tile = true;
   static constexpr int kd = 1, kh = KH, kw = KW;
+  // rows of 2-D planes (DepthRowTaps: of 3-D ones)
+  static constexpr bool depth = false;
   // input columns the windows of a tile cover
   static constexpr int span = (GP_ROW_TILE - 1) * SW + KW;
   // packs per row that cover them
@@ -595,13 +597,15 @@ struct RowTaps {
   }
 
   // The tile of outputs o[0..G) (consecutive along W, one row): v[b][c] = f.load(pos, ok)
-  // for column c < span of window row b < KH (with VEC > 1 the same values from packs), with
-  // rok[b], cok[c] whether row and column lie inside the plane; every load starts before any
-  // tap is used. A tile inside the plane (most of them) loads without a test per slot.
+  // for column c < span of window row b < KH (with VEC > 1 the same values from packs) in D
+  // slice `slice` of the plane, with rok[b], cok[c] whether row and column lie inside it;
+  // every load starts before any tap is used. A tile inside the plane (most of them) loads
+  // without a test per slot.
   template <typename F>
   __device__ __forceinline__ void load(const Output<int>& o0, const F& f,
                                        typename F::value (&v)[KH][span], bool (&rok)[KH],
-                                       bool (&cok)[span], int (&base)[KH]) const {
+                                       bool (&cok)[span], int (&base)[KH],
+                                       int slice = 0) const {
     const int h0 = o0.o_h * g.sh - g.ph;
     const int w0 = o0.o_w * SW - g.pw;
     bool inside = true;
@@ -615,7 +619,7 @@ struct RowTaps {
       const int ph = h0 + b * g.dh;
       rok[b] = (unsigned)ph < (unsigned)g.ih;
       inside = inside && rok[b];
-      base[b] = ph * g.iw + w0;
+      base[b] = (slice * g.ih + ph) * g.iw + w0;
     }
     if constexpr (VEC > 1) {
       // pack k starts at column w0 - LEAD + k * VEC; a column outside the row lies in a pack
@@ -649,16 +653,18 @@ struct RowTaps {
     }
   }
 
-  // f[j].take(v, pos) for the taps of window j < G in row-major order: every slot
-  // (values-only max: a slot outside the plane loads the lowest value, which never wins) or
-  // the valid ones (F::skips). Windows j >= n are taken too and never stored.
+  // f[j].take(v, pos) for the taps of window j < G in row-major order, those of D slice
+  // `slice`: every slot (values-only max: a slot outside the plane loads the lowest value,
+  // which never wins) or the valid ones (F::skips). Windows j >= n are taken too and never
+  // stored.
   template <int G, typename F>
-  __device__ __forceinline__ void batched(const Output<int>* o, int, F* f) const {
+  __device__ __forceinline__ void batched(const Output<int>* o, int, F* f,
+                                          int slice = 0) const {
     static_assert(G == joint, "a row tile takes GP_ROW_TILE outputs at once");
     typename F::value v[KH][span];
     bool rok[KH], cok[span];
     int base[KH];
-    load(o[0], f[0], v, rok, cok, base);
+    load(o[0], f[0], v, rok, cok, base, slice);
 #pragma unroll
     for (int b = 0; b < KH; ++b) {
 #pragma unroll
@@ -707,6 +713,34 @@ struct RowTaps {
     }
   }
 };
+
+// Row tiles of 3-D planes: the (H, W) taps of RowTaps per D tap of the window (g.kd, at run
+// time) inside the plane, in D order (so row-major order holds); the output rows are the
+// (d, h) pairs (outputs_rows with DEPTH). Values-only max (batched) only.
+template <int KH, int KW, int SW, int VEC, int LEAD>
+struct DepthRowTaps : RowTaps<KH, KW, SW, VEC, LEAD> {
+  static constexpr bool depth = true;
+  template <int G, typename F>
+  __device__ __forceinline__ void batched(const Output<int>* o, int n, F* f) const {
+    const Geo<int>& g = this->g;
+    const int d0 = o[0].o_d * g.sd - g.pd;
+#pragma unroll 1
+    for (int a = 0; a < g.kd; ++a) {
+      const int slice = d0 + a * g.dd;
+      if ((unsigned)slice < (unsigned)g.id) RowTaps<KH, KW, SW, VEC, LEAD>::template batched<G>(
+          o, n, f, slice);
+    }
+  }
+};
+
+// A 3-D geometry whose windows take one D tap each at their own slice (D window 1, D stride
+// 1, no D padding: od == id) as the 2-D geometry of its slices, planes * id planes of
+// ih x iw; 1-D and 2-D geometries (id == 1) as they are.
+__device__ __forceinline__ Geo<int> slices_as_planes(Geo<int> g) {
+  g.planes *= g.id;
+  g.id = g.od = 1;
+  return g;
+}
 
 // The geometry of a row tile's launch with what RowTaps compiles in (1 D tap, KH x KW taps,
 // W stride SW, W dilation 1) as constants, so that the code using it (the averages' divisors)

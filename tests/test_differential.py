@@ -197,6 +197,22 @@ def window_cases():
                        tags=frozenset({"idx64"} if w.id in WIDE_WINDOWS else ()))
 
 
+# One window per plane covering it (its taps reach past the plane, padding included): values
+# only, a max runs as the global max's reduction; with indices, the window walk.
+PLANE_WINDOWS = [Window("1d-k40-s40-p2-plane", (2, 5), (37,), (40,), (40,), 2),
+                 Window("2d-k5x6-plane", (2, 3), (5, 6), (5, 6))]
+
+
+def whole_plane_cases():
+    for w, layout, idx, dtype in itertools.product(PLANE_WINDOWS, ("NCHW", "NHWC"),
+                                                   (False, True), FLOATS):
+        kernel = ("max_pool_indices" if idx else
+                  "global_lanes" if layout == "NCHW" else "global_channels")
+        yield Case(f"max{'-idx' if idx else ''}-{dtype}-{layout}-{w.id}",
+                   random_input(shaped(w.lead, w.spatial, layout), dtype, "max"),
+                   lambda x, w=w, L=layout, f=_max(idx): f(x, w, L), True, launches=(kernel,))
+
+
 # ----------------------------------------------------------------------------- max_unpool
 
 @dataclass(frozen=True)
@@ -480,10 +496,11 @@ def many_plane_cases():
     than launching 2**22 planes; unhooked, the same cases run packed on grid y."""
     n = 66000
     f32 = [
-        ("max", (1, n, 2, 2), "NCHW", lambda x: gpupool.max_pool(x, 2), True),
+        # (2, 3) planes: a 2x2 window covering a plane would run as the global max
+        ("max", (1, n, 2, 3), "NCHW", lambda x: gpupool.max_pool(x, 2), True),
         ("max-idx", (1, n, 2, 2), "NCHW", lambda x: gpupool.max_pool(x, 2, return_indices=True),
          True),
-        ("max", (n, 2, 2, 1), "NHWC", lambda x: gpupool.max_pool(x, 2, layout="NHWC"), True),
+        ("max", (n, 2, 3, 1), "NHWC", lambda x: gpupool.max_pool(x, 2, layout="NHWC"), True),
         ("avg-cip", (1, n, 2, 2), "NCHW",
          lambda x: gpupool.avg_pool(x, 2, 2, ((1, 1), (0, 0)), count_include_pad=True), True),
         ("lp2", (n, 1, 2), "NCHW", lambda x: gpupool.lp_pool(x, 2, (2,)), True),
@@ -582,7 +599,8 @@ def row_tile_cases():
     """Each row-tile kernel (planner.ROW_TILE_WINDOWS, W pads up to half the window): max
     values and averages of rows of 64 elements (aligned packs, from every lead a pad gives)
     and of 37 (a load per column; a 2-D max then takes the general walk); and inputs one
-    element past an aligned start, which load a column at a time or take the general walk."""
+    element past an aligned start, which load a column at a time or take the general walk;
+    3-D max values, with D taps and with one D tap per slice."""
     for (kh, kw, sw), dtype in itertools.product(planner.ROW_TILE_WINDOWS,
                                                  planner.ROW_TILE_DTYPES):
         lead, kernel, stride = ((2, 3, 7), (kh, kw), (2, sw)) if kh > 1 else ((2, 3), (kw,), (sw,))
@@ -601,6 +619,19 @@ def row_tile_cases():
         yield Case(f"max-{name}-p1-w64-misaligned", random_input(shape, dtype, "max"),
                    lambda x, w=w: _max(False)(x, w, "NCHW"), True, view=misaligned,
                    requests=("max_pool" if kh > 1 else "max_pool_rows",))
+        # 3-D max: windows of 2 D taps (D pad 1, ceil mode: windows of one valid D tap and
+        # of none), the D taps at run time, each W pad; one D tap per window at its own slice,
+        # the 2-D pooling of the slices
+        spatial3 = (3, 7, 64)
+        kernel3, stride3 = (2, kh, kw), (1, 2 if kh > 1 else 1, sw)
+        for pad in range(kw // 2 + 1):
+            w = Window(name, lead[:2], spatial3, kernel3, stride3, (1, kh // 2, pad), 1, True)
+            yield Case(f"max-3d-{name}-p{pad}", random_input(lead[:2] + spatial3, dtype, "max"),
+                       lambda x, w=w: _max(False)(x, w, "NCHW"), True,
+                       requests=("max_pool_depth_rows",))
+        w = Window(name, lead[:2], spatial3, (1,) + kernel3[1:], stride3, (0, kh // 2, kw // 2))
+        yield Case(f"max-3d-slices-{name}", random_input(lead[:2] + spatial3, dtype, "max"),
+                   lambda x, w=w: _max(False)(x, w, "NCHW"), True, requests=("max_pool_rows",))
 
 
 # ----------------------------------------------------------------------------- small device
@@ -648,7 +679,7 @@ def small_device_cases():
 
 # ----------------------------------------------------------------------------- the tables
 
-CASES = (list(window_cases()) + list(unpool_cases()) + list(adaptive_cases())
+CASES = (list(window_cases()) + list(whole_plane_cases()) + list(unpool_cases()) + list(adaptive_cases())
          + list(global_cases()) + list(quantized_cases()) + list(quantized_word_cases())
          + list(many_plane_cases()) + list(row_tile_cases())
          + list(strided_cases()) + list(natural_int64_accumulator_cases()))

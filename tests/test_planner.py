@@ -21,6 +21,9 @@ def covered_outputs(sp, launch):
     """Outputs the grid/block/rows cover, per plane (NCHW: rows x W; NHWC: positions x C)."""
     tx, ty, _ = launch.block
     od, oh, ow = planner.canonical3(sp.out_spatial, 1)
+    if launch.kernel == "max_pool_depth_rows":  # grid x: W chunks x row groups
+        wchunks = -(-ow // (tx * planner.ROW_TILE))
+        return launch.grid[0] // wchunks * ty, wchunks * tx * planner.ROW_TILE
     if launch.kernel.endswith("_rows"):
         return launch.grid[1] * ty, launch.grid[0] * tx * planner.ROW_TILE
     if sp.geom.layout == "NHWC":
@@ -61,8 +64,8 @@ def test_window_plan_covers_every_output(shape, k, s, p, layout, device):
         assert units - ty * la.rows < od * oh
     assert la.grid[1] <= 65535 and la.grid[2] <= 65535
     groups = -(-planes // tz)
-    if la.kernel.endswith("_rows"):  # plane groups on grid z alone
-        assert la.grid[2] == groups
+    if la.kernel.endswith("_rows"):  # plane groups on grid z alone (depth rows: y alone)
+        assert la.grid[1 if la.kernel == "max_pool_depth_rows" else 2] == groups
         return
     assert la.grid[1] * la.grid[2] >= groups
     assert la.grid[1] * (la.grid[2] - 1) < groups
@@ -89,9 +92,13 @@ def _small_plane_specs():
 def test_blocks_hold_two_warps_when_there_are_64_outputs(device):
     """Small planes are packed several to a block (block z), so no launch with >= 64
     outputs runs blocks under 64 threads (a streaming multiprocessor holds at most 32
-    blocks); every output is still covered."""
+    blocks); every output is still covered. (A max whose window covers its plane runs as the
+    global max: see its own test.)"""
     for sp in _small_plane_specs():
-        (la,) = plan(sp, device).launches
+        pl = plan(sp, device)
+        if pl.family == "global":
+            continue
+        (la,) = pl.launches
         tx, ty, tz = la.block
         outputs = math.prod(sp.out_shape)
         if outputs >= 64:
@@ -210,13 +217,25 @@ def test_nhwc_threads_along_channels():
     ((32, 64, 112, 112), 3, 2, 1, 2, dict(op="avg"), None),  # dilation
     ((32, 64, 112, 112), 3, 3, 1, 1, dict(op="avg"), None),  # a stride not compiled in
     ((2, 3, 10, 10, 10), (2, 2, 2), 2, 0, 1, dict(op="avg"), None),  # 3-D
+    # a 3-D max with one D tap per window at its own slice: the 2-D pooling of its slices
+    ((8, 64, 16, 112, 112), (1, 2, 2), (1, 2, 2), 0, 1, dict(dtype="float16"), (2, 2, 2, 8, 0)),
+    ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1, {}, (3, 3, 2, 4, 3)),
+    # ... else the D taps at run time (max_pool_depth_rows)
+    ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), 1, 1, {}, (3, 3, 2, 4, 3)),  # D padding
+    ((2, 3, 5, 64, 64), (1, 3, 3), (2, 2, 2), (0, 1, 1), 1, {}, (3, 3, 2, 4, 3)),  # D stride
+    ((4, 128, 16, 56, 56), (2, 2, 2), 2, 0, 1, dict(dtype="float16"), (2, 2, 2, 8, 0)),
+    ((2, 3, 10, 10, 10), (2, 2, 2), 2, 0, 1, {}, None),  # rows off the packs
+    ((2, 3, 5, 64, 64), (3, 3, 3), (1, 2, 2), 1, 2, {}, None),  # dilation
+    ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1, dict(op="avg"), None),
+    ((4000, 20, 8, 8), (1, 2, 2), (1, 2, 2), 0, 1, {}, None),  # slices past one grid dim
     ((70000, 8, 8), 2, 2, 0, 1, dict(op="avg"), None),  # planes past one grid dim
 ])
 def test_row_tiles_take_the_compiled_in_nchw_windows(shape, k, s, p, d, kw, expected):
     """1-D and 2-D NCHW averages and values-only max pooling of ROW_TILE_DTYPES with a window
     and stride of ROW_TILE_WINDOWS and dilation 1 take the row-tile kernels, ROW_TILE outputs
     per thread, in packs of 16 bytes (8 where 16 do not divide ROW_TILE * SW) where the
-    packs divide the rows; a 2-D max only in packs; the rest the general window walk."""
+    packs divide the rows; a 2-D or 3-D max only in packs (3-D: as 2-D planes where each
+    window takes one D tap at its own slice); the rest the general window walk."""
     sp = window(shape, k, s, p, d, **kw)
     assert planner.row_tile(sp) == expected
     (la,) = plan(sp, H100).launches
@@ -224,6 +243,15 @@ def test_row_tiles_take_the_compiled_in_nchw_windows(shape, k, s, p, d, kw, expe
     if expected:
         assert tuple(la.get(n) for n in ("kh", "kw", "sw", "vec", "lead")) == expected
         assert la.grid[0] * la.block[0] * planner.ROW_TILE >= sp.out_spatial[-1]
+        depth = la.kernel == "max_pool_depth_rows"
+        slices = planner.depth_slices(sp)
+        assert depth == (slices == 0)
+        od, oh, ow = planner.canonical3(sp.out_spatial, 1)
+        wchunks = -(-ow // (la.block[0] * planner.ROW_TILE))
+        # depth: (W chunks x row groups, plane groups, 1); else (W chunks, row groups, planes)
+        planes, rows = (la.grid[1], la.grid[0] // wchunks) if depth else la.grid[2:0:-1]
+        assert planes * la.block[2] >= sp.geom.planes * max(slices, 1)
+        assert rows * la.block[1] >= (od * oh if depth else oh)
     lp = S.window_spec("lp_pool", "lp", shape, "float32", k, s, p, d, False, "NCHW", p=2.0)
     assert planner.row_tile(lp) is None
 
@@ -327,6 +355,28 @@ def test_global_nhwc_split():
     n = first.get("nchunks")
     assert first.grid[1] * first.grid[2] >= 2 * n
     assert second.get("chunklen") == n
+
+
+@pytest.mark.parametrize("shape, k, s, p, d, kw, kernel", [
+    ((64, 256, 128), (128,), 1, 0, 1, dict(dtype="float16"), "global_lanes"),
+    ((2, 3, 37), (40,), 40, 2, 1, {}, "global_lanes"),  # padding around the plane
+    ((2, 5, 6, 3), (5, 6), None, 0, 1, dict(layout="NHWC"), "global_channels"),
+    ((2, 3, 100, 100), 100, None, 0, 1, {}, "global_block"),
+    ((2, 3, 37), (37,), 1, 0, 1, dict(return_indices=True), "max_pool_indices"),
+    ((2, 3, 37), (36,), 2, 0, 1, {}, "max_pool"),  # the last element in no window
+    ((2, 3, 37), (19,), 1, 0, 2, {}, "max_pool"),  # dilation: every other element
+    ((2, 3, 37), (37,), 1, 0, 1, dict(op="avg"), "avg_pool"),
+    ((2, 3, 37), (37,), 1, 0, 1, dict(dtype="int8"), "max_pool"),
+])
+def test_max_windows_covering_their_planes_run_as_the_global_max(shape, k, s, p, d, kw, kernel):
+    """A values-only float max whose one window per plane covers the plane runs as the global
+    max's segmented reduction; with indices, another op, an integer dtype (the quantized word
+    kernels plan integer windows as window launches) or a window that misses an element, the
+    window kernels."""
+    sp = window(shape, k, s, p, d, **kw)
+    pl = plan(sp, H100)
+    assert pl.launches[0].kernel == kernel
+    assert (pl.family == "global") == kernel.startswith("global")
 
 
 def test_global_with_indices_is_tiled():

@@ -1,9 +1,14 @@
 """What a launch plan is made of: the device's properties the planner reads, one kernel
-launch, and the plan of launches for one spec (:mod:`gpupool.cuda.planner` makes them)."""
+launch, and the plan of launches for one spec (:mod:`gpupool.cuda.planner` makes them); the
+bytes each launch must move."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
+
+from .. import spec as S
+from ..grad_spec import GradSpec
 
 
 @dataclass(frozen=True)
@@ -65,3 +70,44 @@ class Plan:
 
     def __str__(self) -> str:
         return "\n".join(self.words)
+
+
+def with_traffic(spec, launches: tuple[Launch, ...]) -> tuple[Launch, ...]:
+    """The launches with the bytes each must move: its input once, its output once (with
+    int64 indices; unpool reads its indices, and its scatter zero-fills the output first)."""
+    g = spec.geom
+    item = S.ITEMSIZE[g.dtype]
+    x_bytes = math.prod(g.shape) * item
+    out_elems = math.prod(spec.out_shape)
+    if isinstance(spec, S.UnpoolSpec):  # the scatter also zero-fills, the gather does not
+        (la,) = launches
+        n = math.prod(g.shape)
+        fills = la.kernel == "max_unpool"
+        return (dataclasses.replace(
+            la, outputs=n if fills else out_elems, bytes_written=(1 + fills) * out_elems * item,
+            bytes_read=x_bytes + S.ITEMSIZE[spec.index_dtype] * n),)
+    indices = 8 * out_elems if getattr(spec, "return_indices", False) else 0
+    if len(launches) == 1:
+        return (dataclasses.replace(launches[0], outputs=out_elems, bytes_read=x_bytes,
+                                    bytes_written=out_elems * item + indices),)
+    first, second = launches
+    part = 4 if (spec.op == "avg" and S.ACC_DTYPES.get(g.dtype) == "float32") else item
+    partials = out_elems * first.get("nchunks")
+    return (dataclasses.replace(first, outputs=partials, bytes_read=x_bytes,
+                                bytes_written=partials * part),
+            dataclasses.replace(second, outputs=out_elems, bytes_read=partials * part,
+                                bytes_written=out_elems * item))
+
+
+def gather_traffic(spec: GradSpec, launches: tuple[Launch, ...]) -> tuple[Launch, ...]:
+    """The gather with the bytes it must move: the output gradient (and a max's int64
+    indices; Lp's input and forward output) read once, the input gradient written once."""
+    fwd = spec.forward
+    item = S.ITEMSIZE[fwd.geom.dtype]
+    x_elems = math.prod(fwd.geom.shape)
+    out_elems = math.prod(fwd.out_shape)
+    read = out_elems * item + {"max": 8 * out_elems, "lp": (x_elems + out_elems) * item}.get(
+        spec.op, 0)
+    (la,) = launches
+    return (dataclasses.replace(la, outputs=x_elems, bytes_read=read,
+                                bytes_written=x_elems * item),)

@@ -24,8 +24,8 @@ QUANTIZED_ACC_DTYPES = ("int32", "int64")
 
 #: The ``.cu`` file of each kernel template, by its name.
 FAMILY_FILES = {
-    **dict.fromkeys(("max_pool", "max_pool_indices", "max_pool_rows", "max_unpool",
-                     "max_unpool_gather"), "max_pool.cu"),
+    **dict.fromkeys(("max_pool", "max_pool_indices", "max_pool_rows", "max_pool_depth_rows",
+                     "max_unpool", "max_unpool_gather"), "max_pool.cu"),
     **dict.fromkeys(("avg_pool", "avg_pool_rows", "lp_pool"), "avg_pool.cu"),
     **dict.fromkeys(("adaptive_max", "adaptive_max_indices", "adaptive_avg"),
                     "adaptive_pool.cu"),
@@ -186,6 +186,10 @@ def _forward_names(itype: str) -> list[str]:
             base = f"{op}_pool_rows"
             out += [rows_name(base, dtype, shape) for dtype in planner.ROW_TILE_DTYPES
                     for shape in row_tile_shapes(op, dtype)]
+            if op == "max":  # 3-D: in packs only
+                out += [rows_name("max_pool_depth_rows", dtype, shape)
+                        for dtype in planner.ROW_TILE_DTYPES
+                        for shape in row_tile_shapes(op, dtype) if shape[3] > 1]
         for dtype in (CTYPES if op == "max" else FLOAT_DTYPES):
             one, first, second = global_type_pairs(op, dtype)
             pairs = {"global_block": (one, first), "global_channels": (one, first, second)}

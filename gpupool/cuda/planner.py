@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from .. import spec as S
 from ..grad_spec import GradSpec
-from .launches import H100, DeviceInfo, Launch, Plan
+from .launches import H100, DeviceInfo, Launch, Plan, gather_traffic, with_traffic
 
 INT32_LIMIT = 2**31 - 1
 GRID_YZ_MAX = 65535
@@ -90,23 +90,36 @@ def static_window(spec: S.WindowSpec) -> int:
     return kh if kh == kw and kh in SPECIALISED_K else 0
 
 
+def depth_slices(spec) -> int:
+    """The D slices a 3-D window pooling with one D tap per window at its own slice (D window
+    1, D stride 1, no D padding) pools as 2-D planes: the input's D size (1 for 1-D and 2-D);
+    0 for a 3-D pooling whose windows span or skip slices."""
+    if spec.geom.nd < 3:
+        return 1
+    return spec.geom.spatial[0] if (spec.kernel[0], spec.stride[0], spec.pads[0]) == (
+        1, 1, (0, 0)) else 0
+
+
 def row_tile(spec, align: int = 16) -> tuple[int, ...] | None:
     """(KH, KW, SW, VEC, LEAD) of the row-tile kernels (``max_pool_rows``, ``avg_pool_rows``:
     ROW_TILE outputs side by side along W per thread) when they cover ``spec``: a 1-D or 2-D
-    NCHW average or values-only max of ROW_TILE_DTYPES, dilation 1, a window and W stride of
-    ROW_TILE_WINDOWS, 32-bit offsets, planes and output rows within a grid dim; else None.
+    NCHW average or values-only max of ROW_TILE_DTYPES (a max also 3-D: its
+    :func:`depth_slices` as 2-D planes, else ``max_pool_depth_rows``, the D taps at run
+    time), dilation 1, an (H, W) window and W stride of ROW_TILE_WINDOWS, 32-bit offsets,
+    planes (slices) and output rows within a grid dim; else None.
     Input rows load in packs of VEC elements from LEAD = -(W pad) mod VEC columns before a
     tile's first: 16 bytes, or 8 where 16 do not divide ROW_TILE * SW, if VEC divides the row
     length and ``align`` (the input start's alignment, bytes) holds a pack; else VEC 1. A 2-D
     max takes them only in packs (a load per column: L1-bound in the calibrated model)."""
     g = spec.geom
     if (not isinstance(spec, S.WindowSpec) or spec.op not in ("max", "avg")
-            or spec.return_indices or g.layout != "NCHW" or g.nd > 2
-            or g.dtype not in ROW_TILE_DTYPES or any(d != 1 for d in spec.dilation)):
+            or spec.return_indices or g.layout != "NCHW"
+            or g.nd > (3 if spec.op == "max" else 2) or g.dtype not in ROW_TILE_DTYPES
+            or any(d != 1 for d in spec.dilation)):
         return None
     shape = canonical3(spec.kernel, 1)[1:] + (spec.stride[-1],)
     if (shape not in ROW_TILE_WINDOWS or index_type(spec) != "int"
-            or max(g.planes, canonical3(spec.out_spatial, 1)[1]) > GRID_YZ_MAX):
+            or max(_row_tile_grid(spec)) > GRID_YZ_MAX):
         return None
     item = S.ITEMSIZE[g.dtype]
     vec = 16 // item if ROW_TILE * shape[2] % (16 // item) == 0 else 8 // item
@@ -116,37 +129,54 @@ def row_tile(spec, align: int = 16) -> tuple[int, ...] | None:
         shape + (vec, -spec.pads[-1][0] % vec))
 
 
+def _row_tile_grid(spec: S.WindowSpec) -> tuple[int, int]:
+    """(planes, output rows) of a row-tile launch: a 3-D max's slices as planes
+    (:func:`depth_slices`), else its planes with the (d, h) pairs as rows."""
+    od, oh, _ = canonical3(spec.out_spatial, 1)
+    slices = depth_slices(spec)
+    return (spec.geom.planes * slices, oh) if slices else (spec.geom.planes, od * oh)
+
+
 def _row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int, int],
                words: list) -> Plan:
     """The row-tile launch (thread_map.cuh outputs_rows): ROW_TILE outputs along W per thread,
     TX threads along W, TY output rows and TZ planes per block (TZ > 1 when a plane's tiles
-    leave a block under MIN_BLOCK_THREADS), plane groups on grid z; TY halves while the grid
-    leaves the GPU short of a wave of blocks (down to MIN_BLOCK_THREADS)."""
+    leave a block under MIN_BLOCK_THREADS), plane groups on grid z (``max_pool_depth_rows``:
+    on y, the W chunks and row groups on x); TY halves while the grid
+    leaves the GPU short of a wave of blocks (down to MIN_BLOCK_THREADS). Planes and rows:
+    :func:`_row_tile_grid`."""
     kh, kw, sw, vec, lead = shape
-    planes = spec.geom.planes
-    oh, ow = canonical3(spec.out_spatial, 1)[1:]
-    tx, ty = block_shape(_cdiv(ow, ROW_TILE), BLOCK_THREADS, oh)
+    planes, rows = _row_tile_grid(spec)
+    ow = spec.out_spatial[-1]
+    depth = not depth_slices(spec)
+    if spec.geom.nd == 3:
+        words.append("3-D windows of one D tap at their own slice: each plane's D slices pooled "
+                     "as 2-D planes" if not depth else "3-D windows: the row tiles of each D "
+                     "tap in turn (D taps at run time), output rows (d, h)")
+    tx, ty = block_shape(_cdiv(ow, ROW_TILE), BLOCK_THREADS, rows)
     tz = 1
     if tx * ty < MIN_BLOCK_THREADS and planes > 1:
         tz = min(BLOCK_Z_MAX, BLOCK_THREADS // (tx * ty), _pow2ceil(planes))
-        words.append(f"packing: {tz} planes per block (a plane has {_cdiv(ow, ROW_TILE) * oh} "
+        words.append(f"packing: {tz} planes per block (a plane has {_cdiv(ow, ROW_TILE) * rows} "
                      f"row tiles; blocks of {tx * ty} threads would leave the SMs' block slots "
                      f"idle)")
 
     def blocks(ty_):
-        return _cdiv(ow, tx * ROW_TILE) * _cdiv(oh, ty_) * _cdiv(planes, tz)
+        return _cdiv(ow, tx * ROW_TILE) * _cdiv(rows, ty_) * _cdiv(planes, tz)
 
     while ty > 1 and tx * ty * tz > MIN_BLOCK_THREADS and (
             blocks(ty) < _fill_target(device, tx * ty * tz)):
         ty //= 2
-    grid = (_cdiv(ow, tx * ROW_TILE), _cdiv(oh, ty), _cdiv(planes, tz))
-    kernel = {"max": "max_pool_rows", "avg": "avg_pool_rows"}[spec.op]
+    grid = ((_cdiv(ow, tx * ROW_TILE) * _cdiv(rows, ty), _cdiv(planes, tz), 1) if depth
+            else (_cdiv(ow, tx * ROW_TILE), _cdiv(rows, ty), _cdiv(planes, tz)))
+    kernel = "max_pool_depth_rows" if depth else f"{spec.op}_pool_rows"
     packs = f" (aligned packs of {vec * S.ITEMSIZE[spec.geom.dtype]} bytes)" if vec > 1 else ""
     words.append(f"row tiles: {ROW_TILE} outputs per thread side by side along W, their "
                  f"{kh}x{kw} windows of W stride {sw} compiled in; each input row of a tile "
                  f"loaded once into registers{packs} and shared by the windows that overlap")
-    words.append(f"split: {planes} planes ({grid[2]} groups on grid z) x {grid[1]} groups of "
-                 f"{ty} output rows x {grid[0]} chunks of {tx * ROW_TILE} outputs along W")
+    words.append(f"split: {planes} planes ({_cdiv(planes, tz)} groups on grid "
+                 f"{'y' if depth else 'z'}) x {_cdiv(rows, ty)} groups of {ty} output rows x "
+                 f"{_cdiv(ow, tx * ROW_TILE)} chunks of {tx * ROW_TILE} outputs along W")
     return Plan("window", "int", (Launch(kernel, grid, (tx, ty, tz), 1, tuple(sorted(zip(
         ("kh", "kw", "sw", "vec", "lead"), shape)))),), tuple(words))
 
@@ -346,7 +376,7 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
                 (Launch(kernel, grid, (tx, ty, tz), rows, extra),), tuple(words))
 
 
-def _global(spec: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
+def _global(spec: S.AdaptiveSpec | S.WindowSpec, device: DeviceInfo, words: list) -> Plan:
     g = spec.geom
     seglen = math.prod(g.spatial)
     launches = []
@@ -410,6 +440,14 @@ def _global(spec: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
                                        (BLOCK_THREADS, 1, 1), 1,
                                        (("lanes", 32), ("second", 1), ("seglen", nchunks))))
     return Plan("global", index_type(spec), tuple(launches), tuple(words))
+
+
+def _window_is_global(spec) -> bool:
+    """Whether a window pooling runs as the global max (:func:`_global`): a values-only max
+    of a float dtype whose one window per plane covers the plane (the quantized word kernels
+    plan their integer windows as window launches)."""
+    return (isinstance(spec, S.WindowSpec) and spec.op == "max" and not spec.return_indices
+            and spec.geom.dtype in S.FLOAT_DTYPES and spec.covers_planes)
 
 
 def unpool_gathers(spec: S.UnpoolSpec) -> bool:
@@ -528,6 +566,9 @@ def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align
         p = _unpool(spec, device, words, scatter)
     elif isinstance(spec, S.AdaptiveSpec) and spec.is_global and not spec.return_indices:
         p = _global(spec, device, words)
+    elif _window_is_global(spec):
+        words.append("one window covers each whole plane: the global max's reduction")
+        p = _global(spec, device, words)
     elif g.nd > 3:
         raise ValueError(f"gpupool: the CUDA window kernels take 1-3 spatial dims, got {g.nd}")
     elif isinstance(spec, S.AdaptiveSpec):
@@ -545,7 +586,7 @@ def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align
             if k:
                 words.append(f"window {k}x{k} compiled as a template constant")
             p = _tiled(spec, device, "window", kernel, words)
-    launches = (_gather_traffic if isinstance(spec, GradSpec) else _with_traffic)(
+    launches = (gather_traffic if isinstance(spec, GradSpec) else with_traffic)(
         spec, p.launches)
     words = list(p.words) + [f"index arithmetic: {'32' if p.index_type == 'int' else '64'}-bit"]
     for la in launches:
@@ -557,44 +598,3 @@ def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align
             + (f"{floor * 1e6:.2f} us at {device.dram_gbps:.0f} GB/s DRAM" if floor
                else "unknown (DRAM bandwidth unknown)"))
     return Plan(p.family, p.index_type, launches, tuple(words))
-
-
-def _with_traffic(spec, launches: tuple[Launch, ...]) -> tuple[Launch, ...]:
-    """The launches with the bytes each must move: its input once, its output once (with
-    int64 indices; unpool reads its indices, and its scatter zero-fills the output first)."""
-    g = spec.geom
-    item = S.ITEMSIZE[g.dtype]
-    x_bytes = math.prod(g.shape) * item
-    out_elems = math.prod(spec.out_shape)
-    if isinstance(spec, S.UnpoolSpec):  # the scatter also zero-fills, the gather does not
-        (la,) = launches
-        n = math.prod(g.shape)
-        fills = la.kernel == "max_unpool"
-        return (dataclasses.replace(
-            la, outputs=n if fills else out_elems, bytes_written=(1 + fills) * out_elems * item,
-            bytes_read=x_bytes + S.ITEMSIZE[spec.index_dtype] * n),)
-    indices = 8 * out_elems if getattr(spec, "return_indices", False) else 0
-    if len(launches) == 1:
-        return (dataclasses.replace(launches[0], outputs=out_elems, bytes_read=x_bytes,
-                                    bytes_written=out_elems * item + indices),)
-    first, second = launches
-    part = 4 if (spec.op == "avg" and S.ACC_DTYPES.get(g.dtype) == "float32") else item
-    partials = out_elems * first.get("nchunks")
-    return (dataclasses.replace(first, outputs=partials, bytes_read=x_bytes,
-                                bytes_written=partials * part),
-            dataclasses.replace(second, outputs=out_elems, bytes_read=partials * part,
-                                bytes_written=out_elems * item))
-
-
-def _gather_traffic(spec: GradSpec, launches: tuple[Launch, ...]) -> tuple[Launch, ...]:
-    """The gather with the bytes it must move: the output gradient (and a max's int64
-    indices; Lp's input and forward output) read once, the input gradient written once."""
-    fwd = spec.forward
-    item = S.ITEMSIZE[fwd.geom.dtype]
-    x_elems = math.prod(fwd.geom.shape)
-    out_elems = math.prod(fwd.out_shape)
-    read = out_elems * item + {"max": 8 * out_elems, "lp": (x_elems + out_elems) * item}.get(
-        spec.op, 0)
-    (la,) = launches
-    return (dataclasses.replace(la, outputs=x_elems, bytes_read=read,
-                                bytes_written=x_elems * item),)
