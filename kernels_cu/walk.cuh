@@ -769,6 +769,17 @@ struct AdaptiveTaps {
     lines(o_d, o_h, o_w, d, h, w);
     return sum_separable<0, 0>(d, h, w, term, zero, count);
   }
+  // Column w.first + c of a window (lines d, h, w; c < w.n) as a window of its own, for
+  // the lane that walks it: lines (one tap, d, h), over positions pos = pd * ih + ph whose
+  // taps lie at plane position pos * iw + w.first + c. Walked in row-major order they are the
+  // column's taps in the window's row-major order; summed separably, the column's sum over
+  // its H taps of the sums over its D taps, as sum_separable adds it for the window.
+  __device__ __forceinline__ void column(const TapLine<I>& d, const TapLine<I>& h,
+                                         TapLine<I> (&c_lines)[3]) const {
+    c_lines[0] = {(I)0, (I)1, (I)1, (I)1};
+    c_lines[1] = d;
+    c_lines[2] = h;
+  }
 };
 
 }  // namespace gp

@@ -67,7 +67,8 @@ FAMILY_FILES = {
     "max_unpool_gather": "max_pool.cu",
     "avg_pool": "avg_pool.cu", "lp_pool": "avg_pool.cu",
     "adaptive_max": "adaptive_pool.cu", "adaptive_max_indices": "adaptive_pool.cu",
-    "adaptive_avg": "adaptive_pool.cu",
+    "adaptive_avg": "adaptive_pool.cu", "adaptive_max_lanes": "adaptive_pool.cu",
+    "adaptive_max_indices_lanes": "adaptive_pool.cu", "adaptive_avg_lanes": "adaptive_pool.cu",
     "global_lanes": "global_pool.cu", "global_block": "global_pool.cu",
     "global_channels": "global_pool.cu",
 }
@@ -241,6 +242,9 @@ def row_tile_shapes(op: str, dtype: str) -> list[tuple[int, ...]]:
 
 
 def adaptive_name(kernel_base: str, dtype: str, itype: str, nhwc: bool) -> str:
+    """The lane-group kernels (``*_lanes``) take NCHW only and have no layout parameter."""
+    if kernel_base.endswith("_lanes"):
+        return f"{kernel_base}<{ctype(dtype)}, {itype}>"
     return f"{kernel_base}<{ctype(dtype)}, {itype}, {cbool(nhwc)}>"
 
 
@@ -268,14 +272,15 @@ def instantiations() -> list[tuple[str, str]]:
                 for base in ("max_pool", "max_pool_indices"):
                     out += [(FAMILY_FILES[base], window_name(base, dtype, itype, k, nhwc))
                             for k in ks]
-                for base in ("adaptive_max", "adaptive_max_indices"):
+                for base in ("adaptive_max", "adaptive_max_indices") + (
+                        () if nhwc else ("adaptive_max_lanes", "adaptive_max_indices_lanes")):
                     out.append((FAMILY_FILES[base], adaptive_name(base, dtype, itype, nhwc)))
             for dtype in FLOAT_DTYPES:
                 for base in ("avg_pool", "lp_pool"):
                     out += [(FAMILY_FILES[base], window_name(base, dtype, itype, k, nhwc))
                             for k in ks]
-                out.append((FAMILY_FILES["adaptive_avg"],
-                            adaptive_name("adaptive_avg", dtype, itype, nhwc)))
+                for base in ("adaptive_avg",) + (() if nhwc else ("adaptive_avg_lanes",)):
+                    out.append((FAMILY_FILES[base], adaptive_name(base, dtype, itype, nhwc)))
         for op in ("max", "avg"):
             if itype == "int":
                 base = f"{op}_pool_rows"
