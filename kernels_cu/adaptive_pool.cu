@@ -23,9 +23,11 @@ __device__ __forceinline__ void for_lane_groups(const Geo<I>& g, const T* __rest
   const bool live = oi < g.planes * plane_outputs;
   const I o = live ? oi : (I)0;
   const I plane = o / plane_outputs;
-  const I o_dh = (o - plane * plane_outputs) / g.ow;
+  const I o_dhw = o - plane * plane_outputs;
+  const I o_dh = o_dhw / g.ow;
+  const I o_d = o_dh / g.oh;
   TapLine<I> d, h, w;
-  AdaptiveTaps<I>{g}.lines(o_dh / g.oh, o_dh % g.oh, o % g.ow, d, h, w);
+  AdaptiveTaps<I>{g}.lines(o_d, o_dh - o_d * g.oh, o_dhw - o_dh * g.ow, d, h, w);
   f(x + plane * (g.id * g.ih * g.iw), d, h, w, oi, live);
 }
 

@@ -725,9 +725,11 @@ __device__ __forceinline__ Geo<int> row_tile_geo(Geo<int> g) {
 
 // Adaptive windows: output o of a dim of input size n pooled to m spans
 // [floor(o*n/m), ceil((o+1)*n/m)), never empty, in integer arithmetic of I (the host picks
-// long long when (m + 1) * n does not fit in int). Every tap is valid.
+// long long when (m + 1) * n does not fit in int); a dim pooled to 1 spans it whole, without
+// the divisions. Every tap is valid.
 template <typename I>
 __device__ __forceinline__ TapLine<I> adaptive_line(I o, I n, I m) {
+  if (m == (I)1) return {(I)0, n, (I)1, n};
   const I start = (o * n) / m;
   const I end = ((o + 1) * n + m - 1) / m;
   return {start, end - start, (I)1, n};

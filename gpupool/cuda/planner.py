@@ -349,13 +349,15 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
 
 
 def adaptive_lanes(spec: S.AdaptiveSpec) -> int:
-    """Lanes per output of the adaptive lane-group kernels (``*_lanes``), 0 where they do not
-    apply: NCHW windows of up to MIN_LANES columns or more, with a lane per column up to the
-    widest window's bound (ceil(n / m), plus 1 where m does not divide n), a power of two from
-    MIN_LANES to 32 (wider windows take several passes)."""
-    if spec.geom.layout != "NCHW":
+    """Lanes per output of the adaptive lane-group kernels (``*_lanes``: a max of any dtype, a
+    float average; not the quantized average's kernel), 0 where they do not apply: NCHW, and
+    a bound on the widest window (ceil(n / m) columns, plus 1 where m does not divide n) of
+    MIN_LANES or more; a lane per column up to that bound, a power of two from MIN_LANES to 32
+    (wider windows take several passes)."""
+    g = spec.geom
+    if g.layout != "NCHW" or (spec.op == "avg" and g.dtype not in S.FLOAT_DTYPES):
         return 0
-    n, m = spec.geom.spatial[-1], spec.out_spatial[-1]
+    n, m = g.spatial[-1], spec.out_spatial[-1]
     widest = _cdiv(n, m) + (1 if n % m else 0)
     return min(32, _pow2ceil(widest)) if widest >= MIN_LANES else 0
 
