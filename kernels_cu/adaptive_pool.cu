@@ -13,7 +13,7 @@ namespace gp {
 
 // The lane-group launches (NCHW): grid x = ceil(outputs / (GP_BLOCK_THREADS / L)), block (L,
 // GP_BLOCK_THREADS / L), L a power of two from 4 to 32: threadIdx.x is the lane, threadIdx.y
-// the block's output of the group. Calls f(xp, w, lines, oi, live) once per thread: xp the
+// the group's output within the block. Calls f(xp, d, h, w, oi, live) once per thread: xp the
 // output's plane, d, h, w its window's lines, live false for a group past the last output,
 // which walks output 0 and stores nothing (every lane of a warp takes part in its shuffles).
 template <typename I, typename T, typename F>
@@ -150,7 +150,9 @@ __global__ void adaptive_avg_lanes(const T* __restrict__ x, T* __restrict__ out,
                                       (A)-0.0, taken);
       }
 #pragma unroll 1
-      for (int j = 0; j < (int)blockDim.x; ++j) sum += __shfl_sync(0xffffffffu, col, j, (int)blockDim.x);
+      for (int j = 0; j < (int)blockDim.x; ++j) {
+        sum += __shfl_sync(0xffffffffu, col, j, (int)blockDim.x);
+      }
     });
     if (live && threadIdx.x == 0) out[oi] = gp::Num<T>::store(sum / (A)(d.n * h.n * w.n));
   });
