@@ -92,6 +92,18 @@ struct MaxOfTaps {
       m = v;
     }
   }
+  // With IDX: takes the max v at position pos (-1: no tap) of other taps of the same window,
+  // so that m and best are those of one walk over both sets of taps in row-major order (in
+  // which positions increase): the last NaN, else the first tap holding the max.
+  __device__ __forceinline__ void merge(A v, I pos) {
+    const bool v_nan = Num<A>::is_nan(v), m_nan = Num<A>::is_nan(m);
+    const bool later = pos > best;
+    if (pos >= 0 && (best < 0 || (v_nan ? !m_nan || later
+                                        : !m_nan && (v > m || (v == m && !later))))) {
+      m = v;
+      best = pos;
+    }
+  }
 };
 
 // The summed term of a tap in A (float for half): x (LP false) or |x|**p (LP true; p == 1 and

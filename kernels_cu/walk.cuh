@@ -759,9 +759,11 @@ __device__ __forceinline__ Geo<int> row_tile_geo(Geo<int> g) {
 
 // Adaptive windows: output o of a dim of input size n pooled to m spans
 // [floor(o*n/m), ceil((o+1)*n/m)), never empty, in integer arithmetic of I (the host picks
-// long long when (m + 1) * n does not fit in int). Every tap is valid.
+// long long when (m + 1) * n does not fit in int); a dim pooled to 1 spans it whole, without
+// the divisions. Every tap is valid.
 template <typename I>
 __device__ __forceinline__ TapLine<I> adaptive_line(I o, I n, I m) {
+  if (m == (I)1) return {(I)0, n, (I)1, n};
   const I start = (o * n) / m;
   const I end = ((o + 1) * n + m - 1) / m;
   return {start, end - start, (I)1, n};
@@ -802,6 +804,17 @@ struct AdaptiveTaps {
     TapLine<I> d, h, w;
     lines(o_d, o_h, o_w, d, h, w);
     return sum_separable<0, 0>(d, h, w, term, zero, count);
+  }
+  // Column w.first + c of a window (lines d, h, w; c < w.n) as a window of its own, for
+  // the lane that walks it: lines (one tap, d, h), over positions pos = pd * ih + ph whose
+  // taps lie at plane position pos * iw + w.first + c. Walked in row-major order they are the
+  // column's taps in the window's row-major order; summed separably, the column's sum over
+  // its H taps of the sums over its D taps, as sum_separable adds it for the window.
+  __device__ __forceinline__ void column(const TapLine<I>& d, const TapLine<I>& h,
+                                         TapLine<I> (&c_lines)[3]) const {
+    c_lines[0] = {(I)0, (I)1, (I)1, (I)1};
+    c_lines[1] = d;
+    c_lines[2] = h;
   }
 };
 

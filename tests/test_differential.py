@@ -305,6 +305,7 @@ ADAPTIVES = [  # id, lead, spatial, output size
     ("2d-6x7to1x1", (2, 3), (6, 7), (1, 1)),
     ("3d-5x6x7to2x3x4", (1, 3), (5, 6, 7), (2, 3, 4)),
     ("3d-4x4x4to2x2x2-divides", (1, 3), (4, 4, 4), (2, 2, 2)),
+    ("2d-3x70to2x2-two-passes", (1, 2), (3, 70), (2, 2)),  # 35 columns: 32 lanes, 2 passes
 ]
 WIDE_ADAPTIVES = ("1d-10to3", "2d-7x9to3x4", "3d-5x6x7to2x3x4")
 ADAPTIVE_OPS = {
@@ -898,6 +899,36 @@ def test_max_returns_the_winning_element_bit_for_bit(kind, dtype, backend, cupy)
     xb = cupy.asarray(x) if backend == "cupy" else x
     got = {op: cupy.asnumpy(f(xb)).view(u)[0].tolist() for op, f in TIE_OPS.items()}
     assert got == dict.fromkeys(TIE_OPS, want)
+
+
+def lane_tie_input(kind: str) -> np.ndarray:
+    """A (1, 1, 3, 40) float32 plane whose max over each adaptive window to (1, 1) is decided
+    across window columns and column passes of the lane-group kernels (40 columns: 32 lanes,
+    2 passes): ``signed-zeros``, the first zero in row-major order is -0 in a column of the
+    second pass, +0 in earlier columns of later rows; ``nan-payloads``, three NaNs whose last
+    in row-major order lies in the first column."""
+    x = np.full((1, 1, 3, 40), -1.0, np.float32)
+    if kind == "signed-zeros":
+        x[0, 0, 0, 35], x[0, 0, 1, 2], x[0, 0, 2, 0] = -0.0, 0.0, 0.0
+    else:
+        bits = x.view(np.uint32)
+        bits[0, 0, 0, 33], bits[0, 0, 1, 20], bits[0, 0, 2, 1] = 0x7FC00001, 0x7FC00002, 0xFFC00003
+    return x
+
+
+@pytest.mark.parametrize("kind", ["signed-zeros", "nan-payloads"])
+def test_adaptive_max_lane_groups_keep_the_row_major_winner(kind, cupy):
+    """The lane-group kernels merge their lanes' maxima by position: a window's max is the
+    first tied tap in row-major order (the last NaN), not the first of the lanes' order."""
+    import reference as ref
+    x = lane_tie_input(kind)
+    want_index = int(ref.adaptive_max_pool(x.astype(np.float64), (1, 1))[1].ravel()[0])
+    want = x.view(np.uint32).ravel()[want_index]
+    values, indices = gpupool.adaptive_max_pool(cupy.asarray(x), (1, 1), return_indices=True)
+    wide = gpupool.adaptive_max_pool(cupy.asarray(np.concatenate([x, x], -1)), (1, 2))
+    assert cupy.asnumpy(indices).ravel().tolist() == [want_index]
+    assert cupy.asnumpy(values).view(np.uint32).ravel().tolist() == [want]
+    assert cupy.asnumpy(wide).view(np.uint32).ravel().tolist() == [want, want]
 
 
 # ----------------------------------------------------------------------------- coverage

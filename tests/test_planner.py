@@ -104,6 +104,9 @@ def test_blocks_hold_two_warps_when_there_are_64_outputs(device):
         if outputs >= 64:
             assert tx * ty * tz >= 64, (sp.geom.shape, sp.out_spatial, la)
         assert tx * ty * tz <= 256 and tz <= 64
+        if la.kernel.endswith("_lanes"):  # one output per group of tx lanes, on grid x
+            assert tx * ty == planner.BLOCK_THREADS and la.grid[0] * ty >= outputs
+            continue
         planes = sp.geom.batch if sp.geom.layout == "NHWC" else sp.geom.planes
         assert la.grid[1] * la.grid[2] * tz >= planes
         units, cols = covered_outputs(sp, la)
@@ -124,7 +127,7 @@ def test_launches_that_wasted_the_gpu_now_fill_blocks(op, shape, kw):
     text = explain(op, shape, **kw)
     block = eval(text.split(" block ")[-1].split(":")[0])
     assert math.prod(block) >= 64, text
-    assert "packing:" in text
+    assert "packing:" in text or "lane groups:" in text
 
 
 def test_explain_reports_traffic_and_the_roofline_floor():
@@ -379,11 +382,34 @@ def test_max_windows_covering_their_planes_run_as_the_global_max(shape, k, s, p,
     assert (pl.family == "global") == kernel.startswith("global")
 
 
-def test_global_with_indices_is_tiled():
-    sp = S.adaptive_spec("adaptive_max_pool", "max", (2, 3, 5, 5), "float32", (1, 1), "NCHW",
-                         return_indices=True)
-    pl = plan(sp, H100)
-    assert pl.family == "adaptive" and pl.launches[0].kernel == "adaptive_max_indices"
+def test_global_with_indices_takes_the_adaptive_kernels():
+    """The global kernels have no indices: lane groups on planes 4 or more columns wide, else
+    the tiled walk."""
+    for spatial, kernel in (((5, 5), "adaptive_max_indices_lanes"),
+                            ((5, 3), "adaptive_max_indices")):
+        sp = S.adaptive_spec("adaptive_max_pool", "max", (2, 3) + spatial, "float32", (1, 1),
+                             "NCHW", return_indices=True)
+        pl = plan(sp, H100)
+        assert pl.family == "adaptive" and pl.launches[0].kernel == kernel
+
+
+@pytest.mark.parametrize("op, dtype, shape, out, layout, lanes", [
+    ("avg", "float16", (8, 2048, 7, 7), (1, 1), "NCHW", 8),  # 7 columns
+    ("avg", "float16", (2, 128, 56, 56), (6, 6), "NCHW", 16),  # up to 10 columns, bound 11
+    ("max", "float32", (1, 2, 3, 80), (1, 2), "NCHW", 32),  # 40 columns: two passes
+    ("max", "int8", (2, 3, 12), (3,), "NCHW", 4),  # 4 columns
+    ("avg", "float32", (4, 512, 14, 14), (7, 7), "NCHW", 0),  # 2 columns: the tiled walk
+    ("max", "float32", (2, 9, 9, 64), (2, 2), "NHWC", 0),  # threads along channels instead
+    ("avg", "int8", (2, 3, 7, 9), (3, 2), "NCHW", 0),  # the quantized average's own kernel
+])
+def test_adaptive_lane_groups(op, dtype, shape, out, layout, lanes):
+    sp = S.adaptive_spec(f"adaptive_{op}_pool", op, shape, dtype, out, layout,
+                         integers="int" in dtype)
+    assert planner.adaptive_lanes(sp) == lanes
+    if lanes:
+        (la,) = plan(sp, H100).launches
+        assert la.kernel == f"adaptive_{op}_lanes" and la.block == (lanes, 256 // lanes, 1)
+        assert la.grid[0] * la.block[1] >= math.prod(sp.out_shape)
 
 
 def test_unpool_plan():

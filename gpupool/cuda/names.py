@@ -27,7 +27,8 @@ FAMILY_FILES = {
     **dict.fromkeys(("max_pool", "max_pool_indices", "max_pool_rows", "max_pool_depth_rows",
                      "max_unpool", "max_unpool_gather"), "max_pool.cu"),
     **dict.fromkeys(("avg_pool", "avg_pool_rows", "lp_pool"), "avg_pool.cu"),
-    **dict.fromkeys(("adaptive_max", "adaptive_max_indices", "adaptive_avg"),
+    **dict.fromkeys(("adaptive_max", "adaptive_max_indices", "adaptive_avg",
+                     "adaptive_max_lanes", "adaptive_max_indices_lanes", "adaptive_avg_lanes"),
                     "adaptive_pool.cu"),
     **dict.fromkeys(("global_lanes", "global_block", "global_channels"), "global_pool.cu"),
     **dict.fromkeys(("max_window_backward", "max_adaptive_backward", "avg_window_backward",
@@ -106,6 +107,9 @@ def row_tile_shapes(op: str, dtype: str) -> list[tuple[int, ...]]:
 
 
 def adaptive_name(kernel_base: str, dtype: str, itype: str, nhwc: bool) -> str:
+    """The lane-group kernels (``*_lanes``) take NCHW only and have no layout parameter."""
+    if kernel_base.endswith("_lanes"):
+        return f"{kernel_base}<{ctype(dtype)}, {itype}>"
     return f"{kernel_base}<{ctype(dtype)}, {itype}, {cbool(nhwc)}>"
 
 
@@ -175,12 +179,14 @@ def _forward_names(itype: str) -> list[str]:
         for dtype in CTYPES:
             for base in ("max_pool", "max_pool_indices"):
                 out += [window_name(base, dtype, itype, k, nhwc) for k in ks]
-            for base in ("adaptive_max", "adaptive_max_indices"):
+            for base in ("adaptive_max", "adaptive_max_indices") + (
+                    () if nhwc else ("adaptive_max_lanes", "adaptive_max_indices_lanes")):
                 out.append(adaptive_name(base, dtype, itype, nhwc))
         for dtype in FLOAT_DTYPES:
             for base in ("avg_pool", "lp_pool"):
                 out += [window_name(base, dtype, itype, k, nhwc) for k in ks]
-            out.append(adaptive_name("adaptive_avg", dtype, itype, nhwc))
+            for base in ("adaptive_avg",) + (() if nhwc else ("adaptive_avg_lanes",)):
+                out.append(adaptive_name(base, dtype, itype, nhwc))
     for op in ("max", "avg"):
         if itype == "int":
             base = f"{op}_pool_rows"

@@ -53,6 +53,7 @@ ROW_TILE_WINDOWS = ((2, 2, 2), (3, 3, 1), (3, 3, 2), (3, 5, 2), (5, 5, 2), (1, 3
                     (1, 3, 3), (1, 4, 2), (1, 4, 4), (1, 5, 4))
 ROW_TILE_DTYPES = ("float16", "bfloat16", "float32")
 LANE_WIDTHS = (4, 8, 16, 32)  # lanes per segment of the small-plane global reduction
+MIN_LANES = 4  # adaptive windows this many columns wide and wider: a group of lanes per output
 SMALL_SEGMENT = 1024  # global: planes up to this many elements use lane groups
 MIN_CHUNK = 4096  # global: smallest chunk of a split plane (elements)
 MAX_CHUNKS = 1024  # global: most chunks per plane (the second pass is one warp per plane)
@@ -225,7 +226,8 @@ def index_type(spec) -> str:
         span = max([span] + [(o + 1) * i + o for i, o in zip(g.spatial, spec.out_spatial)])
         # global reductions: a chunk end may reach twice a plane's length, and lane-group
         # thread ids reach 32 per plane
-        span = max(span, 2 * x_elems, 32 * g.planes + BLOCK_THREADS)
+        # lane groups: output ids reach a block's group count past the last
+        span = max(span, 2 * x_elems, 32 * g.planes + BLOCK_THREADS, out_elems + BLOCK_THREADS)
     else:  # unpool: the grid-stride loop may step past n once
         span += BLOCK_THREADS * 32 * 1024
     return "int" if span <= INT32_LIMIT else "long long"
@@ -374,6 +376,35 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
         words.append("threads along W")
     return Plan(family, itype or index_type(spec),
                 (Launch(kernel, grid, (tx, ty, tz), rows, extra),), tuple(words))
+
+
+def adaptive_lanes(spec: S.AdaptiveSpec) -> int:
+    """Lanes per output of the adaptive lane-group kernels (``*_lanes``: a max of any dtype, a
+    float average; not the quantized average's kernel), 0 where they do not apply: NCHW, and
+    a bound on the widest window (ceil(n / m) columns, plus 1 where m does not divide n) of
+    MIN_LANES or more; a lane per column up to that bound, a power of two from MIN_LANES to 32
+    (wider windows take several passes)."""
+    g = spec.geom
+    if g.layout != "NCHW" or (spec.op == "avg" and g.dtype not in S.FLOAT_DTYPES):
+        return 0
+    n, m = g.spatial[-1], spec.out_spatial[-1]
+    widest = _cdiv(n, m) + (1 if n % m else 0)
+    return min(32, _pow2ceil(widest)) if widest >= MIN_LANES else 0
+
+
+def _lane_groups(spec: S.AdaptiveSpec, lanes: int, kernel: str, words: list) -> Plan:
+    """One output per group of ``lanes`` lanes (adaptive_pool.cu gp::for_lane_groups): lane l
+    walks the window columns l, l + lanes, ...; the group combines its lanes with shuffles."""
+    outputs = math.prod(spec.out_shape)
+    per_block = BLOCK_THREADS // lanes
+    blocks = _cdiv(outputs, per_block)
+    if blocks > INT32_LIMIT:
+        raise ValueError(f"gpupool: grid x {blocks} exceeds the CUDA limit")
+    words.append(f"lane groups: {lanes} lanes per output, lane l walking window columns l, "
+                 f"l + {lanes}, ... (each in row-major order); the group combines them with "
+                 f"warp shuffles; {per_block} outputs per block of {BLOCK_THREADS}")
+    return Plan("adaptive", index_type(spec),
+                (Launch(kernel, (blocks, 1, 1), (lanes, per_block, 1), 1),), tuple(words))
 
 
 def _global(spec: S.AdaptiveSpec | S.WindowSpec, device: DeviceInfo, words: list) -> Plan:
@@ -574,7 +605,11 @@ def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align
     elif isinstance(spec, S.AdaptiveSpec):
         kernel = {"max": "adaptive_max_indices" if spec.return_indices else "adaptive_max",
                   "avg": "adaptive_avg"}[spec.op]
-        p = _tiled(spec, device, "adaptive", kernel, words)
+        lanes = adaptive_lanes(spec)
+        if lanes:
+            p = _lane_groups(spec, lanes, f"{kernel}_lanes", words)
+        else:
+            p = _tiled(spec, device, "adaptive", kernel, words)
     else:
         shape = row_tile(spec, align)
         if shape:
