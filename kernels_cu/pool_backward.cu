@@ -381,6 +381,54 @@ __global__ void avg_adaptive_backward(const T* __restrict__ grad, T* __restrict_
                                 q, gp::Unchanged());
 }
 
+// avg_pool's backward where the windows tile the input exactly (stride == kernel, no dilation,
+// no padding, each input dim kernel * output dim, 2 wide along W; NCHW): each input element
+// is covered by one window, its gradient (A)0 + grad / divisor (the nested sum of one q, as
+// avg_window_backward's), divisor > 0 the forward's (every window holds kd * kh * 2 taps).
+// grid: x = chunks of TX packs along a grad row, y/z = groups of TY grad rows (rows: slices x
+// oh, a slice a plane's D position). block: (TX, TY, 1). thread: a pack of P = 8 / sizeof(T)
+// consecutive grad elements of a row (the row's last pack may hold fewer), all loaded before
+// any is divided, and the kd * kh input rows of its windows, each a run of 2P elements stored
+// as one 16-byte vector where it lies whole inside the row on a 16-byte aligned address.
+template <typename T, typename I>
+__global__ void avg_tiles_backward(const T* __restrict__ grad, T* __restrict__ out, I rows,
+                                   I oh, I ow, int kd, int kh, int divisor) {
+  typedef typename gp::Num<T>::acc A;
+  constexpr int P = 8 / (int)sizeof(T);
+  const I r = (I)gp::block_plane() * (I)blockDim.y + (I)threadIdx.y;
+  const I w0 = ((I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x) * (I)P;
+  if (r >= rows || w0 >= ow) return;
+  const T* __restrict__ src = grad + r * ow;
+  T gv[P];
+#pragma unroll
+  for (int u = 0; u < P; ++u) gv[u] = src[w0 + (I)u < ow ? w0 + (I)u : w0];
+  const A div = (A)(long long)divisor;
+  gp::Pack<T, 2 * P> pack;
+#pragma unroll
+  for (int u = 0; u < P; ++u) {
+    const T q = gp::Num<T>::store((A)0 + gp::Num<T>::load(gv[u]) / div);
+    pack.v[2 * u] = q;
+    pack.v[2 * u + 1] = q;
+  }
+  // input rows kh * (r + slice * (kd - 1) * oh) + a * oh * kh + b of the windows' taps (a, b)
+  const I first = (I)kh * (kd > 1 ? r + (r / oh) * (I)(kd - 1) * oh : r);
+  const I iw = (I)2 * ow;
+  const bool whole = w0 + (I)P <= ow;
+  for (int a = 0; a < kd; ++a) {
+    for (int b = 0; b < kh; ++b) {
+      T* __restrict__ dst = out + (first + (I)a * oh * (I)kh + (I)b) * iw + (I)2 * w0;
+      if (whole && (unsigned long long)dst % sizeof(pack) == 0) {
+        *reinterpret_cast<gp::Pack<T, 2 * P>*>(dst) = pack;
+      } else {
+#pragma unroll
+        for (int u = 0; u < 2 * P; ++u) {
+          if (w0 + (I)(u / 2) < ow) dst[u] = pack.v[u];
+        }
+      }
+    }
+  }
+}
+
 // The backward of a global average (an adaptive average to size 1 in every dim), a broadcast:
 // element e of `out` (planes x plane_len elements, plane_len = size * chans; chans 1 for NCHW)
 // is (A)0 + grad[k] / size (the nested sum of its one window), k = e / size for NCHW, else

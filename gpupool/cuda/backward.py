@@ -53,6 +53,13 @@ def backward_steps(spec: GradSpec, device_id: int) -> tuple:
         args = (it(g.batch if nhwc else g.planes), it(g.channels if nhwc else 1),
                 it(math.prod(g.spatial)), np.int32(la.get("group")))
         return (Step(fn, la.grid, la.block, OPERANDS[spec.op], args),), None
+    if la.kernel == "avg_tiles_backward":
+        it = itype_scalar(pl.index_type)
+        kd, kh, _ = planner.canonical3(view.kernel, 1)
+        args = (it(la.get("rows")), it(planner.canonical3(view.out_spatial, 1)[1]),
+                it(view.out_spatial[-1]), np.int32(kd), np.int32(kh),
+                np.int32(view.divisor_override or math.prod(view.kernel)))
+        return (Step(fn, la.grid, la.block, OPERANDS[spec.op], args),), None
     windowed = isinstance(view, WindowSpec)
     args = geo_args(view, itype_scalar(pl.index_type), windowed) + (np.int32(la.rows),)
     if windowed:

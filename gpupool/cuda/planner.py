@@ -466,6 +466,8 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
     # each position has one window, whatever order the forward sums in
     if spec.op == "avg" and isinstance(view, S.AdaptiveSpec) and view.whole_plane:
         return _broadcast(view, device, words)
+    if spec.op == "avg" and isinstance(view, S.WindowSpec) and tiles(view):
+        return _tiles(view, device, words)
     kind = "window" if isinstance(view, S.WindowSpec) else "adaptive"
     words.append(f"gather: one thread per input element sums the gradients of the {kind} "
                  f"windows that cover it (output {view.out_spatial}; no atomics)")
@@ -485,6 +487,34 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
     return _tiled(_Positions(view.geom, positions), device, "gather",
                   f"{spec.op}_{kind}_backward", words, itype, group,
                   (("covers", covers),) if kind == "window" else ())
+
+
+def tiles(spec: S.WindowSpec) -> bool:
+    """Whether the windows of ``spec`` tile its input exactly, 2 wide along W (NCHW): stride
+    == kernel, no dilation, no padding, each input dim the kernel times the output dim; each
+    input element is then covered by one window."""
+    return (spec.geom.layout == "NCHW" and spec.kernel[-1] == 2
+            and all(s == k and d == 1 and not any(pads) and i == k * o for k, s, d, pads, i, o
+                    in zip(spec.kernel, spec.stride, spec.dilation, spec.pads,
+                           spec.geom.spatial, spec.out_spatial)))
+
+
+def _tiles(view: S.WindowSpec, device: DeviceInfo, words: list) -> Plan:
+    """An average's backward whose windows tile the input (:func:`tiles`): a thread per pack
+    of 8 bytes of a grad row stores its windows' input rows as 16-byte packs. Blocks of up to
+    BLOCK_THREADS threads: TX packs along W (a row's packs, or a block's width of them) by TY
+    grad rows; row groups on grid y (and z)."""
+    ow = view.out_spatial[-1]
+    rows = math.prod(view.out_shape) // ow
+    pack = 8 // S.ITEMSIZE[view.geom.dtype]
+    tx = min(_cdiv(ow, pack), BLOCK_THREADS)
+    ty = min(BLOCK_THREADS // tx, rows)
+    y, z = _plane_grid(_cdiv(rows, ty))
+    words.append(f"tiles: the windows tile the input; a thread per {pack} gradient elements "
+                 f"of a row stores its windows' input rows as 16-byte packs; blocks of {tx} "
+                 f"packs by {ty} of the {rows} gradient rows")
+    return Plan("gather", index_type(view), (Launch("avg_tiles_backward", (_cdiv(
+        _cdiv(ow, pack), tx), y, z), (tx, ty, 1), 1, (("rows", rows),)),), tuple(words))
 
 
 def _broadcast(view: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
