@@ -405,8 +405,8 @@ def test_gather_plans_tile_the_input():
     assert view.geom.spatial == (840,) and view.out_spatial == (1,)
     (la,) = planner.plan(g4).launches
     assert la.kernel == "avg_global_backward" and la.outputs == 2 * 3 * 840
-    # 16-byte packs over whole planes: the launch has a thread for every pack
-    assert la.threads * 8 >= la.outputs
+    # BROADCAST_PACKS 16-byte packs per thread over whole planes: every pack has a thread
+    assert la.threads * planner.BROADCAST_PACKS * 8 >= la.outputs
 
 
 # ----------------------------------------------------------------------------- coverage

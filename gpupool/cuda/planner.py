@@ -157,6 +157,8 @@ NAMED_GROUP = 8
 #: Positions along W of one slot of the max gradients' walk when its windows are compiled in
 #: (the kernels' GP_MAX_PACK).
 MAX_PACK = 4
+#: 16-byte packs per thread of a global average's backward (the kernels' GP_BROADCAST_PACKS).
+BROADCAST_PACKS = 4
 #: Slots per thread that a window backward kernel takes together, by the compiled-in bound of
 #: :func:`gather_covers` (the kernels' GP_GATHER_GROUP_C).
 GATHER_GROUP = {0: 4, 1: 8, 2: 4, 3: 2}
@@ -519,25 +521,25 @@ def _tiles(view: S.WindowSpec, device: DeviceInfo, words: list) -> Plan:
 
 def _broadcast(view: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
     """A global average's backward: every element of a plane takes the plane's gradient over
-    its size. Packs of 16 bytes per thread over groups of whole planes (contiguous): a group of
-    up to BLOCK_Z_MAX small planes fills about one block, a large plane is cut in block-sized
-    chunks on grid x; groups go on grid y (and z)."""
+    its size. BROADCAST_PACKS packs of 16 bytes per thread over groups of whole planes
+    (contiguous): a group of up to BLOCK_Z_MAX small planes fills about one block, a large plane
+    is cut in block-sized chunks on grid x; groups go on grid y (and z)."""
     g = view.geom
     nhwc = g.layout == "NHWC"
     planes = g.batch if nhwc else g.planes
     length = math.prod(g.spatial) * (g.channels if nhwc else 1)
     vec = 16 // S.ITEMSIZE[g.dtype]
-    per_block = BLOCK_THREADS * vec
-    group = max(1, min(planes, BLOCK_Z_MAX, per_block // max(1, length)))
+    per_thread = BROADCAST_PACKS * vec
+    group = max(1, min(planes, BLOCK_Z_MAX, BLOCK_THREADS * per_thread // max(1, length)))
     if group > vec and length % vec:
         group -= group % vec  # each group starts on a 16-byte boundary
-    packs = _cdiv(group * length + vec - 1, vec)
-    tx = min(BLOCK_THREADS, max(32, _cdiv(packs, 32) * 32))
+    threads = _cdiv(group * length + vec - 1, per_thread)
+    tx = min(BLOCK_THREADS, max(32, _cdiv(threads, 32) * 32))
     y, z = _plane_grid(_cdiv(planes, group))
     words.append(f"broadcast: each of {planes} planes of {length} elements takes its gradient "
                  f"over {math.prod(g.spatial)}; {group} planes per group, threads store "
-                 f"{vec} elements each (16 bytes)")
-    return Plan("gather", index_type(view), (Launch("avg_global_backward", (_cdiv(packs, tx),
+                 f"{per_thread} elements each ({BROADCAST_PACKS} packs of 16 bytes)")
+    return Plan("gather", index_type(view), (Launch("avg_global_backward", (_cdiv(threads, tx),
                                                     y, z), (tx, 1, 1), 1,
                                                     (("group", group),)),), tuple(words))
 
