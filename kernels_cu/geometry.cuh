@@ -6,11 +6,12 @@
 // their one definition in gpupool.cuda.planner (gpupool.cuda.kernels.DEFINES): the threads of
 // a block at most (GP_BLOCK_THREADS), the outputs of a row tile (GP_ROW_TILE), the positions
 // of a max unpooling gather (GP_NAMED_GROUP, 32-bit offsets), the positions of a max
-// gradient's pack (GP_MAX_PACK) and the slots of a backward gather by its compiled-in bound C
+// gradient's pack (GP_MAX_PACK), the 16-byte packs of a thread of a global average's
+// backward (GP_BROADCAST_PACKS) and the slots of a backward gather by its compiled-in bound C
 // (GP_GATHER_GROUP_C).
 #if !defined(GP_BLOCK_THREADS) || !defined(GP_ROW_TILE) || !defined(GP_NAMED_GROUP) || \
     !defined(GP_MAX_PACK) || !defined(GP_GATHER_GROUP_0) || !defined(GP_GATHER_GROUP_1) || \
-    !defined(GP_GATHER_GROUP_2) || !defined(GP_GATHER_GROUP_3)
+    !defined(GP_GATHER_GROUP_2) || !defined(GP_GATHER_GROUP_3) || !defined(GP_BROADCAST_PACKS)
 #error "the planner's constants are set by the host (gpupool.cuda.kernels.DEFINES)"
 #endif
 

@@ -17,9 +17,9 @@
 // `out` is written; od/oh/ow the forward output's, whose gradient `grad` is read; window
 // fields 0 for adaptive). Grid, block and thread: the thread maps of thread_map.cuh over the
 // input positions (gp::input_groups), a group of positions (GatherShape) of a thread at once,
-// the loads of their covering windows started in joint batches (gp::walk_lines_batched); the
-// global average's backward (avg_global_backward) stores 16-byte packs over groups of whole
-// planes instead.
+// the loads of their covering windows started in joint batches (gp::walk_lines_batched); an
+// average whose windows tile the input (avg_tiles_backward) and the global average's backward
+// (avg_global_backward) store 16-byte packs from the gradients instead, with no walk.
 #include "accumulate.cuh"
 #include "gather.cuh"
 #include "traits.cuh"
@@ -381,53 +381,150 @@ __global__ void avg_adaptive_backward(const T* __restrict__ grad, T* __restrict_
                                 q, gp::Unchanged());
 }
 
+// avg_pool's backward where the windows tile the input exactly (stride == kernel, no dilation,
+// no padding, each input dim kernel * output dim, 2 wide along W; NCHW): each input element
+// is covered by one window, its gradient (A)0 + grad / divisor (the nested sum of one q, as
+// avg_window_backward's), divisor > 0 the forward's (every window holds kd * kh * 2 taps).
+// grid: x = chunks of TX packs along a grad row, y/z = groups of TY grad rows (rows: slices x
+// oh, a slice a plane's D position). block: (TX, TY, 1). thread: a pack of P = 8 / sizeof(T)
+// consecutive grad elements of a row (the row's last pack may hold fewer), all loaded before
+// any is divided, and the kd * kh input rows of its windows, each a run of 2P elements stored
+// as one 16-byte vector where it lies whole inside the row on a 16-byte aligned address.
+template <typename T, typename I>
+__global__ void avg_tiles_backward(const T* __restrict__ grad, T* __restrict__ out, I rows,
+                                   I oh, I ow, int kd, int kh, int divisor) {
+  typedef typename gp::Num<T>::acc A;
+  constexpr int P = 8 / (int)sizeof(T);
+  const I r = (I)gp::block_plane() * (I)blockDim.y + (I)threadIdx.y;
+  const I w0 = ((I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x) * (I)P;
+  if (r >= rows || w0 >= ow) return;
+  const T* __restrict__ src = grad + r * ow;
+  T gv[P];
+#pragma unroll
+  for (int u = 0; u < P; ++u) gv[u] = src[w0 + (I)u < ow ? w0 + (I)u : w0];
+  const A div = (A)(long long)divisor;
+  gp::Pack<T, 2 * P> pack;
+#pragma unroll
+  for (int u = 0; u < P; ++u) {
+    const T q = gp::Num<T>::store((A)0 + gp::Num<T>::load(gv[u]) / div);
+    pack.v[2 * u] = q;
+    pack.v[2 * u + 1] = q;
+  }
+  // input rows kh * (r + slice * (kd - 1) * oh) + a * oh * kh + b of the windows' taps (a, b)
+  const I first = (I)kh * (kd > 1 ? r + (r / oh) * (I)(kd - 1) * oh : r);
+  const I iw = (I)2 * ow;
+  const bool whole = w0 + (I)P <= ow;
+  for (int a = 0; a < kd; ++a) {
+    for (int b = 0; b < kh; ++b) {
+      T* __restrict__ dst = out + (first + (I)a * oh * (I)kh + (I)b) * iw + (I)2 * w0;
+      if (whole && (unsigned long long)dst % sizeof(pack) == 0) {
+        *reinterpret_cast<gp::Pack<T, 2 * P>*>(dst) = pack;
+      } else {
+#pragma unroll
+        for (int u = 0; u < 2 * P; ++u) {
+          if (w0 + (I)(u / 2) < ow) dst[u] = pack.v[u];
+        }
+      }
+    }
+  }
+}
+
 // The backward of a global average (an adaptive average to size 1 in every dim), a broadcast:
 // element e of `out` (planes x plane_len elements, plane_len = size * chans; chans 1 for NCHW)
 // is (A)0 + grad[k] / size (the nested sum of its one window), k = e / size for NCHW, else
 // (e / plane_len) * chans + e % chans.
-// grid: x = chunks of a group of `group` consecutive planes (contiguous in `out`), y/z = groups
-// (the last may hold fewer planes). block: (TX, 1, 1). thread: a pack of V = 16 / sizeof(T)
-// consecutive elements of its group, packs counted from the V-aligned element at or below the
-// group's first, pack blockIdx.x * TX + threadIdx.x; every element of the pack is loaded before
-// any is divided or stored, and a pack inside the group whose address is 16-byte aligned is stored as one
-// vector.
+// grid: x = chunks of a group of `group` consecutive planes (contiguous in `out`; a group of
+// several planes holds fewer than 2**20 elements), y/z = groups (the last may hold fewer
+// planes). block: (TX, 1, 1), TX a multiple of 32. thread: M = GP_BROADCAST_PACKS packs of
+// V = 16 / sizeof(T) consecutive elements of its group, packs counted from the V-aligned
+// element at or below the group's first; warp w of the grid takes packs 32 M w + 32 m + lane,
+// m < M, so that each store of a warp is contiguous. Every gradient a thread needs is loaded
+// before any is divided, and a pack inside the group whose address is 16-byte aligned is stored
+// as one vector. Where an NCHW plane holds at least V elements, a pack's elements from the
+// group's first on lie in two planes, k and k + 1 (k found in the group without an integer
+// division), whose gradients alone are loaded and divided; else k is divided out for the
+// pack's first element inside the group and stepped from there (an element before the group's
+// first takes that one's gradient, one past its end the last one's).
 template <typename T, typename I, bool NHWC>
 __global__ void avg_global_backward(const T* __restrict__ grad, T* __restrict__ out, I planes,
                                     I chans, I size, int group) {
   typedef typename gp::Num<T>::acc A;
-  constexpr int V = 16 / (int)sizeof(T);
+  constexpr int V = 16 / (int)sizeof(T), M = GP_BROADCAST_PACKS;
   const long long gi = gp::block_plane();
   if (gi * (long long)group >= (long long)planes) return;
   const I plane_len = size * chans;
-  const I first = (I)gi * (I)group * plane_len;
-  const I last_plane = (I)gi * (I)group + (I)group < planes ? (I)gi * (I)group + (I)group : planes;
-  const I end = last_plane * plane_len;
-  const I e0 = first - first % (I)V + ((I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x) * (I)V;
-  if (e0 >= end) return;
-  const A divisor = (A)(long long)size;
-  T gv[V];
+  const I p0 = (I)gi * (I)group;
+  const I first = p0 * plane_len;
+  const I end = (p0 + (I)group < planes ? p0 + (I)group : planes) * plane_len;
+  const I lane = (I)(threadIdx.x % 32);
+  const I pk = ((I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x - lane) * (I)M + lane;
+  const I base = first - first % (I)V + pk * (I)V;
+  const bool two_planes = !NHWC && size >= (I)V;
+  T gv[M][V];
+  I cut[M];  // two planes: the second plane's first element
 #pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const I e = e0 + (I)j;
-    const I inside = e < first ? first : (e < end ? e : end - 1);
-    const I k = NHWC ? (inside / plane_len) * chans + inside % chans : inside / size;
-    gv[j] = grad[k];
+  for (int m = 0; m < M; ++m) {
+    const I e0 = base + (I)(32 * V * m);
+    const I s0 = e0 < first ? first : (e0 < end ? e0 : end - (I)1);
+    if (two_planes) {
+      I b = p0;
+      if (group > 1) {  // the plane in the group, from a float quotient one off at most
+        const I o = s0 - first;
+        I q = (I)((float)o / (float)size);
+        q -= q * size > o ? (I)1 : (I)0;
+        q += (q + (I)1) * size <= o ? (I)1 : (I)0;
+        b += q;
+      }
+      cut[m] = (b + (I)1) * size;
+      gv[m][0] = grad[b];
+      gv[m][1] = grad[b + (I)1 < planes ? b + (I)1 : b];
+    } else {
+      I b = s0 / plane_len;
+      I r = s0 - b * plane_len;
+      I c = NHWC ? r % chans : (I)0;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        gv[m][j] = grad[b * chans + c];
+        const I e = e0 + (I)j;
+        if (e >= first && e + (I)1 < end) {
+          if (NHWC) c = c + (I)1 == chans ? (I)0 : c + (I)1;
+          r += (I)1;
+          if (r == plane_len) {
+            r = (I)0;
+            b += (I)1;
+          }
+        }
+      }
+    }
   }
   // Without this fence the compiler moves each load next to its division, whose slow path is
   // a branch it does not schedule loads across: the loads would then wait one by one.
   asm volatile("" ::: "memory");
-  gp::Pack<T, V> pack;
+  const A divisor = (A)(long long)size;
 #pragma unroll
-  for (int j = 0; j < V; ++j) {
-    pack.v[j] = gp::Num<T>::store((A)0 + gp::Num<T>::load(gv[j]) / divisor);
-  }
-  T* __restrict__ dst = out + e0;
-  if (e0 >= first && e0 + (I)V <= end && ((unsigned long long)dst % sizeof(pack)) == 0) {
-    *reinterpret_cast<gp::Pack<T, V>*>(dst) = pack;
-  } else {
+  for (int m = 0; m < M; ++m) {
+    const I e0 = base + (I)(32 * V * m);
+    if (e0 >= end) break;
+    gp::Pack<T, V> pack;
+    if (two_planes) {
+      const T qa = gp::Num<T>::store((A)0 + gp::Num<T>::load(gv[m][0]) / divisor);
+      const T qb = gp::Num<T>::store((A)0 + gp::Num<T>::load(gv[m][1]) / divisor);
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      if (e0 + (I)j >= first && e0 + (I)j < end) dst[j] = pack.v[j];
+      for (int j = 0; j < V; ++j) pack.v[j] = e0 + (I)j < cut[m] ? qa : qb;
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        pack.v[j] = gp::Num<T>::store((A)0 + gp::Num<T>::load(gv[m][j]) / divisor);
+      }
+    }
+    T* __restrict__ dst = out + e0;
+    if (e0 >= first && e0 + (I)V <= end && ((unsigned long long)dst % sizeof(pack)) == 0) {
+      *reinterpret_cast<gp::Pack<T, V>*>(dst) = pack;
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        if (e0 + (I)j >= first && e0 + (I)j < end) dst[j] = pack.v[j];
+      }
     }
   }
 }

@@ -163,6 +163,27 @@ def window_cases():
                        tags=frozenset({"idx64"} if w.id in IDX64_WINDOWS else ()))
 
 
+#: Windows that tile their input exactly, 2 wide along W: NCHW averages take the tile kernel
+#: (a pack of a row's gradients per thread; rows of 16 floats on 16-byte aligned addresses, rows
+#: of 14 half of them not, a last pack with fewer gradients where W / 2 is odd).
+TILE_WINDOWS = [
+    Window("1d-k2-tiles", (2, 3), (14,), (2,)),
+    Window("2d-k2-tiles", (2, 3), (8, 16), 2),
+    Window("2d-k32-tiles", (2, 3), (9, 10), (3, 2)),
+    Window("3d-k2-tiles-ceil", (1, 3), (4, 6, 12), (2, 2, 2), ceil=True),
+]
+
+
+def tile_cases():
+    for w, layout, (op, kw), dtype in itertools.product(
+            TILE_WINDOWS, ("NCHW", "NHWC"), (("avg", {}), ("avg-div3", {"div": 3})), FLOATS):
+        shape = shaped(w.lead, w.spatial, layout)
+        inputs, run = _avg_case(w, layout, dtype, shape, **kw)
+        kernel = "avg_tiles_backward" if layout == "NCHW" else "avg_window_backward"
+        yield Case(f"bw-{op}-{dtype}-{layout}-{w.id}", inputs, run, True, requests=(kernel,),
+                   tags=frozenset({"idx64"} if w.id == "2d-k2-tiles" else ()))
+
+
 # ----------------------------------------------------------------------------- adaptive, global
 
 def _amax(lead, spatial, out, layout, dtype, index_dtype="int64"):
@@ -316,7 +337,7 @@ def small_device_cases():
         yield Case(f"bw-{op}-{layout}-{'x'.join(map(str, shape))}", inputs, run, True)
 
 
-CASES = (list(window_cases()) + list(adaptive_cases()) + list(global_cases())
+CASES = (list(window_cases()) + list(tile_cases()) + list(adaptive_cases()) + list(global_cases())
          + list(operand_cases()))
 HOOKED = ([("idx64", c) for c in CASES if "idx64" in c.tags]
           + [("grid64", c) for c in many_plane_cases(5000)]
@@ -387,8 +408,8 @@ def test_gather_plans_tile_the_input():
     assert view.geom.spatial == (840,) and view.out_spatial == (1,)
     (la,) = planner.plan(g4).launches
     assert la.kernel == "avg_global_backward" and la.outputs == 2 * 3 * 840
-    # 16-byte packs over whole planes: the launch has a thread for every pack
-    assert la.threads * 8 >= la.outputs
+    # BROADCAST_PACKS 16-byte packs per thread over whole planes: every pack has a thread
+    assert la.threads * planner.BROADCAST_PACKS * 8 >= la.outputs
 
 
 # ----------------------------------------------------------------------------- coverage

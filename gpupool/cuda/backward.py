@@ -12,7 +12,9 @@ thread per input element. The kernels gather in the order of the NumPy backend
 * max (window, adaptive, global): int64 indices; other index dtypes are widened first.
 * avg (window, adaptive, global) and Lp: the nested sums of the NumPy backend, in float for
   float16 and bfloat16. A global average (an adaptive one to size 1) is a broadcast: threads
-  store 16-byte packs of a plane's gradient over its size (``avg_global_backward``).
+  store 16-byte packs of a plane's gradient over its size (``avg_global_backward``); so do
+  averages whose windows tile the input, 2 wide along W (NCHW), a thread per pack of gradients
+  (``avg_tiles_backward``).
 * global ops run as a 1-D pooling of each flattened plane, so any number of spatial dims;
   window and adaptive ops with more than 3 spatial dims run on the NumPy backend through a
   host round trip, as the forward ops.
@@ -52,6 +54,13 @@ def backward_steps(spec: GradSpec, device_id: int) -> tuple:
         nhwc = g.layout == "NHWC"
         args = (it(g.batch if nhwc else g.planes), it(g.channels if nhwc else 1),
                 it(math.prod(g.spatial)), np.int32(la.get("group")))
+        return (Step(fn, la.grid, la.block, OPERANDS[spec.op], args),), None
+    if la.kernel == "avg_tiles_backward":
+        it = itype_scalar(pl.index_type)
+        kd, kh, _ = planner.canonical3(view.kernel, 1)
+        args = (it(la.get("rows")), it(planner.canonical3(view.out_spatial, 1)[1]),
+                it(view.out_spatial[-1]), np.int32(kd), np.int32(kh),
+                np.int32(view.divisor_override or math.prod(view.kernel)))
         return (Step(fn, la.grid, la.block, OPERANDS[spec.op], args),), None
     windowed = isinstance(view, WindowSpec)
     args = geo_args(view, itype_scalar(pl.index_type), windowed) + (np.int32(la.rows),)

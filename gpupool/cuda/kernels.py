@@ -52,6 +52,7 @@ PLANNER_DEFINES = (("GP_BLOCK_THREADS", str(planner.BLOCK_THREADS)),
                    ("GP_ROW_TILE", str(planner.ROW_TILE)),
                    ("GP_NAMED_GROUP", str(planner.NAMED_GROUP)),
                    ("GP_MAX_PACK", str(planner.MAX_PACK)),
+                   ("GP_BROADCAST_PACKS", str(planner.BROADCAST_PACKS)),
                    *((f"GP_GATHER_GROUP_{c}", str(g)) for c, g in sorted(
                        planner.GATHER_GROUP.items())))
 DEFINES = {f.name: {"quantized_pool.cu": (("GPQ_LEVELS", str(LEVELS)), ("GPQ_HEAD", str(HEAD)))

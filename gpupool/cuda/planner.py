@@ -188,6 +188,8 @@ NAMED_GROUP = 8
 #: Positions along W of one slot of the max gradients' walk when its windows are compiled in
 #: (the kernels' GP_MAX_PACK).
 MAX_PACK = 4
+#: 16-byte packs per thread of a global average's backward (the kernels' GP_BROADCAST_PACKS).
+BROADCAST_PACKS = 4
 #: Slots per thread that a window backward kernel takes together, by the compiled-in bound of
 #: :func:`gather_covers` (the kernels' GP_GATHER_GROUP_C).
 GATHER_GROUP = {0: 4, 1: 8, 2: 4, 3: 2}
@@ -535,6 +537,8 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
     # each position has one window, whatever order the forward sums in
     if spec.op == "avg" and isinstance(view, S.AdaptiveSpec) and view.whole_plane:
         return _broadcast(view, device, words)
+    if spec.op == "avg" and isinstance(view, S.WindowSpec) and tiles(view):
+        return _tiles(view, device, words)
     kind = "window" if isinstance(view, S.WindowSpec) else "adaptive"
     words.append(f"gather: one thread per input element sums the gradients of the {kind} "
                  f"windows that cover it (output {view.out_spatial}; no atomics)")
@@ -556,27 +560,55 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
                   (("covers", covers),) if kind == "window" else ())
 
 
+def tiles(spec: S.WindowSpec) -> bool:
+    """Whether the windows of ``spec`` tile its input exactly, 2 wide along W (NCHW): stride
+    == kernel, no dilation, no padding, each input dim the kernel times the output dim; each
+    input element is then covered by one window."""
+    return (spec.geom.layout == "NCHW" and spec.kernel[-1] == 2
+            and all(s == k and d == 1 and not any(pads) and i == k * o for k, s, d, pads, i, o
+                    in zip(spec.kernel, spec.stride, spec.dilation, spec.pads,
+                           spec.geom.spatial, spec.out_spatial)))
+
+
+def _tiles(view: S.WindowSpec, device: DeviceInfo, words: list) -> Plan:
+    """An average's backward whose windows tile the input (:func:`tiles`): a thread per pack
+    of 8 bytes of a grad row stores its windows' input rows as 16-byte packs. Blocks of up to
+    BLOCK_THREADS threads: TX packs along W (a row's packs, or a block's width of them) by TY
+    grad rows; row groups on grid y (and z)."""
+    ow = view.out_spatial[-1]
+    rows = math.prod(view.out_shape) // ow
+    pack = 8 // S.ITEMSIZE[view.geom.dtype]
+    tx = min(_cdiv(ow, pack), BLOCK_THREADS)
+    ty = min(BLOCK_THREADS // tx, rows)
+    y, z = _plane_grid(_cdiv(rows, ty))
+    words.append(f"tiles: the windows tile the input; a thread per {pack} gradient elements "
+                 f"of a row stores its windows' input rows as 16-byte packs; blocks of {tx} "
+                 f"packs by {ty} of the {rows} gradient rows")
+    return Plan("gather", index_type(view), (Launch("avg_tiles_backward", (_cdiv(
+        _cdiv(ow, pack), tx), y, z), (tx, ty, 1), 1, (("rows", rows),)),), tuple(words))
+
+
 def _broadcast(view: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
     """A global average's backward: every element of a plane takes the plane's gradient over
-    its size. Packs of 16 bytes per thread over groups of whole planes (contiguous): a group of
-    up to BLOCK_Z_MAX small planes fills about one block, a large plane is cut in block-sized
-    chunks on grid x; groups go on grid y (and z)."""
+    its size. BROADCAST_PACKS packs of 16 bytes per thread over groups of whole planes
+    (contiguous): a group of up to BLOCK_Z_MAX small planes fills about one block, a large plane
+    is cut in block-sized chunks on grid x; groups go on grid y (and z)."""
     g = view.geom
     nhwc = g.layout == "NHWC"
     planes = g.batch if nhwc else g.planes
     length = math.prod(g.spatial) * (g.channels if nhwc else 1)
     vec = 16 // S.ITEMSIZE[g.dtype]
-    per_block = BLOCK_THREADS * vec
-    group = max(1, min(planes, BLOCK_Z_MAX, per_block // max(1, length)))
+    per_thread = BROADCAST_PACKS * vec
+    group = max(1, min(planes, BLOCK_Z_MAX, BLOCK_THREADS * per_thread // max(1, length)))
     if group > vec and length % vec:
         group -= group % vec  # each group starts on a 16-byte boundary
-    packs = _cdiv(group * length + vec - 1, vec)
-    tx = min(BLOCK_THREADS, max(32, _cdiv(packs, 32) * 32))
+    threads = _cdiv(group * length + vec - 1, per_thread)
+    tx = min(BLOCK_THREADS, max(32, _cdiv(threads, 32) * 32))
     y, z = _plane_grid(_cdiv(planes, group))
     words.append(f"broadcast: each of {planes} planes of {length} elements takes its gradient "
                  f"over {math.prod(g.spatial)}; {group} planes per group, threads store "
-                 f"{vec} elements each (16 bytes)")
-    return Plan("gather", index_type(view), (Launch("avg_global_backward", (_cdiv(packs, tx),
+                 f"{per_thread} elements each ({BROADCAST_PACKS} packs of 16 bytes)")
+    return Plan("gather", index_type(view), (Launch("avg_global_backward", (_cdiv(threads, tx),
                                                     y, z), (tx, 1, 1), 1,
                                                     (("group", group),)),), tuple(words))
 
