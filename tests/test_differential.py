@@ -16,7 +16,7 @@ together they request every name of ``gpupool.cuda.names.instantiations()`` that
 and quantized ops can ask for.
 
 Test hooks (monkeypatched, memoized plans cleared on both sides):
-  * ``idx64``: ``planner.INT32_LIMIT = 100`` forces the ``long long`` index variants;
+  * ``idx64``: ``INT32_LIMIT = 100`` (gpupool.cuda.grid and .planner) forces the ``long long`` index variants;
   * ``acc64``: ``quantized_spec.accumulator_dtype`` picks int64 accumulators (naturally only past 8.4M taps);
   * ``small-device``: a 1-SM device, so tiny inputs fill it and threads compute several rows;
   * ``grid64``: grid y and z hold 64 blocks each, so planes spill onto grid z.
@@ -695,13 +695,15 @@ assert len({c.id for c in CASES}) == len(CASES)
 def apply_hooks(mp, hooks: str) -> None:
     """Install the named test hooks (see the module docstring) with ``mp``; the caller clears
     the memoized plans before and after."""
-    from gpupool.cuda import launching
+    from gpupool.cuda import grid, launching
     if "idx64" in hooks:
-        mp.setattr(planner, "INT32_LIMIT", 100)
+        for module in (grid, planner):
+            mp.setattr(module, "INT32_LIMIT", 100)
     if "acc64" in hooks:
         mp.setattr(QS, "accumulator_dtype", lambda taps: ("int64", 255 * taps))
     if "grid64" in hooks:
-        mp.setattr(planner, "GRID_YZ_MAX", 64)
+        for module in (grid, planner):
+            mp.setattr(module, "GRID_YZ_MAX", 64)
     if "small-device" in hooks:
         mp.setattr(launching, "device_info", lambda device_id: planner.DeviceInfo(
             name="test: 1 SM", sm_count=1))

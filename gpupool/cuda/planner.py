@@ -37,13 +37,11 @@ from dataclasses import dataclass
 
 from .. import spec as S
 from ..grad_spec import GradSpec
+from .grid import (BLOCK_THREADS, BLOCK_Z_MAX, GRID_YZ_MAX, INT32_LIMIT, MIN_BLOCK_THREADS,
+                   block_shape, canonical3, cdiv, fill_target, footprint, index_type,
+                   plane_grid, pow2ceil)
 from .launches import H100, DeviceInfo, Launch, Plan, gather_traffic, with_traffic
 
-INT32_LIMIT = 2**31 - 1
-GRID_YZ_MAX = 65535
-BLOCK_THREADS = 256
-MIN_BLOCK_THREADS = 64  # a block smaller than two warps wastes the SM's block slots
-BLOCK_Z_MAX = 64  # CUDA's limit on blockDim.z
 MAX_ROWS = 4  # outputs per thread along rows (several independent loads in flight)
 SPECIALISED_K = (2, 3)  # window sizes compiled as template constants (H and W equal)
 ROW_TILE = 4  # outputs per thread of a row tile, along W (the kernels' GP_ROW_TILE)
@@ -57,30 +55,6 @@ MIN_LANES = 4  # adaptive windows this many columns wide and wider: a group of l
 SMALL_SEGMENT = 1024  # global: planes up to this many elements use lane groups
 MIN_CHUNK = 4096  # global: smallest chunk of a split plane (elements)
 MAX_CHUNKS = 1024  # global: most chunks per plane (the second pass is one warp per plane)
-
-
-def _pow2ceil(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _plane_grid(planes: int) -> tuple[int, int]:
-    """Grid (y, z) covering ``planes``: y up to 65535, z for the rest."""
-    if planes <= GRID_YZ_MAX:
-        return planes, 1
-    z = _cdiv(planes, GRID_YZ_MAX)
-    if z > GRID_YZ_MAX:
-        raise ValueError(f"gpupool: {planes} planes exceed the CUDA grid ({GRID_YZ_MAX}**2)")
-    return GRID_YZ_MAX, z
-
-
-def canonical3(values, fill):
-    """A per-dim tuple of 1-3 spatial dims padded to (D, H, W) with ``fill``."""
-    values = tuple(values)
-    return (fill,) * (3 - len(values)) + values
 
 
 def static_window(spec: S.WindowSpec) -> int:
@@ -154,30 +128,30 @@ def _row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int, in
         words.append("3-D windows of one D tap at their own slice: each plane's D slices pooled "
                      "as 2-D planes" if not depth else "3-D windows: the row tiles of each D "
                      "tap in turn (D taps at run time), output rows (d, h)")
-    tx, ty = block_shape(_cdiv(ow, ROW_TILE), BLOCK_THREADS, rows)
+    tx, ty = block_shape(cdiv(ow, ROW_TILE), BLOCK_THREADS, rows)
     tz = 1
     if tx * ty < MIN_BLOCK_THREADS and planes > 1:
-        tz = min(BLOCK_Z_MAX, BLOCK_THREADS // (tx * ty), _pow2ceil(planes))
-        words.append(f"packing: {tz} planes per block (a plane has {_cdiv(ow, ROW_TILE) * rows} "
+        tz = min(BLOCK_Z_MAX, BLOCK_THREADS // (tx * ty), pow2ceil(planes))
+        words.append(f"packing: {tz} planes per block (a plane has {cdiv(ow, ROW_TILE) * rows} "
                      f"row tiles; blocks of {tx * ty} threads would leave the SMs' block slots "
                      f"idle)")
 
     def blocks(ty_):
-        return _cdiv(ow, tx * ROW_TILE) * _cdiv(rows, ty_) * _cdiv(planes, tz)
+        return cdiv(ow, tx * ROW_TILE) * cdiv(rows, ty_) * cdiv(planes, tz)
 
     while ty > 1 and tx * ty * tz > MIN_BLOCK_THREADS and (
-            blocks(ty) < _fill_target(device, tx * ty * tz)):
+            blocks(ty) < fill_target(device, tx * ty * tz)):
         ty //= 2
-    grid = ((_cdiv(ow, tx * ROW_TILE) * _cdiv(rows, ty), _cdiv(planes, tz), 1) if depth
-            else (_cdiv(ow, tx * ROW_TILE), _cdiv(rows, ty), _cdiv(planes, tz)))
+    grid = ((cdiv(ow, tx * ROW_TILE) * cdiv(rows, ty), cdiv(planes, tz), 1) if depth
+            else (cdiv(ow, tx * ROW_TILE), cdiv(rows, ty), cdiv(planes, tz)))
     kernel = "max_pool_depth_rows" if depth else f"{spec.op}_pool_rows"
     packs = f" (aligned packs of {vec * S.ITEMSIZE[spec.geom.dtype]} bytes)" if vec > 1 else ""
     words.append(f"row tiles: {ROW_TILE} outputs per thread side by side along W, their "
                  f"{kh}x{kw} windows of W stride {sw} compiled in; each input row of a tile "
                  f"loaded once into registers{packs} and shared by the windows that overlap")
-    words.append(f"split: {planes} planes ({_cdiv(planes, tz)} groups on grid "
-                 f"{'y' if depth else 'z'}) x {_cdiv(rows, ty)} groups of {ty} output rows x "
-                 f"{_cdiv(ow, tx * ROW_TILE)} chunks of {tx * ROW_TILE} outputs along W")
+    words.append(f"split: {planes} planes ({cdiv(planes, tz)} groups on grid "
+                 f"{'y' if depth else 'z'}) x {cdiv(rows, ty)} groups of {ty} output rows x "
+                 f"{cdiv(ow, tx * ROW_TILE)} chunks of {tx * ROW_TILE} outputs along W")
     return Plan("window", "int", (Launch(kernel, grid, (tx, ty, tz), 1, tuple(sorted(zip(
         ("kh", "kw", "sw", "vec", "lead"), shape)))),), tuple(words))
 
@@ -215,54 +189,6 @@ def gather_covers(spec: S.WindowSpec, itype: str, op: str) -> int:
     return bound if bound <= 2 else 0
 
 
-def index_type(spec) -> str:
-    """``int`` when every offset the kernels form fits in int32, else ``long long``."""
-    g = spec.geom
-    x_elems = math.prod(g.shape)
-    out_elems = math.prod(spec.out_shape)
-    span = max(x_elems, out_elems)
-    if isinstance(spec, S.WindowSpec):
-        span += max(o * s + (k - 1) * d + pb + pe + 1 for o, s, k, d, (pb, pe) in zip(
-            spec.out_spatial, spec.stride, spec.kernel, spec.dilation, spec.pads))
-    elif isinstance(spec, S.AdaptiveSpec):
-        span = max([span] + [(o + 1) * i + o for i, o in zip(g.spatial, spec.out_spatial)])
-        # global reductions: a chunk end may reach twice a plane's length, and lane-group
-        # thread ids reach 32 per plane
-        # lane groups: output ids reach a block's group count past the last
-        span = max(span, 2 * x_elems, 32 * g.planes + BLOCK_THREADS, out_elems + BLOCK_THREADS)
-    else:  # unpool: the grid-stride loop may step past n once
-        span += BLOCK_THREADS * 32 * 1024
-    return "int" if span <= INT32_LIMIT else "long long"
-
-
-def block_shape(inner: int, inner_cap: int, outer: int) -> tuple[int, int]:
-    """(TX, TY) of a 2-D block: TX threads along the contiguous dim of ``inner`` elements (a
-    power of two up to ``inner_cap``), TY along ``outer``, at most BLOCK_THREADS in all."""
-    tx = min(_pow2ceil(inner), inner_cap)
-    return tx, max(1, min(BLOCK_THREADS // tx, _pow2ceil(outer)))
-
-
-def _fill_target(device: DeviceInfo, threads: int) -> int:
-    """Blocks for one full wave of resident blocks on every SM."""
-    return device.sm_count * max(1, device.max_threads_per_sm // threads)
-
-
-def _footprint(spec, rows_per_block: int, tx: int, itemsize: int, out_dhw, in_dhw) -> int:
-    """Input bytes one block of a window launch reads (its rows plus halo; NCHW)."""
-    kd, kh, kw = canonical3(spec.kernel, 1)
-    sd, sh, sw = canonical3(spec.stride, 1)
-    dd, dh, dw = canonical3(spec.dilation, 1)
-    od, oh, ow = out_dhw
-    idd, ih, iw = in_dhw
-    cols = min(iw, (tx - 1) * sw + (kw - 1) * dw + 1)
-    if rows_per_block <= oh:
-        in_rows = min(ih, (rows_per_block - 1) * sh + (kh - 1) * dh + 1) * kd
-    else:
-        slices = _cdiv(rows_per_block, oh)
-        in_rows = min(idd, (slices - 1) * sd + (kd - 1) * dd + 1) * ih
-    return in_rows * cols * itemsize
-
-
 def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
            itype: str | None = None, max_rows: int = MAX_ROWS,
            extra: tuple[tuple[str, int], ...] = ()) -> Plan:
@@ -279,23 +205,23 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
     if nhwc:
         planes, units = g.batch, od * oh * ow
         tx, ty = block_shape(g.channels, 64, units)
-        n_x = _cdiv(g.channels, tx)
+        n_x = cdiv(g.channels, tx)
         unit_name = "output positions"
     else:
         planes, units = g.planes, od * oh
         tx, ty = block_shape(ow, 128, units)
-        n_x = _cdiv(ow, tx)
+        n_x = cdiv(ow, tx)
         unit_name = "output rows"
     # planes packed along block z when a plane's outputs leave the block under two warps: as
     # many as make 256 threads, fewer while that leaves too few blocks, never under 64 threads
     tz = 1
     if tx * ty < MIN_BLOCK_THREADS and planes > 1:
-        tz = min(BLOCK_Z_MAX, BLOCK_THREADS // (tx * ty), _pow2ceil(planes))
+        tz = min(BLOCK_Z_MAX, BLOCK_THREADS // (tx * ty), pow2ceil(planes))
         while (tx * ty * (tz // 2) >= MIN_BLOCK_THREADS
-               and _cdiv(planes, tz) * n_x < _fill_target(device, tx * ty * tz)):
+               and cdiv(planes, tz) * n_x < fill_target(device, tx * ty * tz)):
             tz //= 2
-    groups = _cdiv(planes, tz)
-    target = _fill_target(device, tx * ty * tz)
+    groups = cdiv(planes, tz)
+    target = fill_target(device, tx * ty * tz)
     overlap = any((k - 1) * d + 1 > s for k, d, s in zip(
         getattr(spec, "kernel", ()), getattr(spec, "dilation", ()), getattr(spec, "stride", ())))
     padded = any(pb or pe for pb, pe in getattr(spec, "pads", ()))
@@ -305,7 +231,7 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
             return True
         resident = max(1, device.max_threads_per_sm // (tx * ty_ * tz))
         budget = device.smem_per_sm // resident
-        return tz * _footprint(spec, rows * ty_, tx, itemsize, out_dhw, in_dhw) <= budget
+        return tz * footprint(spec, rows * ty_, tx, itemsize, out_dhw, in_dhw) <= budget
 
     if tz > 1:
         plane_outputs = units * (g.channels if nhwc else ow)
@@ -316,9 +242,9 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
     tiles = family == "window" and nhwc and od * oh > 1
 
     def nchunks(rows_, ty_):
-        return _cdiv(od * oh, rows_) * _cdiv(ow, ty_) if tiles else _cdiv(units, ty_ * rows_)
+        return cdiv(od * oh, rows_) * cdiv(ow, ty_) if tiles else cdiv(units, ty_ * rows_)
 
-    rows_whole = od * oh if tiles and ow <= ty else _cdiv(units, ty)
+    rows_whole = od * oh if tiles and ow <= ty else cdiv(units, ty)
     if rows_whole <= max_rows and groups * n_x >= target and fits(rows_whole, ty):
         rows, chunks = rows_whole, 1
         words.append(f"split: across the {planes} planes only (grid y/z); one block column "
@@ -346,7 +272,8 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
         elif nhwc:
             cut = f"{chunks} chunks of {per_block} {unit_name} (D, then H, then W order)"
         elif od > 1 and per_block >= oh:
-            cut = f"{chunks} chunks of {per_block} {unit_name} (D cut first: {per_block // oh} D slices each)"
+            cut = (f"{chunks} chunks of {per_block} {unit_name} (D cut first: "
+                   f"{per_block // oh} D slices each)")
         else:
             dims = "D and H" if od > 1 else ("H" if nd >= 2 else "the single row")
             cut = f"{chunks} chunks of {per_block} {unit_name} (cutting {dims}; W kept whole)"
@@ -363,9 +290,9 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
             else:
                 words.append("chunks: aligned (windows do not overlap and there is no padding)")
     if family == "window" and not nhwc:
-        fp = tz * _footprint(spec, rows * ty, tx, itemsize, out_dhw, in_dhw)
+        fp = tz * footprint(spec, rows * ty, tx, itemsize, out_dhw, in_dhw)
         words.append(f"block input footprint: {fp} bytes (fits the block's on-chip share)")
-    grid_yz = _plane_grid(groups)
+    grid_yz = plane_grid(groups)
     grid = (n_x * chunks, grid_yz[0], grid_yz[1])
     if grid[0] > INT32_LIMIT:
         raise ValueError(f"gpupool: grid x {grid[0]} exceeds the CUDA limit")
@@ -390,8 +317,8 @@ def adaptive_lanes(spec: S.AdaptiveSpec) -> int:
     if g.layout != "NCHW" or (spec.op == "avg" and g.dtype not in S.FLOAT_DTYPES):
         return 0
     n, m = g.spatial[-1], spec.out_spatial[-1]
-    widest = _cdiv(n, m) + (1 if n % m else 0)
-    return min(32, _pow2ceil(widest)) if widest >= MIN_LANES else 0
+    widest = cdiv(n, m) + (1 if n % m else 0)
+    return min(32, pow2ceil(widest)) if widest >= MIN_LANES else 0
 
 
 def _lane_groups(spec: S.AdaptiveSpec, lanes: int, kernel: str, words: list) -> Plan:
@@ -399,7 +326,7 @@ def _lane_groups(spec: S.AdaptiveSpec, lanes: int, kernel: str, words: list) -> 
     walks the window columns l, l + lanes, ...; the group combines its lanes with shuffles."""
     outputs = math.prod(spec.out_shape)
     per_block = BLOCK_THREADS // lanes
-    blocks = _cdiv(outputs, per_block)
+    blocks = cdiv(outputs, per_block)
     if blocks > INT32_LIMIT:
         raise ValueError(f"gpupool: grid x {blocks} exceeds the CUDA limit")
     words.append(f"lane groups: {lanes} lanes per output, lane l walking window columns l, "
@@ -416,14 +343,14 @@ def _global(spec: S.AdaptiveSpec | S.WindowSpec, device: DeviceInfo, words: list
     if g.layout == "NHWC":
         nb, chans = g.batch, g.channels
         tx, ty = block_shape(chans, 64, seglen)
-        n_x = _cdiv(chans, tx)
-        target = _fill_target(device, tx * ty)
+        n_x = cdiv(chans, tx)
+        target = fill_target(device, tx * ty)
         nchunks = 1
         if nb * n_x < target and seglen > ty * 8:
-            nchunks = min(MAX_CHUNKS, _cdiv(target, nb * n_x), _cdiv(seglen, ty * 8))
-        chunklen = _cdiv(seglen, nchunks)
-        nchunks = _cdiv(seglen, chunklen)
-        yz = _plane_grid(nb * nchunks)
+            nchunks = min(MAX_CHUNKS, cdiv(target, nb * n_x), cdiv(seglen, ty * 8))
+        chunklen = cdiv(seglen, nchunks)
+        nchunks = cdiv(seglen, chunklen)
+        yz = plane_grid(nb * nchunks)
         launches.append(Launch("global_channels", (n_x, yz[0], yz[1]), (tx, ty, 1), 1,
                                (("chunklen", chunklen), ("nchunks", nchunks),
                                 ("partial", int(nchunks > 1)))))
@@ -431,8 +358,8 @@ def _global(spec: S.AdaptiveSpec | S.WindowSpec, device: DeviceInfo, words: list
                      f"{chans} channels, threads along channels, {ty} threads per channel "
                      f"over {seglen} positions")
         if nchunks > 1:
-            ty2 = max(1, min(BLOCK_THREADS // tx, _pow2ceil(nchunks)))
-            yz2 = _plane_grid(nb)
+            ty2 = max(1, min(BLOCK_THREADS // tx, pow2ceil(nchunks)))
+            yz2 = plane_grid(nb)
             launches.append(Launch("global_channels", (n_x, yz2[0], yz2[1]), (tx, ty2, 1), 1,
                                    (("chunklen", nchunks), ("nchunks", 1), ("partial", 0),
                                     ("second", 1))))
@@ -443,20 +370,20 @@ def _global(spec: S.AdaptiveSpec | S.WindowSpec, device: DeviceInfo, words: list
         if seglen <= SMALL_SEGMENT:
             # about 4 loads per lane: 2-byte elements load in pairs (segmented.cuh)
             per_lane = 8 if S.ITEMSIZE.get(g.dtype) == 2 else 4
-            lanes = min(32, max(4, _pow2ceil(_cdiv(seglen, per_lane))))
+            lanes = min(32, max(4, pow2ceil(cdiv(seglen, per_lane))))
             per_block = BLOCK_THREADS // lanes
-            launches.append(Launch("global_lanes", (_cdiv(planes, per_block), 1, 1),
+            launches.append(Launch("global_lanes", (cdiv(planes, per_block), 1, 1),
                                    (BLOCK_THREADS, 1, 1), 1, (("lanes", lanes),)))
             words.append(f"segmented reduction: {planes} planes of {seglen} elements, "
                          f"{lanes} lanes per plane ({32 // lanes} planes per warp), warp "
                          f"shuffles")
         else:
-            target = _fill_target(device, BLOCK_THREADS)
+            target = fill_target(device, BLOCK_THREADS)
             nchunks = 1
             if planes < target:
-                nchunks = min(MAX_CHUNKS, _cdiv(target, planes), max(1, seglen // MIN_CHUNK))
-            chunklen = _cdiv(seglen, nchunks)
-            nchunks = _cdiv(seglen, chunklen)
+                nchunks = min(MAX_CHUNKS, cdiv(target, planes), max(1, seglen // MIN_CHUNK))
+            chunklen = cdiv(seglen, nchunks)
+            nchunks = cdiv(seglen, chunklen)
             if planes * nchunks > INT32_LIMIT:
                 raise ValueError("gpupool: too many planes for one launch")
             launches.append(Launch("global_block", (planes * nchunks, 1, 1),
@@ -469,7 +396,7 @@ def _global(spec: S.AdaptiveSpec | S.WindowSpec, device: DeviceInfo, words: list
                             f"few planes to fill the GPU), a second pass reduces the partials "
                             f"with 32 lanes per plane" if nchunks > 1 else ""))
             if nchunks > 1:
-                launches.append(Launch("global_lanes", (_cdiv(planes, BLOCK_THREADS // 32), 1, 1),
+                launches.append(Launch("global_lanes", (cdiv(planes, BLOCK_THREADS // 32), 1, 1),
                                        (BLOCK_THREADS, 1, 1), 1,
                                        (("lanes", 32), ("second", 1), ("seglen", nchunks))))
     return Plan("global", index_type(spec), tuple(launches), tuple(words))
@@ -501,7 +428,7 @@ def _unpool(spec: S.UnpoolSpec, device: DeviceInfo, words: list, scatter: bool) 
                                           "gather", "max_unpool_gather", words,
                                           index_type(pool), NAMED_GROUP), family="unpool")
     n = math.prod(spec.geom.shape)
-    blocks = max(1, min(_cdiv(n, BLOCK_THREADS), device.sm_count * 32))
+    blocks = max(1, min(cdiv(n, BLOCK_THREADS), device.sm_count * 32))
     words.append(f"scatter: zero-fill the output, then {n} elements in a grid-stride loop "
                  f"over {blocks} blocks of {BLOCK_THREADS}")
     return Plan("unpool", index_type(spec),
@@ -578,14 +505,14 @@ def _tiles(view: S.WindowSpec, device: DeviceInfo, words: list) -> Plan:
     ow = view.out_spatial[-1]
     rows = math.prod(view.out_shape) // ow
     pack = 8 // S.ITEMSIZE[view.geom.dtype]
-    tx = min(_cdiv(ow, pack), BLOCK_THREADS)
+    tx = min(cdiv(ow, pack), BLOCK_THREADS)
     ty = min(BLOCK_THREADS // tx, rows)
-    y, z = _plane_grid(_cdiv(rows, ty))
+    y, z = plane_grid(cdiv(rows, ty))
     words.append(f"tiles: the windows tile the input; a thread per {pack} gradient elements "
                  f"of a row stores its windows' input rows as 16-byte packs; blocks of {tx} "
                  f"packs by {ty} of the {rows} gradient rows")
-    return Plan("gather", index_type(view), (Launch("avg_tiles_backward", (_cdiv(
-        _cdiv(ow, pack), tx), y, z), (tx, ty, 1), 1, (("rows", rows),)),), tuple(words))
+    return Plan("gather", index_type(view), (Launch("avg_tiles_backward", (cdiv(
+        cdiv(ow, pack), tx), y, z), (tx, ty, 1), 1, (("rows", rows),)),), tuple(words))
 
 
 def _broadcast(view: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
@@ -602,13 +529,13 @@ def _broadcast(view: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
     group = max(1, min(planes, BLOCK_Z_MAX, BLOCK_THREADS * per_thread // max(1, length)))
     if group > vec and length % vec:
         group -= group % vec  # each group starts on a 16-byte boundary
-    threads = _cdiv(group * length + vec - 1, per_thread)
-    tx = min(BLOCK_THREADS, max(32, _cdiv(threads, 32) * 32))
-    y, z = _plane_grid(_cdiv(planes, group))
+    threads = cdiv(group * length + vec - 1, per_thread)
+    tx = min(BLOCK_THREADS, max(32, cdiv(threads, 32) * 32))
+    y, z = plane_grid(cdiv(planes, group))
     words.append(f"broadcast: each of {planes} planes of {length} elements takes its gradient "
                  f"over {math.prod(g.spatial)}; {group} planes per group, threads store "
                  f"{per_thread} elements each ({BROADCAST_PACKS} packs of 16 bytes)")
-    return Plan("gather", index_type(view), (Launch("avg_global_backward", (_cdiv(threads, tx),
+    return Plan("gather", index_type(view), (Launch("avg_global_backward", (cdiv(threads, tx),
                                                     y, z), (tx, 1, 1), 1,
                                                     (("group", group),)),), tuple(words))
 
