@@ -1,5 +1,6 @@
-// Launch geometry: the plane (or batch row) index of a block and of a thread, and the
-// sliding-window geometry Geo<I> that the window and adaptive kernels take as parameters.
+// Launch geometry: the plane (or batch row) index of a block and of a thread, the
+// sliding-window geometry Geo<I> that the window and adaptive kernels take as parameters, and
+// the tap lines of one dim of a window (TapLine).
 #pragma once
 
 // The constants the planner shares with the kernels arrive as #defines ahead of the text, from
@@ -35,6 +36,14 @@ template <typename I>
 struct Geo {
   I planes, chans, id, ih, iw, od, oh, ow;
   int kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw, rows;
+};
+
+// One dim of a window (or of the windows covering a position): tap t in [0, n) lies at
+// position first + t * step; the taps inside [0, size) are valid, the others fall in the
+// padding.
+template <typename I>
+struct TapLine {
+  I first, n, step, size;
 };
 
 }  // namespace gp

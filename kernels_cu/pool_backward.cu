@@ -26,17 +26,13 @@
 
 namespace gp {
 
-// Adaptive windows: input i of a dim of size n pooled to m is covered by the o with
-// start(o) <= i < end(o), that is [floor(i*m/n), ceil((i+1)*m/n)): adaptive_line with the
-// roles of n and m swapped.
+// Adaptive windows: the outputs whose windows cover an input position (adaptive_lines).
 template <typename I>
 struct AdaptiveCovers {
   const Geo<I>& g;
   __device__ __forceinline__ void lines(I i_d, I i_h, I i_w, TapLine<I>& d, TapLine<I>& h,
                                         TapLine<I>& w) const {
-    d = adaptive_line<I>(i_d, g.od, g.id);
-    h = adaptive_line<I>(i_h, g.oh, g.ih);
-    w = adaptive_line<I>(i_w, g.ow, g.iw);
+    adaptive_lines<true>(g, i_d, i_h, i_w, d, h, w);
   }
 };
 

@@ -27,13 +27,6 @@
 
 namespace gp {
 
-// One dim of a window: tap t in [0, n) lies at position first + t * step; the taps inside
-// [0, size) are valid, the others fall in the padding.
-template <typename I>
-struct TapLine {
-  I first, n, step, size;
-};
-
 // The window walk, written once, over the valid taps of the lines (d, h, w); a tap's flat
 // position in the spatial plane is pos = (pd * h.size + ph) * w.size + pw. NH, NW: the H and W
 // tap counts when compiled in (0: h.n, w.n).
@@ -769,6 +762,18 @@ __device__ __forceinline__ TapLine<I> adaptive_line(I o, I n, I m) {
   return {start, end - start, (I)1, n};
 }
 
+// The lines of output (a_d, a_h, a_w)'s adaptive window (COVERS false), or of the outputs
+// whose windows cover input position (a_d, a_h, a_w) (COVERS true: input i of a dim of size n
+// pooled to m is covered by the o with start(o) <= i < end(o), that is [floor(i*m/n),
+// ceil((i+1)*m/n)): adaptive_line with the roles of n and m swapped).
+template <bool COVERS, typename I>
+__device__ __forceinline__ void adaptive_lines(const Geo<I>& g, I a_d, I a_h, I a_w,
+                                               TapLine<I>& d, TapLine<I>& h, TapLine<I>& w) {
+  d = COVERS ? adaptive_line<I>(a_d, g.od, g.id) : adaptive_line<I>(a_d, g.id, g.od);
+  h = COVERS ? adaptive_line<I>(a_h, g.oh, g.ih) : adaptive_line<I>(a_h, g.ih, g.oh);
+  w = COVERS ? adaptive_line<I>(a_w, g.ow, g.iw) : adaptive_line<I>(a_w, g.iw, g.ow);
+}
+
 template <typename I>
 struct AdaptiveTaps {
   static constexpr int joint = 1;
@@ -777,9 +782,7 @@ struct AdaptiveTaps {
   const Geo<I>& g;
   __device__ __forceinline__ void lines(I o_d, I o_h, I o_w, TapLine<I>& d, TapLine<I>& h,
                                         TapLine<I>& w) const {
-    d = adaptive_line<I>(o_d, g.id, g.od);
-    h = adaptive_line<I>(o_h, g.ih, g.oh);
-    w = adaptive_line<I>(o_w, g.iw, g.ow);
+    adaptive_lines<false>(g, o_d, o_h, o_w, d, h, w);
   }
   template <typename F>
   __device__ __forceinline__ void operator()(I o_d, I o_h, I o_w, F& f) const {
