@@ -62,6 +62,7 @@ __device__ __forceinline__ void reduce_lanes(const R& r, const typename R::In* _
   if (seg < nseg) {
     const In* __restrict__ xs = x + seg * seglen;
     if constexpr (sizeof(In) == 2) {
+      static_assert(L >= 3, "the head and tail elements take lanes 0, 1, 2");
       constexpr int B = LOAD_BATCH / 2;
       const I misalign = (I)(((unsigned long long)xs & 7) / 2);
       const I head = misalign ? min(seglen, (I)4 - misalign) : (I)0;
