@@ -17,7 +17,7 @@
 namespace gp {
 
 // Loads a thread starts before it combines any (reduce_lanes, reduce_channels).
-constexpr int LOAD_BATCH = 8;
+enum { LOAD_BATCH = 8 };
 
 // The two 2-byte elements of a 4-byte word (little-endian: the low half first).
 __device__ __forceinline__ void split_word(unsigned w, __half& lo, __half& hi) {
