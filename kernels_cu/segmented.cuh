@@ -16,6 +16,9 @@
 
 namespace gp {
 
+// Loads a thread starts before it combines any (reduce_lanes, reduce_channels).
+enum { LOAD_BATCH = 8 };
+
 // The two 2-byte elements of a 4-byte word (little-endian: the low half first).
 __device__ __forceinline__ void split_word(unsigned w, __half& lo, __half& hi) {
   lo = __ushort_as_half((unsigned short)(w & 0xffffu));
@@ -35,23 +38,22 @@ __device__ __forceinline__ void split_word(unsigned w, short& lo, short& hi) {
 // `threadIdx.x % L` of an aligned group of L lanes that reduces segment
 // (blockIdx.x * blockDim.x + threadIdx.x) / L, reading elements lane, lane + L, ... (so one
 // warp-wide load covers 32 / L segments' runs, contiguous), then a shuffle tree of width L.
-// 2-byte elements go in pairs, one 4-byte word (split_word), from the segment's first 4-byte
-// aligned element: lane takes pairs lane, lane + L, ... (low, then high element), lane 0 also
-// an unaligned first element and lane L - 1 an unpaired last one (both loaded before the
-// pairs, combined after them).
-// A lane's loads go in batches of LANE_BATCH elements (predicated past the end), all started
-// before any is combined; a slot past the end combines r.identity(), which leaves the lane's
-// value as it is (a sum starts from +0 and so is never -0; max never takes the lowest value),
-// so the combines are those of a loop over the lane's elements, in its order.
+// 2-byte elements go in fours, one 8-byte load split in 4-byte words (split_word), from the
+// segment's first 8-byte aligned element: lane takes fours lane, lane + L, ... (in address
+// order); the up to 3 elements before them (head) and the up to 3 after the last four (tail)
+// go to lanes 0, 1, 2: lane j loads head element j and tail element j with its first batch
+// and combines them after its fours, head first.
+// A lane's loads go in batches of LOAD_BATCH elements (2-byte: 2 * LOAD_BATCH, in fours),
+// all started before any is combined; a slot past the end is neither loaded nor combined, so
+// the combines are those of a loop over the lane's elements, in its order.
 // Groups past the last segment still take part in the shuffles (full-warp masks) and write
 // nothing.
-// Elements per lane per batch: below 32 lanes the planner gives a lane at most 8 2-byte or
-// 4 wider elements, so one batch covers them.
+// Elements per lane: below 32 lanes the planner gives a lane at most 16 2-byte or 4 wider
+// elements (besides the head and tail), so one batch covers them.
 template <int L, typename R, typename I>
 __device__ __forceinline__ void reduce_lanes(const R& r, const typename R::In* __restrict__ x,
                                              typename R::Out* __restrict__ out, I nseg,
                                              I seglen) {
-  constexpr int LANE_BATCH = 8;
   typedef typename R::Acc A;
   typedef typename R::In In;
   const I seg = ((I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x) / (I)L;
@@ -60,47 +62,59 @@ __device__ __forceinline__ void reduce_lanes(const R& r, const typename R::In* _
   if (seg < nseg) {
     const In* __restrict__ xs = x + seg * seglen;
     if constexpr (sizeof(In) == 2) {
-      constexpr int B = LANE_BATCH / 2;
-      const I head = ((unsigned long long)xs & 2) ? 1 : 0;
-      const I npairs = (seglen - head) / 2;
-      const unsigned* __restrict__ xw = reinterpret_cast<const unsigned*>(xs + head);
-      const bool first = head && lane == 0;
-      const bool last = head + 2 * npairs < seglen && lane == L - 1;
+      static_assert(L >= 3, "the head and tail elements take lanes 0, 1, 2");
+      constexpr int B = LOAD_BATCH / 2;
+      const I misalign = (I)(((unsigned long long)xs & 7) / 2);
+      const I head = misalign ? min(seglen, (I)4 - misalign) : (I)0;
+      const I nquads = (seglen - head) / 4;
+      const I tail = head + 4 * nquads;
+      const unsigned long long* __restrict__ xq =
+          reinterpret_cast<const unsigned long long*>(xs + head);
+      const bool first = (I)lane < head;
+      const bool last = (I)lane < seglen - tail;
+      unsigned long long q[B];
+      const auto load_batch = [&](I i0) {
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+          if (i0 + (I)(b * L) < nquads) q[b] = xq[i0 + (I)(b * L)];
+        }
+      };
+      const auto combine_batch = [&](I i0) {
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+          if (i0 + (I)(b * L) < nquads) {
+            In e0, e1, e2, e3;
+            split_word((unsigned)q[b], e0, e1);
+            split_word((unsigned)(q[b] >> 32), e2, e3);
+            acc = r.combine(r.combine(r.combine(r.combine(acc, r.load(e0)), r.load(e1)),
+                                      r.load(e2)), r.load(e3));
+          }
+        }
+      };
       In ends[2] = {In(), In()};
-      if (first) ends[0] = xs[0];
-      if (last) ends[1] = xs[seglen - 1];
+      if (first) ends[0] = xs[lane];
+      if (last) ends[1] = xs[tail + lane];
+      load_batch((I)lane);
+      combine_batch((I)lane);
 #pragma unroll 1
-      for (I i0 = lane; i0 < npairs; i0 += (I)(B * L)) {
-        unsigned w[B];
-#pragma unroll
-        for (int b = 0; b < B; ++b) {
-          w[b] = 0;
-          if (i0 + (I)(b * L) < npairs) w[b] = xw[i0 + (I)(b * L)];
-        }
-#pragma unroll
-        for (int b = 0; b < B; ++b) {
-          const bool ok = i0 + (I)(b * L) < npairs;
-          In lo, hi;
-          split_word(w[b], lo, hi);
-          acc = r.combine(r.combine(acc, ok ? r.load(lo) : r.identity()),
-                          ok ? r.load(hi) : r.identity());
-        }
+      for (I i0 = (I)(lane + B * L); i0 < nquads; i0 += (I)(B * L)) {
+        load_batch(i0);
+        combine_batch(i0);
       }
       if (first) acc = r.combine(acc, r.load(ends[0]));
       if (last) acc = r.combine(acc, r.load(ends[1]));
     } else {
-      constexpr int B = LANE_BATCH;
+      constexpr int B = LOAD_BATCH;
 #pragma unroll 1
       for (I i0 = lane; i0 < seglen; i0 += (I)(B * L)) {
         In v[B];
 #pragma unroll
         for (int b = 0; b < B; ++b) {
-          v[b] = In();
           if (i0 + (I)(b * L) < seglen) v[b] = xs[i0 + (I)(b * L)];
         }
 #pragma unroll
         for (int b = 0; b < B; ++b) {
-          acc = r.combine(acc, i0 + (I)(b * L) < seglen ? r.load(v[b]) : r.identity());
+          if (i0 + (I)(b * L) < seglen) acc = r.combine(acc, r.load(v[b]));
         }
       }
     }
@@ -147,7 +161,8 @@ __device__ __forceinline__ void reduce_block(const R& r, const typename R::In* _
 // optionally split along seglen in chunks (then partials (batch, nchunks, chans)).
 // grid: x = channel chunks of blockDim.x, y/z = batch * nchunks (virtual v = b * nchunks +
 // chunk). block: (TX along channels, TY along positions), TX * TY <= 256. thread: channel c,
-// positions chunk*chunklen + threadIdx.y + k*TY; the TY partials of a channel are combined in
+// positions chunk*chunklen + threadIdx.y + k*TY, loaded LOAD_BATCH at a time (a position past
+// the end is neither loaded nor combined); the TY partials of a channel are combined in
 // shared memory by threadIdx.y == 0.
 template <typename R, typename I>
 __device__ __forceinline__ void reduce_channels(const R& r,
@@ -167,9 +182,18 @@ __device__ __forceinline__ void reduce_channels(const R& r,
   A acc = r.identity();
   if (c < chans) {
     const typename R::In* __restrict__ xs = x + b * seglen * chans + c;
-#pragma unroll 4
-    for (I s = begin + (I)threadIdx.y; s < end; s += (I)blockDim.y) {
-      acc = r.combine(acc, r.load(xs[s * chans]));
+    const I step = (I)blockDim.y;
+#pragma unroll 1
+    for (I s0 = begin + (I)threadIdx.y; s0 < end; s0 += (I)LOAD_BATCH * step) {
+      typename R::In v[LOAD_BATCH];
+#pragma unroll
+      for (int b = 0; b < LOAD_BATCH; ++b) {
+        if (s0 + (I)b * step < end) v[b] = xs[(s0 + (I)b * step) * chans];
+      }
+#pragma unroll
+      for (int b = 0; b < LOAD_BATCH; ++b) {
+        if (s0 + (I)b * step < end) acc = r.combine(acc, r.load(v[b]));
+      }
     }
   }
   part[threadIdx.y * blockDim.x + threadIdx.x] = acc;

@@ -331,6 +331,7 @@ def adaptive_cases():
 
 GLOBALS = [  # id, shape, spatial_dims, layout, input values ("specials": NaN/inf), launches
     ("lanes4-1pass", (2, 3, 3, 3), 2, "NCHW", True, ("global_lanes",)),
+    ("lanes4-1x1-planes", (2, 5, 1, 1), 2, "NCHW", False, ("global_lanes",)),
     ("lanes8-1pass", (2, 3, 5, 5), 2, "NCHW", False, ("global_lanes",)),
     ("lanes16-7x7-1pass", (2, 3, 7, 7), 2, "NCHW", False, ("global_lanes",)),
     ("lanes32-1pass", (2, 3, 20, 20), 2, "NCHW", False, ("global_lanes",)),
@@ -562,7 +563,7 @@ def strided_cases():
          gpupool.global_avg_pool, False, lambda a: a[:, ::2]),
         ("gmax-uint8-NHWC-30x30-batch-step2", (4, 30, 30, 3), "uint8", "max",
          lambda x: gpupool.global_max_pool(x, layout="NHWC"), True, lambda a: a[::2]),
-        # 2-byte elements in pairs: every plane starts and ends off a 4-byte word
+        # 2-byte elements in fours: every plane starts and ends off an 8-byte boundary
         ("gavg-float16-NCHW-4x6-misaligned", (2, 3, 4, 6), "float16", "plain",
          gpupool.global_avg_pool, False, misaligned),
         ("gmax-int16-NCHW-7x7-misaligned", (2, 3, 7, 7), "int16", "max",
