@@ -337,6 +337,8 @@ GLOBALS = [  # id, shape, spatial_dims, layout, input values ("specials": NaN/in
     ("lanes32-1pass", (2, 3, 20, 20), 2, "NCHW", False, ("global_lanes",)),
     ("lanes16-9x11-odd-planes", (2, 3, 9, 11), 2, "NCHW", False, ("global_lanes",)),
     ("lanes16-1d", (4, 50), 1, "NCHW", False, ("global_lanes",)),
+    # 144 elements: 16 lanes of 2-byte elements (16 each), 32 of wider ones (4 each)
+    ("lanes16-12x12-2byte", (2, 3, 12, 12), 2, "NCHW", False, ("global_lanes",)),
     ("block-1pass", (2, 3, 40, 41), 2, "NCHW", False, ("global_block",)),
     ("block-1pass-3d", (2, 10, 12, 14), 3, "NCHW", False, ("global_block",)),
     ("block-2pass-300x301", (1, 2, 300, 301), 2, "NCHW", False, ("global_block", "global_lanes")),

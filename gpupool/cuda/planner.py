@@ -22,10 +22,9 @@ broadcast over groups of whole planes instead (:func:`_broadcast`). Max unpoolin
 same way, over the positions of the pooling its indices come from, where windows do not overlap
 (:func:`unpool_gathers`), else it zero-fills and scatters.
 
-Global pooling (float, and the quantized averages) is a segmented reduction instead: several
-tiny planes per warp (a group of ``L`` lanes per plane, e.g. 16 lanes for 7x7), one block per
-large plane, and large planes split in chunks with a second pass over the partials when there
-are too few planes to fill the GPU. NHWC launches put threads along the channels (contiguous),
+Global pooling (float, and the quantized averages) is a segmented reduction: several tiny
+planes per warp (``L`` lanes per plane), a block per large plane, split in chunks with a second
+pass over the partials when too few planes fill the GPU. NHWC launches put threads along the channels (contiguous),
 with planes being batch rows.
 """
 from __future__ import annotations
@@ -305,6 +304,13 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
         words.append("threads along W")
     return Plan(family, itype or index_type(spec),
                 (Launch(kernel, grid, (tx, ty, tz), rows, extra),), tuple(words))
+
+
+def window_form(spec: S.AdaptiveSpec) -> S.WindowSpec | None:
+    """An adaptive pooling as its uniform window (each input size a multiple of its output
+    size: the same windows and bits) where the row tiles take it, else None."""
+    w = spec.uniform_window
+    return w if w is not None and not spec.is_global and row_tile(w) else None
 
 
 def adaptive_lanes(spec: S.AdaptiveSpec) -> int:
