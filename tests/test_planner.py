@@ -464,22 +464,3 @@ def test_more_than_three_spatial_dims_not_planned():
     sp = window((1, 1, 3, 3, 3, 3), (2, 2, 2, 2), 1)
     with pytest.raises(ValueError, match="1-3 spatial dims"):
         plan(sp, H100)
-
-
-@pytest.mark.parametrize("op, shape, out, dtype, kw, window", [
-    ("avg", (2, 3, 14, 14), (7, 7), "float32", {}, (2, 2)),  # 2x2 stride 2: a row tile
-    ("max", (2, 3, 16, 16), (8, 8), "float16", {}, (2, 2)),
-    ("max", (2, 3, 14, 14), (7, 7), "float16", {}, None),  # rows of 14: no packs for a max
-    ("max", (2, 3, 14, 14), (7, 7), "float32", dict(return_indices=True), None),
-    ("avg", (2, 3, 14, 14), (7, 7), "float64", {}, None),  # no row tile of float64
-    ("avg", (2, 3, 15, 14), (7, 7), "float32", {}, None),  # 15 is no multiple of 7
-    ("avg", (2, 3, 28, 28), (7, 7), "float32", {}, None),  # 4x4: no row tile
-    ("avg", (2, 3, 14, 14), (1, 1), "float32", {}, None),  # a whole plane: global
-])
-def test_uniform_adaptive_windows_run_as_their_row_tiles(op, shape, out, dtype, kw, window):
-    sp = S.adaptive_spec(f"adaptive_{op}_pool", op, shape, dtype, out, "NCHW", **kw)
-    form = planner.window_form(sp)
-    assert (form and form.kernel) == window
-    if form:
-        assert form.stride == window and form.out_spatial == out and form.pads == ((0, 0),) * 2
-        assert plan(form, H100).launches[0].kernel == f"{op}_pool_rows"

@@ -7,7 +7,7 @@ from typing import Sequence
 from .. import spec as S
 from ..op_table import OPS
 from ..ops import Padding, Size
-from .planner import DeviceInfo, plan, window_form
+from .planner import DeviceInfo, plan
 
 #: the ops explain accounts for: the forward ops (the backward ops' launches are not planned
 #: by name)
@@ -47,7 +47,6 @@ def explain(op: str, shape: Sequence[int], kernel_size: Size | None = None,
     elif family == "adaptive":
         sp = S.adaptive_spec(op, kind, tuple(shape), dtype, output_size, layout,
                              return_indices=return_indices)
-        sp = window_form(sp) or sp
     elif family == "global":
         sp = S.global_spec(op, kind, tuple(shape), dtype, spatial_dims, layout)
     else:

@@ -104,11 +104,6 @@ def window(x, spec: WindowSpec, out, indices) -> None:
 
 
 def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
-    """As its window form where it has one (:func:`gpupool.cuda.planner.window_form`)."""
-    as_window = planner.window_form(spec)
-    if as_window is not None:
-        _run(x, as_window, out, indices)
-        return
     if spec.geom.nd > 3 and not (spec.is_global and indices is None):
         from ..cpu import numpy_backend
         on_host(numpy_backend.adaptive, x, spec, out, indices)

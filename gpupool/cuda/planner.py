@@ -306,13 +306,6 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
                 (Launch(kernel, grid, (tx, ty, tz), rows, extra),), tuple(words))
 
 
-def window_form(spec: S.AdaptiveSpec) -> S.WindowSpec | None:
-    """An adaptive pooling as its uniform window (each input size a multiple of its output
-    size: the same windows and bits) where the row tiles take it, else None."""
-    w = spec.uniform_window
-    return w if w is not None and not spec.is_global and row_tile(w) else None
-
-
 def adaptive_lanes(spec: S.AdaptiveSpec) -> int:
     """Lanes per output of the adaptive lane-group kernels (``*_lanes``: a max of any dtype, a
     float average; not the quantized average's kernel), 0 where they do not apply: NCHW, and
