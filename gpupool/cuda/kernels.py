@@ -133,8 +133,7 @@ def _compiled(source: str, name_expressions: tuple[str, ...]) -> tuple[bytes, di
 def load_module(source_files: tuple[str, ...], name_expressions: tuple[str, ...],
                 defines: tuple[tuple[str, str], ...] = ()):
     """``(module, lowered names)`` of ``source_files`` (see :func:`read_source`) with the
-    template instantiations ``name_expressions``, on the current device; memoized per device.
-    Reusable by other kernel families (e.g. quantized pooling): pass its own ``.cu`` files."""
+    template instantiations ``name_expressions``, on the current device; memoized per device."""
     from cupy.cuda import function
     cubin, mapping = _compiled(read_source(tuple(source_files), tuple(defines)),
                                tuple(name_expressions))

@@ -24,8 +24,8 @@ same way, over the positions of the pooling its indices come from, where windows
 
 Global pooling (float, and the quantized averages) is a segmented reduction: several tiny
 planes per warp (``L`` lanes per plane), a block per large plane, split in chunks with a second
-pass over the partials when too few planes fill the GPU. NHWC launches put threads along the channels (contiguous),
-with planes being batch rows.
+pass over the partials when too few planes fill the GPU. NHWC launches put threads along the
+channels (contiguous), with planes being batch rows.
 """
 from __future__ import annotations
 
