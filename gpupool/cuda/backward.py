@@ -30,10 +30,10 @@ import numpy as np
 from . import kernels, launching, planner
 from .names import backward_name
 from .launching import (Step, contiguous, geo_args, itype_scalar, launch, launch_cache,
-                        on_host)
+                        on_host, reduction_args)
 from ..cpu import backward as cpu_backward
 from ..grad_spec import GradSpec
-from ..spec import ACC_DTYPES, WindowSpec
+from ..spec import WindowSpec
 
 #: The arrays each op's kernels take, in order (names of :class:`gpupool.cuda.launching.Step`).
 OPERANDS = {"max": ("grad", "indices", "out"), "avg": ("grad", "out"),
@@ -67,11 +67,7 @@ def backward_steps(spec: GradSpec, device_id: int) -> tuple:
     if windowed:
         args += tuple(np.int32(math.gcd(s, d)) for s, d in zip(
             planner.canonical3(view.stride, 1), planner.canonical3(view.dilation, 1)))
-        if spec.op == "avg":
-            args += tuple(np.int32(e) for e in planner.canonical3([e for _, e in view.pads], 0))
-            args += (np.int32(view.count_include_pad), np.int32(view.divisor_override or 0))
-        elif spec.op == "lp":
-            args += (np.dtype(ACC_DTYPES[g.dtype]).type(view.p),)
+        args += reduction_args(view)
     return (Step(fn, la.grid, la.block, OPERANDS[spec.op], args),), None
 
 

@@ -17,7 +17,7 @@ from . import kernels, launching, planner
 from .names import (acc_dtype, adaptive_name, global_name, partial_dtype, rows_name,
                     unpool_name, window_name)
 from .launching import (Step, alignment, contiguous, geo_args, global_passes, itype_scalar,
-                        launch, launch_cache, on_host)
+                        launch, launch_cache, on_host, reduction_args)
 from ..arrays import dtype_name
 from ..spec import AdaptiveSpec, UnpoolSpec, WindowSpec
 
@@ -46,13 +46,7 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64", scatter: bool =
                     la.get(k) for k in ("kh", "kw", "sw", "vec", "lead")))
             else:
                 name = window_name(la.kernel, g.dtype, itype, planner.static_window(spec), nhwc)
-            extra = ()
-            if spec.op == "avg":
-                pe = planner.canonical3(tuple(e for _, e in spec.pads), 0)
-                extra = tuple(np.int32(v) for v in pe) + (
-                    np.int32(spec.count_include_pad), np.int32(spec.divisor_override or 0))
-            elif spec.op == "lp":
-                extra = (np.dtype(acc_dtype(g.dtype)).type(spec.p),)
+            extra = reduction_args(spec)
         else:
             name = adaptive_name(la.kernel, g.dtype, itype, nhwc)
             extra = ()

@@ -20,6 +20,7 @@ import cupy
 import numpy as np
 
 from . import planner
+from ..spec import ACC_DTYPES, WindowSpec
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,6 +60,19 @@ def geo_args(spec, it, windowed: bool) -> tuple:
     else:
         small = (0,) * 12
     return sizes + tuple(np.int32(v) for v in small)
+
+
+def reduction_args(spec: WindowSpec) -> tuple:
+    """The scalars a window kernel takes after the geometry for its reduction: an average's pad
+    ends (D, H, W), count_include_pad and divisor_override (0: none); Lp's p in the
+    accumulator dtype; none for max."""
+    if spec.op == "avg":
+        ends = planner.canonical3(tuple(e for _, e in spec.pads), 0)
+        return tuple(np.int32(v) for v in ends) + (
+            np.int32(spec.count_include_pad), np.int32(spec.divisor_override or 0))
+    if spec.op == "lp":
+        return (np.dtype(ACC_DTYPES[spec.geom.dtype]).type(spec.p),)
+    return ()
 
 
 class GlobalPass(NamedTuple):
