@@ -34,7 +34,7 @@ import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
 import gpupool
-from gpupool.cuda import planner
+from gpupool.cuda import planner, row_tiles
 from gpupool import quantized as Q
 from gpupool import quantized_spec as QS
 from dtypes import numpy_dtype
@@ -600,13 +600,13 @@ def strided_cases():
 # ----------------------------------------------------------------------------- row tiles
 
 def row_tile_cases():
-    """Each row-tile kernel (planner.ROW_TILE_WINDOWS, W pads up to half the window): max
+    """Each row-tile kernel (row_tiles.ROW_TILE_WINDOWS, W pads up to half the window): max
     values and averages of rows of 64 elements (aligned packs, from every lead a pad gives)
     and of 37 (a load per column; a 2-D max then takes the general walk); and inputs one
     element past an aligned start, which load a column at a time or take the general walk;
     3-D max values, with D taps and with one D tap per slice."""
-    for (kh, kw, sw), dtype in itertools.product(planner.ROW_TILE_WINDOWS,
-                                                 planner.ROW_TILE_DTYPES):
+    for (kh, kw, sw), dtype in itertools.product(row_tiles.ROW_TILE_WINDOWS,
+                                                 row_tiles.ROW_TILE_DTYPES):
         lead, kernel, stride = ((2, 3, 7), (kh, kw), (2, sw)) if kh > 1 else ((2, 3), (kw,), (sw,))
         name = f"{dtype}-NCHW-rows-k{kh}x{kw}-s{sw}"
         for pad, width in [(p, 64) for p in range(kw // 2 + 1)] + [(kw // 2, 37)]:
@@ -705,7 +705,7 @@ def apply_hooks(mp, hooks: str) -> None:
     if "acc64" in hooks:
         mp.setattr(QS, "accumulator_dtype", lambda taps: ("int64", 255 * taps))
     if "grid64" in hooks:
-        for module in (grid, planner):
+        for module in (grid, row_tiles):
             mp.setattr(module, "GRID_YZ_MAX", 64)
     if "small-device" in hooks:
         mp.setattr(launching, "device_info", lambda device_id: planner.DeviceInfo(

@@ -20,7 +20,7 @@ from cudacpu import executor
 from gpumodel import benchmodel, sass, trace, traffic
 from gpumodel import device as devices
 from gpupool import bench as benchmark
-from gpupool.cuda import planner
+from gpupool.cuda import planner, row_tiles
 
 NO_COMPILER = executor.host_compiler_reason()
 pytestmark = pytest.mark.skipif(NO_COMPILER is not None, reason=f"{NO_COMPILER}")
@@ -557,7 +557,7 @@ def test_avg_pool_output_stores_reach_the_trace(dtype):
     # every output byte once, a row tile's outputs in one store of a word (aligned whole tiles)
     assert int(c["size"][written].sum()) == y.nbytes
     assert len(set(c["addr"][written].tolist())) == int(written.sum())
-    assert set(c["size"][written].tolist()) == {planner.ROW_TILE * y.itemsize}
+    assert set(c["size"][written].tolist()) == {row_tiles.ROW_TILE * y.itemsize}
 
 
 @executor_only

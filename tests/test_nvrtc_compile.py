@@ -121,8 +121,8 @@ def test_shared_constants_are_defined_once_by_the_host():
     import re
 
     from gpupool import quantized_spec as QS
-    from gpupool.cuda import planner
-    want = {"GP_BLOCK_THREADS": planner.BLOCK_THREADS, "GP_ROW_TILE": planner.ROW_TILE,
+    from gpupool.cuda import planner, row_tiles
+    want = {"GP_BLOCK_THREADS": planner.BLOCK_THREADS, "GP_ROW_TILE": row_tiles.ROW_TILE,
             "GP_NAMED_GROUP": planner.NAMED_GROUP, "GP_MAX_PACK": planner.MAX_PACK,
             "GP_BROADCAST_PACKS": planner.BROADCAST_PACKS,
             **{f"GP_GATHER_GROUP_{c}": g for c, g in planner.GATHER_GROUP.items()}}

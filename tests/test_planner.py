@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from gpupool.cuda import planner
+from gpupool.cuda import planner, row_tiles
 from gpupool import spec as S
 from gpupool.cuda.explain import explain
 from gpupool.cuda.planner import H100, DeviceInfo, plan
@@ -22,10 +22,10 @@ def covered_outputs(sp, launch):
     tx, ty, _ = launch.block
     od, oh, ow = planner.canonical3(sp.out_spatial, 1)
     if launch.kernel == "max_pool_depth_rows":  # grid x: W chunks x row groups
-        wchunks = -(-ow // (tx * planner.ROW_TILE))
-        return launch.grid[0] // wchunks * ty, wchunks * tx * planner.ROW_TILE
+        wchunks = -(-ow // (tx * row_tiles.ROW_TILE))
+        return launch.grid[0] // wchunks * ty, wchunks * tx * row_tiles.ROW_TILE
     if launch.kernel.endswith("_rows"):
-        return launch.grid[1] * ty, launch.grid[0] * tx * planner.ROW_TILE
+        return launch.grid[1] * ty, launch.grid[0] * tx * row_tiles.ROW_TILE
     if sp.geom.layout == "NHWC":
         n_x = -(-sp.geom.channels // tx)
         chunks = launch.grid[0] // n_x
@@ -240,23 +240,23 @@ def test_row_tiles_take_the_compiled_in_nchw_windows(shape, k, s, p, d, kw, expe
     packs divide the rows; a 2-D or 3-D max only in packs (3-D: as 2-D planes where each
     window takes one D tap at its own slice); the rest the general window walk."""
     sp = window(shape, k, s, p, d, **kw)
-    assert planner.row_tile(sp) == expected
+    assert row_tiles.row_tile(sp) == expected
     (la,) = plan(sp, H100).launches
     assert la.kernel.endswith("_rows") == (expected is not None)
     if expected:
         assert tuple(la.get(n) for n in ("kh", "kw", "sw", "vec", "lead")) == expected
-        assert la.grid[0] * la.block[0] * planner.ROW_TILE >= sp.out_spatial[-1]
+        assert la.grid[0] * la.block[0] * row_tiles.ROW_TILE >= sp.out_spatial[-1]
         depth = la.kernel == "max_pool_depth_rows"
-        slices = planner.depth_slices(sp)
+        slices = row_tiles.depth_slices(sp)
         assert depth == (slices == 0)
         od, oh, ow = planner.canonical3(sp.out_spatial, 1)
-        wchunks = -(-ow // (la.block[0] * planner.ROW_TILE))
+        wchunks = -(-ow // (la.block[0] * row_tiles.ROW_TILE))
         # depth: (W chunks x row groups, plane groups, 1); else (W chunks, row groups, planes)
         planes, rows = (la.grid[1], la.grid[0] // wchunks) if depth else la.grid[2:0:-1]
         assert planes * la.block[2] >= sp.geom.planes * max(slices, 1)
         assert rows * la.block[1] >= (od * oh if depth else oh)
     lp = S.window_spec("lp_pool", "lp", shape, "float32", k, s, p, d, False, "NCHW", p=2.0)
-    assert planner.row_tile(lp) is None
+    assert row_tiles.row_tile(lp) is None
 
 
 @pytest.mark.parametrize("align, avg, max_", [(16, (3, 3, 2, 4, 3), (3, 3, 2, 4, 3)),
@@ -267,7 +267,7 @@ def test_row_tiles_load_packs_only_from_an_input_aligned_to_them(align, avg, max
     takes the general walk (a 2-D max)."""
     for op, expected in (("avg", avg), ("max", max_)):
         sp = window((2, 64, 112, 112), 3, 2, 1, 1, op=op)
-        assert planner.row_tile(sp, align) == expected
+        assert row_tiles.row_tile(sp, align) == expected
         (la,) = plan(sp, H100, align=align).launches
         assert la.kernel == (f"{op}_pool_rows" if expected else f"{op}_pool")
 

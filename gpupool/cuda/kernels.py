@@ -22,7 +22,7 @@ from pathlib import Path
 
 import cupy
 
-from . import planner
+from . import planner, row_tiles
 from .names import source_file as source_file_of
 from ..quantized_spec import HEAD, LEVELS
 
@@ -49,7 +49,7 @@ KERNEL_DIR = _kernel_dir()
 #: Macros set before a source file's text: the constants its kernels share with the Python
 #: side, taken from their one definition there.
 PLANNER_DEFINES = (("GP_BLOCK_THREADS", str(planner.BLOCK_THREADS)),
-                   ("GP_ROW_TILE", str(planner.ROW_TILE)),
+                   ("GP_ROW_TILE", str(row_tiles.ROW_TILE)),
                    ("GP_NAMED_GROUP", str(planner.NAMED_GROUP)),
                    ("GP_MAX_PACK", str(planner.MAX_PACK)),
                    ("GP_BROADCAST_PACKS", str(planner.BROADCAST_PACKS)),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from . import planner
+from . import planner, row_tiles
 from ..spec import ACC_DTYPES, FLOAT_DTYPES, INT_DTYPES, window_spec
 
 #: dtype name -> C type of the kernels (the only dtypes the kernels are instantiated for).
@@ -90,21 +90,21 @@ def window_name(kernel_base: str, dtype: str, itype: str, k: int, nhwc: bool) ->
 
 def rows_name(kernel_base: str, dtype: str, shape: tuple[int, ...]) -> str:
     """A row-tile kernel's name expression; ``shape``: its (KH, KW, SW, VEC, LEAD)
-    (:func:`gpupool.cuda.planner.row_tile`)."""
+    (:func:`gpupool.cuda.row_tiles.row_tile`)."""
     return f"{kernel_base}<{ctype(dtype)}, {', '.join(map(str, shape))}>"
 
 
 def row_tile_shapes(op: str, dtype: str) -> list[tuple[int, ...]]:
-    """Every (KH, KW, SW, VEC, LEAD) :func:`gpupool.cuda.planner.row_tile` gives ``op``
+    """Every (KH, KW, SW, VEC, LEAD) :func:`gpupool.cuda.row_tiles.row_tile` gives ``op``
     ("max" or "avg") on ``dtype``: each window of ROW_TILE_WINDOWS with each W pad up to half
     the window, on rows of 64 elements (packs where the window takes them) and of 37 (none)."""
     shapes = []
-    for kh, kw, sw in planner.ROW_TILE_WINDOWS:
+    for kh, kw, sw in row_tiles.ROW_TILE_WINDOWS:
         spatial, kernel, stride = ((8,), (kh, kw), (1, sw)) if kh > 1 else ((), (kw,), (sw,))
         for pad, width in itertools.product(range(kw // 2 + 1), (64, 37)):
             spec = window_spec(f"{op}_pool", op, (1, 1) + spatial + (width,), dtype, kernel,
                                stride, pad, 1, False, "NCHW")
-            shapes.append(planner.row_tile(spec))
+            shapes.append(row_tiles.row_tile(spec))
     return list(dict.fromkeys(s for s in shapes if s))
 
 
@@ -194,11 +194,11 @@ def _forward_names(itype: str) -> list[str]:
     for op in ("max", "avg"):
         if itype == "int":
             base = f"{op}_pool_rows"
-            out += [rows_name(base, dtype, shape) for dtype in planner.ROW_TILE_DTYPES
+            out += [rows_name(base, dtype, shape) for dtype in row_tiles.ROW_TILE_DTYPES
                     for shape in row_tile_shapes(op, dtype)]
             if op == "max":  # 3-D: in packs only
                 out += [rows_name("max_pool_depth_rows", dtype, shape)
-                        for dtype in planner.ROW_TILE_DTYPES
+                        for dtype in row_tiles.ROW_TILE_DTYPES
                         for shape in row_tile_shapes(op, dtype) if shape[3] > 1]
         for dtype in (CTYPES if op == "max" else FLOAT_DTYPES):
             one, first, second = global_type_pairs(op, dtype)

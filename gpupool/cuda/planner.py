@@ -36,19 +36,14 @@ from dataclasses import dataclass
 
 from .. import spec as S
 from ..grad_spec import GradSpec
-from .grid import (BLOCK_THREADS, BLOCK_Z_MAX, GRID_YZ_MAX, INT32_LIMIT, MIN_BLOCK_THREADS,
+from .grid import (BLOCK_THREADS, BLOCK_Z_MAX, INT32_LIMIT, MIN_BLOCK_THREADS,
                    block_shape, canonical3, cdiv, fill_target, footprint, index_type,
                    plane_grid, pow2ceil)
 from .launches import H100, DeviceInfo, Launch, Plan, gather_traffic, with_traffic
+from .row_tiles import plan_row_tiles, row_tile
 
 MAX_ROWS = 4  # outputs per thread along rows (several independent loads in flight)
 SPECIALISED_K = (2, 3)  # window sizes compiled as template constants (H and W equal)
-ROW_TILE = 4  # outputs per thread of a row tile, along W (the kernels' GP_ROW_TILE)
-#: (KH, KW, SW) of the row tiles compiled in: window rows and columns and W stride (KH 1: a
-#: 1-D pooling), dilation 1.
-ROW_TILE_WINDOWS = ((2, 2, 2), (3, 3, 1), (3, 3, 2), (3, 5, 2), (5, 5, 2), (1, 3, 2),
-                    (1, 3, 3), (1, 4, 2), (1, 4, 4), (1, 5, 4))
-ROW_TILE_DTYPES = ("float16", "bfloat16", "float32")
 LANE_WIDTHS = (4, 8, 16, 32)  # lanes per segment of the small-plane global reduction
 MIN_LANES = 4  # adaptive windows this many columns wide and wider: a group of lanes per output
 SMALL_SEGMENT = 1024  # global: planes up to this many elements use lane groups
@@ -62,97 +57,6 @@ def static_window(spec: S.WindowSpec) -> int:
         return 0
     kh, kw = spec.kernel[-2:]
     return kh if kh == kw and kh in SPECIALISED_K else 0
-
-
-def depth_slices(spec) -> int:
-    """The D slices a 3-D window pooling with one D tap per window at its own slice (D window
-    1, D stride 1, no D padding) pools as 2-D planes: the input's D size (1 for 1-D and 2-D);
-    0 for a 3-D pooling whose windows span or skip slices."""
-    if spec.geom.nd < 3:
-        return 1
-    return spec.geom.spatial[0] if (spec.kernel[0], spec.stride[0], spec.pads[0]) == (
-        1, 1, (0, 0)) else 0
-
-
-def row_tile(spec, align: int = 16) -> tuple[int, ...] | None:
-    """(KH, KW, SW, VEC, LEAD) of the row-tile kernels (``max_pool_rows``, ``avg_pool_rows``:
-    ROW_TILE outputs side by side along W per thread) when they cover ``spec``: a 1-D or 2-D
-    NCHW average or values-only max of ROW_TILE_DTYPES (a max also 3-D: its
-    :func:`depth_slices` as 2-D planes, else ``max_pool_depth_rows``, the D taps at run
-    time), dilation 1, an (H, W) window and W stride of ROW_TILE_WINDOWS, 32-bit offsets,
-    planes (slices) and output rows within a grid dim; else None.
-    Input rows load in packs of VEC elements from LEAD = -(W pad) mod VEC columns before a
-    tile's first: 16 bytes, or 8 where 16 do not divide ROW_TILE * SW, if VEC divides the row
-    length and ``align`` (the input start's alignment, bytes) holds a pack; else VEC 1. A 2-D
-    max takes them only in packs (a load per column: L1-bound in the calibrated model)."""
-    g = spec.geom
-    if (not isinstance(spec, S.WindowSpec) or spec.op not in ("max", "avg")
-            or spec.return_indices or g.layout != "NCHW"
-            or g.nd > (3 if spec.op == "max" else 2) or g.dtype not in ROW_TILE_DTYPES
-            or any(d != 1 for d in spec.dilation)):
-        return None
-    shape = canonical3(spec.kernel, 1)[1:] + (spec.stride[-1],)
-    if (shape not in ROW_TILE_WINDOWS or index_type(spec) != "int"
-            or max(_row_tile_grid(spec)) > GRID_YZ_MAX):
-        return None
-    item = S.ITEMSIZE[g.dtype]
-    vec = 16 // item if ROW_TILE * shape[2] % (16 // item) == 0 else 8 // item
-    if vec * item > align or g.spatial[-1] % vec:
-        vec = 1
-    return None if spec.op == "max" and g.nd > 1 and vec == 1 else (
-        shape + (vec, -spec.pads[-1][0] % vec))
-
-
-def _row_tile_grid(spec: S.WindowSpec) -> tuple[int, int]:
-    """(planes, output rows) of a row-tile launch: a 3-D max's slices as planes
-    (:func:`depth_slices`), else its planes with the (d, h) pairs as rows."""
-    od, oh, _ = canonical3(spec.out_spatial, 1)
-    slices = depth_slices(spec)
-    return (spec.geom.planes * slices, oh) if slices else (spec.geom.planes, od * oh)
-
-
-def _row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int, int],
-               words: list) -> Plan:
-    """The row-tile launch (thread_map.cuh outputs_rows): ROW_TILE outputs along W per thread,
-    TX threads along W, TY output rows and TZ planes per block (TZ > 1 when a plane's tiles
-    leave a block under MIN_BLOCK_THREADS), plane groups on grid z (``max_pool_depth_rows``:
-    on y, the W chunks and row groups on x); TY halves while the grid
-    leaves the GPU short of a wave of blocks (down to MIN_BLOCK_THREADS). Planes and rows:
-    :func:`_row_tile_grid`."""
-    kh, kw, sw, vec, lead = shape
-    planes, rows = _row_tile_grid(spec)
-    ow = spec.out_spatial[-1]
-    depth = not depth_slices(spec)
-    if spec.geom.nd == 3:
-        words.append("3-D windows of one D tap at their own slice: each plane's D slices pooled "
-                     "as 2-D planes" if not depth else "3-D windows: the row tiles of each D "
-                     "tap in turn (D taps at run time), output rows (d, h)")
-    tx, ty = block_shape(cdiv(ow, ROW_TILE), BLOCK_THREADS, rows)
-    tz = 1
-    if tx * ty < MIN_BLOCK_THREADS and planes > 1:
-        tz = min(BLOCK_Z_MAX, BLOCK_THREADS // (tx * ty), pow2ceil(planes))
-        words.append(f"packing: {tz} planes per block (a plane has {cdiv(ow, ROW_TILE) * rows} "
-                     f"row tiles; blocks of {tx * ty} threads would leave the SMs' block slots "
-                     f"idle)")
-
-    def blocks(ty_):
-        return cdiv(ow, tx * ROW_TILE) * cdiv(rows, ty_) * cdiv(planes, tz)
-
-    while ty > 1 and tx * ty * tz > MIN_BLOCK_THREADS and (
-            blocks(ty) < fill_target(device, tx * ty * tz)):
-        ty //= 2
-    grid = ((cdiv(ow, tx * ROW_TILE) * cdiv(rows, ty), cdiv(planes, tz), 1) if depth
-            else (cdiv(ow, tx * ROW_TILE), cdiv(rows, ty), cdiv(planes, tz)))
-    kernel = "max_pool_depth_rows" if depth else f"{spec.op}_pool_rows"
-    packs = f" (aligned packs of {vec * S.ITEMSIZE[spec.geom.dtype]} bytes)" if vec > 1 else ""
-    words.append(f"row tiles: {ROW_TILE} outputs per thread side by side along W, their "
-                 f"{kh}x{kw} windows of W stride {sw} compiled in; each input row of a tile "
-                 f"loaded once into registers{packs} and shared by the windows that overlap")
-    words.append(f"split: {planes} planes ({cdiv(planes, tz)} groups on grid "
-                 f"{'y' if depth else 'z'}) x {cdiv(rows, ty)} groups of {ty} output rows x "
-                 f"{cdiv(ow, tx * ROW_TILE)} chunks of {tx * ROW_TILE} outputs along W")
-    return Plan("window", "int", (Launch(kernel, grid, (tx, ty, tz), 1, tuple(sorted(zip(
-        ("kh", "kw", "sw", "vec", "lead"), shape)))),), tuple(words))
 
 
 #: Positions per thread of the max unpooling gather with 32-bit offsets, all their windows'
@@ -571,7 +475,7 @@ def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align
     else:
         shape = row_tile(spec, align)
         if shape:
-            p = _row_tiles(spec, device, shape, words)
+            p = plan_row_tiles(spec, device, shape, words)
         else:
             kernel = {"max": "max_pool_indices" if spec.return_indices else "max_pool",
                       "avg": "avg_pool", "lp": "lp_pool"}[spec.op]
