@@ -306,6 +306,9 @@ ADAPTIVES = [  # id, lead, spatial, output size
     ("3d-5x6x7to2x3x4", (1, 3), (5, 6, 7), (2, 3, 4)),
     ("3d-4x4x4to2x2x2-divides", (1, 3), (4, 4, 4), (2, 2, 2)),
     ("2d-3x70to2x2-two-passes", (1, 2), (3, 70), (2, 2)),  # 35 columns: 32 lanes, 2 passes
+    # uniform windows the row tiles cover (2x2 s2; 4 s4): the window pooling's kernels
+    ("2d-16x16to8x8-row-tiles", (2, 3), (16, 16), (8, 8)),
+    ("1d-32to8-row-tiles", (2, 3), (32,), (8,)),
 ]
 WIDE_ADAPTIVES = ("1d-10to3", "2d-7x9to3x4", "3d-5x6x7to2x3x4")
 ADAPTIVE_OPS = {

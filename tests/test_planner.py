@@ -182,12 +182,23 @@ def test_3d_chunks_cut_depth_before_height():
 
 
 def test_planes_beyond_grid_y_go_to_z():
-    sp = window((3, 40000, 16, 16), 2, 2)  # 8x8 outputs: 64 threads a plane, no packing
+    # float64: the tiled kernels (the row tiles take float16/32)
+    sp = window((3, 40000, 16, 16), 2, 2, dtype="float64")  # 8x8 outputs: 64 threads a plane
     la = plan(sp, H100).launches[0]
     assert la.block[2] == 1 and la.grid[1] == 65535 and la.grid[2] == 2
-    sp = window((3, 40000, 4, 4), 2, 2)  # 2x2 outputs: 64 planes a block
+    sp = window((3, 40000, 4, 4), 2, 2, dtype="float64")  # 2x2 outputs: 64 planes a block
     la = plan(sp, H100).launches[0]
     assert la.block == (2, 2, 64) and la.grid[1:] == (1875, 1)
+
+
+def test_row_tiles_take_more_planes_than_a_grid_dim_when_packed():
+    """Row tiles hold planes in groups of TZ on grid z: 120000 planes of 8x8 outputs (16 row
+    tiles each, 16 planes a block) fit; 120000 planes of 64 row tiles each (no packing) do
+    not, and take the tiled kernels."""
+    la = plan(window((3, 40000, 16, 16), 2, 2), H100).launches[0]
+    assert la.kernel == "max_pool_rows" and la.block[2] == 16
+    assert la.grid[2] == 120000 // 16 and la.grid[2] <= 65535
+    assert plan(window((3, 40000, 16, 64), 2, 2), H100).launches[0].kernel == "max_pool"
 
 
 def test_nhwc_threads_along_channels():
@@ -230,8 +241,9 @@ def test_nhwc_threads_along_channels():
     ((2, 3, 10, 10, 10), (2, 2, 2), 2, 0, 1, {}, None),  # rows off the packs
     ((2, 3, 5, 64, 64), (3, 3, 3), (1, 2, 2), 1, 2, {}, None),  # dilation
     ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1, dict(op="avg"), None),
-    ((4000, 20, 8, 8), (1, 2, 2), (1, 2, 2), 0, 1, {}, None),  # slices past one grid dim
-    ((70000, 8, 8), 2, 2, 0, 1, dict(op="avg"), None),  # planes past one grid dim
+    # slices, planes past one grid dim (a block of 256 threads per slice or plane: no packing)
+    ((4000, 20, 8, 2048), (1, 2, 2), (1, 2, 2), 0, 1, {}, None),
+    ((70000, 8, 2048), 2, 2, 0, 1, dict(op="avg"), None),
 ])
 def test_row_tiles_take_the_compiled_in_nchw_windows(shape, k, s, p, d, kw, expected):
     """1-D and 2-D NCHW averages and values-only max pooling of ROW_TILE_DTYPES with a window

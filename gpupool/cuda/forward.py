@@ -31,6 +31,7 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64", scatter: bool =
     even where its gather applies; ``align``: the bytes the input's start is aligned to
     (:func:`gpupool.cuda.planner.plan`)."""
     pl = planner.plan(spec, launching.device_info(device_id), scatter=scatter, align=align)
+    spec = planner.kernel_spec(spec, align)
     itype = pl.index_type
     it = itype_scalar(itype)
     g = spec.geom

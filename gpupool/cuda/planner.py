@@ -443,16 +443,33 @@ def _broadcast(view: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
                                                     (("group", group),)),), tuple(words))
 
 
+def kernel_spec(spec, align: int = 16):
+    """The spec whose kernels run ``spec``: a non-global adaptive pooling of uniform windows
+    (:attr:`~gpupool.spec.AdaptiveSpec.uniform_window`) that the row tiles cover in packs runs
+    as that window pooling, as the NumPy backend pools it (so the bits agree); else ``spec``."""
+    if isinstance(spec, S.AdaptiveSpec) and not spec.is_global:
+        window = spec.uniform_window
+        shape = window and row_tile(window, align)
+        if shape and shape[3] > 1:
+            return window
+    return spec
+
+
 @functools.lru_cache(maxsize=1024)
 def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align: int = 16) -> Plan:
     """The launch plan of ``spec`` (a WindowSpec, AdaptiveSpec, UnpoolSpec or GradSpec) on
     ``device`` (default: an H100's properties); ``scatter``: an UnpoolSpec's zero fill +
     scatter even where its gather applies; ``align``: the input start's alignment in bytes."""
     device = device or H100
+    run = kernel_spec(spec, align)
     g = spec.forward.geom if isinstance(spec, GradSpec) else spec.geom
     words = [f"device: {device.name} ({device.sm_count} SMs)",
              f"input: {g.shape} {g.dtype} {g.layout}, {g.planes} planes of {g.spatial}"
              + (" (channels innermost)" if g.layout == "NHWC" else "")]
+    if run is not spec:
+        words.append(f"adaptive windows all {run.kernel} with stride {run.stride}: pooled as "
+                     "that window pooling")
+        spec = run
     if isinstance(spec, GradSpec):
         p = _gather(spec, device, words)
     elif isinstance(spec, S.UnpoolSpec):

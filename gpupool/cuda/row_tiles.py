@@ -32,7 +32,7 @@ def row_tile(spec, align: int = 16) -> tuple[int, ...] | None:
     NCHW average or values-only max of ROW_TILE_DTYPES (a max also 3-D: its
     :func:`depth_slices` as 2-D planes, else ``max_pool_depth_rows``, the D taps at run
     time), dilation 1, an (H, W) window and W stride of ROW_TILE_WINDOWS, 32-bit offsets,
-    planes (slices) and output rows within a grid dim; else None.
+    plane (slice) groups and output rows within a grid dim; else None.
     Input rows load in packs of VEC elements from LEAD = -(W pad) mod VEC columns before a
     tile's first: 16 bytes, or 8 where 16 do not divide ROW_TILE * SW, if VEC divides the row
     length and ``align`` (the input start's alignment, bytes) holds a pack; else VEC 1. A 2-D
@@ -44,8 +44,10 @@ def row_tile(spec, align: int = 16) -> tuple[int, ...] | None:
             or any(d != 1 for d in spec.dilation)):
         return None
     shape = canonical3(spec.kernel, 1)[1:] + (spec.stride[-1],)
-    if (shape not in ROW_TILE_WINDOWS or index_type(spec) != "int"
-            or max(_grid(spec)) > GRID_YZ_MAX):
+    if shape not in ROW_TILE_WINDOWS or index_type(spec) != "int":
+        return None
+    planes, rows = _grid(spec)
+    if max(cdiv(planes, _block(spec)[2]), rows) > GRID_YZ_MAX:
         return None
     item = S.ITEMSIZE[g.dtype]
     vec = 16 // item if ROW_TILE * shape[2] % (16 // item) == 0 else 8 // item
@@ -63,11 +65,22 @@ def _grid(spec: S.WindowSpec) -> tuple[int, int]:
     return (spec.geom.planes * slices, oh) if slices else (spec.geom.planes, od * oh)
 
 
+def _block(spec: S.WindowSpec) -> tuple[int, int, int]:
+    """(TX, TY, TZ) of a row-tile block before TY halves to fill the GPU: TX threads along W,
+    TY output rows, and TZ > 1 planes when a plane's tiles leave a block under
+    MIN_BLOCK_THREADS."""
+    planes, rows = _grid(spec)
+    tx, ty = block_shape(cdiv(spec.out_spatial[-1], ROW_TILE), BLOCK_THREADS, rows)
+    tz = 1
+    if tx * ty < MIN_BLOCK_THREADS and planes > 1:
+        tz = min(BLOCK_Z_MAX, BLOCK_THREADS // (tx * ty), pow2ceil(planes))
+    return tx, ty, tz
+
+
 def plan_row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int, int],
-               words: list) -> Plan:
+                   words: list) -> Plan:
     """The row-tile launch (thread_map.cuh outputs_rows): ROW_TILE outputs along W per thread,
-    TX threads along W, TY output rows and TZ planes per block (TZ > 1 when a plane's tiles
-    leave a block under MIN_BLOCK_THREADS), plane groups on grid z (``max_pool_depth_rows``:
+    blocks of :func:`_block`, plane groups on grid z (``max_pool_depth_rows``:
     on y, the W chunks and row groups on x); TY halves while the grid
     leaves the GPU short of a wave of blocks (down to MIN_BLOCK_THREADS). Planes and rows:
     :func:`_grid`."""
@@ -79,10 +92,8 @@ def plan_row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int
         words.append("3-D windows of one D tap at their own slice: each plane's D slices pooled "
                      "as 2-D planes" if not depth else "3-D windows: the row tiles of each D "
                      "tap in turn (D taps at run time), output rows (d, h)")
-    tx, ty = block_shape(cdiv(ow, ROW_TILE), BLOCK_THREADS, rows)
-    tz = 1
-    if tx * ty < MIN_BLOCK_THREADS and planes > 1:
-        tz = min(BLOCK_Z_MAX, BLOCK_THREADS // (tx * ty), pow2ceil(planes))
+    tx, ty, tz = _block(spec)
+    if tz > 1:
         words.append(f"packing: {tz} planes per block (a plane has {cdiv(ow, ROW_TILE) * rows} "
                      f"row tiles; blocks of {tx * ty} threads would leave the SMs' block slots "
                      f"idle)")
