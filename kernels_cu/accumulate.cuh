@@ -10,17 +10,6 @@
 // together (its windows' taps) keep the occupancy.
 #define GP_WINDOW_BOUNDS(T, I, B) __launch_bounds__(GP_BLOCK_THREADS, gp::window_blocks<T, I>(B))
 
-// A kernel's blocks B for sm_90 (SM90) and for sm_100 and later (SM100). ptxas for sm_100 and
-// sm_120 needs 10 to 20 registers more than sm_90's for the kernels that start the taps of two
-// compiled-in windows together (max_pool and avg_pool with K): where sm_90's fits them in 48
-// registers (5 blocks), or an average's 3 x 3 windows in 64 (4), it spills; those kernels name
-// the next step down for SM100 (64 and 80 registers). The others keep sm_90's count.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-#define GP_BY_ARCH(SM90, SM100) (SM100)
-#else
-#define GP_BY_ARCH(SM90, SM100) (SM90)
-#endif
-
 namespace gp {
 
 // Blocks per SM that a window kernel's registers are held to (GP_WINDOW_BOUNDS): on sm_90 and

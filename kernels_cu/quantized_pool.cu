@@ -206,6 +206,19 @@ __device__ __forceinline__ void word_taps(const gp::Geo<I>& g, const unsigned* _
   gp::walk_row_major<K, 1>(d, h, row_start, row);
 }
 
+// Blocks per SM that the word averages' registers are held to: with 32-bit sums and offsets
+// and windows other than the compiled-in 3 wide, on sm_90 and later, 5 (48 registers: ptxas
+// fits them without spilling; 64 would leave the loads of too few threads in flight), 4 on
+// sm_100 and later (GP_BY_ARCH); else 1 (the block size bound only).
+template <typename A, typename I, int K>
+__host__ __device__ constexpr int word_average_blocks() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  return 1;
+#else
+  return sizeof(A) == 4 && sizeof(I) == 4 && K != 3 ? GP_BY_ARCH(5, 4) : 1;
+#endif
+}
+
 // The code of a byte (signed char or unsigned char).
 template <typename T>
 __device__ __forceinline__ int code_of(unsigned b) {
@@ -343,11 +356,11 @@ __global__ void qmax_pool_words(const T* __restrict__ codes, T* __restrict__ out
 // `uniform` every output has table row 0, whose head is given as rm, rsh, rxcap (M, sh, xcap);
 // otherwise row row_of[output position] per output. `checks`: see gpq::requantize_with.
 template <typename T, typename A, typename I, int K>
-__global__ void qavg_pool_words(const T* __restrict__ codes, T* __restrict__ out_codes,
-                                GP_GEO_PARAMS(I), int unit, const int* __restrict__ row_of,
-                                const long long* __restrict__ table, long long rm, int rsh,
-                                long long rxcap, int uniform, int checks, int zp_in,
-                                int zp_out, int qmin, int qmax) {
+__global__ void __launch_bounds__(GP_BLOCK_THREADS, (gpq::word_average_blocks<A, I, K>()))
+    qavg_pool_words(const T* __restrict__ codes, T* __restrict__ out_codes, GP_GEO_PARAMS(I),
+                    int unit, const int* __restrict__ row_of, const long long* __restrict__ table,
+                    long long rm, int rsh, long long rxcap, int uniform, int checks, int zp_in,
+                    int zp_out, int qmin, int qmax) {
   GP_GEO(I);
   const unsigned* __restrict__ x = reinterpret_cast<const unsigned*>(codes);
   unsigned* __restrict__ out = reinterpret_cast<unsigned*>(out_codes);
