@@ -195,23 +195,34 @@ __device__ __forceinline__ void word_taps(const gp::Geo<I>& g, const unsigned* _
   gp::TapLine<I> d, h, w;
   gp::WindowTaps<K, I>{g}.lines(o_d, o_h, (I)0, d, h, w);
   const gp::TapLine<I> row_start = {0, 1, 1, g.iw};
+  // windows side by side from the first byte (compiled-in K, stride K, dilation 1, no offset:
+  // every byte's place known when compiled)
+  const bool tiled = K && off == 0 && g.sw == K && g.dw == 1;
   auto row = [&](I pos) {  // pos: the row's first element, a multiple of 4
     const RowBytes<I> rb(xp + (pos >> 2), c0, g.iw, unit, nbytes, fill);
+    if (tiled) {
 #pragma unroll
-    for (int o = 0; o < 4; ++o) {
+      for (int o = 0; o < 4; ++o) {
 #pragma unroll
-      for (int c = 0; c < nw; ++c) acc(o, rb.byte(off + o * g.sw + c * g.dw));
+        for (int c = 0; c < nw; ++c) acc(o, rb.byte(o * K + c));
+      }
+    } else {
+#pragma unroll
+      for (int o = 0; o < 4; ++o) {
+#pragma unroll
+        for (int c = 0; c < nw; ++c) acc(o, rb.byte(off + o * g.sw + c * g.dw));
+      }
     }
   };
   gp::walk_row_major<K, 1>(d, h, row_start, row);
 }
 
-// Blocks per SM that the word averages' registers are held to: with 32-bit sums and offsets
-// and windows other than the compiled-in 3 wide, on sm_90 and later, 5 (48 registers: ptxas
-// fits them without spilling; 64 would leave the loads of too few threads in flight), 4 on
-// sm_100 and later (GP_BY_ARCH); else 1 (the block size bound only).
+// Blocks per SM that the word kernels' registers are held to: with 32-bit sums (A; the max:
+// int) and offsets and windows other than the compiled-in 3 wide, on sm_90 and later, 5 (48
+// registers: ptxas fits them without spilling; 56 or 64 would leave the loads of too few
+// threads in flight), 4 on sm_100 and later (GP_BY_ARCH); else 1 (the block size bound only).
 template <typename A, typename I, int K>
-__host__ __device__ constexpr int word_average_blocks() {
+__host__ __device__ constexpr int word_blocks() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   return 1;
 #else
@@ -338,8 +349,9 @@ __global__ void qavg_global_channels(const Tin* __restrict__ x, Tout* __restrict
 // columns (grid x = word column chunks x row chunks, y/z = plane groups; block (TX along
 // words, TY, TZ)); `unit`: the load width, 8 or 4 bytes.
 template <typename T, typename I, int K>
-__global__ void qmax_pool_words(const T* __restrict__ codes, T* __restrict__ out_codes,
-                                GP_GEO_PARAMS(I), int unit) {
+__global__ void __launch_bounds__(GP_BLOCK_THREADS, (gpq::word_blocks<int, I, K>()))
+    qmax_pool_words(const T* __restrict__ codes, T* __restrict__ out_codes, GP_GEO_PARAMS(I),
+                    int unit) {
   GP_GEO(I);
   const unsigned* __restrict__ x = reinterpret_cast<const unsigned*>(codes);
   unsigned* __restrict__ out = reinterpret_cast<unsigned*>(out_codes);
@@ -356,7 +368,7 @@ __global__ void qmax_pool_words(const T* __restrict__ codes, T* __restrict__ out
 // `uniform` every output has table row 0, whose head is given as rm, rsh, rxcap (M, sh, xcap);
 // otherwise row row_of[output position] per output. `checks`: see gpq::requantize_with.
 template <typename T, typename A, typename I, int K>
-__global__ void __launch_bounds__(GP_BLOCK_THREADS, (gpq::word_average_blocks<A, I, K>()))
+__global__ void __launch_bounds__(GP_BLOCK_THREADS, (gpq::word_blocks<A, I, K>()))
     qavg_pool_words(const T* __restrict__ codes, T* __restrict__ out_codes, GP_GEO_PARAMS(I),
                     int unit, const int* __restrict__ row_of, const long long* __restrict__ table,
                     long long rm, int rsh, long long rxcap, int uniform, int checks, int zp_in,
