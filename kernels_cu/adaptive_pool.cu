@@ -44,7 +44,7 @@ __device__ __forceinline__ void column_passes(const TapLine<I>& w, P pass) {
 }
 
 // Adaptive max over a lane group: each lane the max of its columns (each walked in row-major
-// order, then merged by position), then a shuffle tree over the group's lanes merging by
+// order, 8 rows' loads at a time, then merged by position), then a shuffle tree over the group's lanes merging by
 // position, so that every lane holds the max of one row-major walk over the window (the last
 // NaN, else the first tap holding the max) and its plane position.
 template <typename T, typename I, bool IDX>
@@ -61,7 +61,7 @@ __device__ __forceinline__ void max_lanes(const T* __restrict__ x, T* __restrict
       TapLine<I> lines[3];
       taps.column(d, h, lines);
       Acc acc(xp + col, g.iw);
-      walk_row_major_batched<1, 0, 0>(&lines[0], &lines[1], &lines[2], &acc, 1);
+      walk_row_major_batched<1, 0, 0, 8>(&lines[0], &lines[1], &lines[2], &acc, 1);
       best.merge(acc.m, acc.best * g.iw + col);
     });
 #pragma unroll 1
@@ -127,7 +127,7 @@ __global__ void adaptive_avg(const T* __restrict__ x, T* __restrict__ out, GP_GE
 }
 
 // Adaptive average over lane groups (geometry: gp::for_lane_groups): each lane sums its
-// column (gp::AdaptiveTaps::column), then the group adds the column sums in column order, as
+// column (gp::AdaptiveTaps::column, 8 rows' loads at a time), then the group adds the column sums in column order, as
 // gp::sum_separable adds them (a lane without a column adds -0, which changes no sum).
 template <typename T, typename I>
 __global__ void adaptive_avg_lanes(const T* __restrict__ x, T* __restrict__ out,
@@ -145,7 +145,7 @@ __global__ void adaptive_avg_lanes(const T* __restrict__ x, T* __restrict__ out,
         gp::TapLine<I> lines[3];
         taps.column(d, h, lines);
         long long taken;
-        col = gp::sum_separable<0, 0>(lines[0], lines[1], lines[2],
+        col = gp::sum_separable<0, 0, 8>(lines[0], lines[1], lines[2],
                                       gp::TapTerm<T, I, false>{xp + w.first + c, g.iw, (A)1},
                                       (A)-0.0, taken);
       }
