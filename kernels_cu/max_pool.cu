@@ -23,6 +23,29 @@ __global__ void GP_WINDOW_BOUNDS(T, I, K ? GP_BY_ARCH(5, 4) : 6)
   gp::max_outputs<T, I, false, NHWC>(x, out, nullptr, gp::WindowTaps<K, I>{g}, g);
 }
 
+// Values-only max pooling of NHWC inputs as max_pool, a 16-byte pack of V = 16 / sizeof(T)
+// channels per thread (gp::MaxOfPacks: each channel with max_pool's rules): each tap of the
+// window is one load, its index arithmetic shared by the V channels. The host launches this
+// where the input's start and the channel count's bytes lie on 16. Geometry: gp::outputs_nhwc
+// with V (grid x = channel-pack chunks x position tiles, y/z = batch row groups; block (TX
+// packs, TY columns, TZ batch rows); one thread = `rows` outputs of one pack, one at a time).
+template <typename T, typename I, int K>
+__global__ void GP_WINDOW_BOUNDS(T, I, 4)
+    max_pool_packs(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I)) {
+  GP_GEO(I);
+  constexpr int V = 16 / sizeof(T);
+  const gp::WindowTaps<K, I> taps{g};
+  gp::output_groups<1, true, true, V>(g, x, [&](const T* __restrict__ xp, I cs,
+                                                const gp::Output<I>* o, int n) {
+    gp::MaxOfPacks<T, I, V, gp::WindowTaps<K, I>::flat_max> acc(xp, cs);
+    taps.template batched<1>(o, n, &acc);
+    T v[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) v[e] = gp::Num<T>::store(acc.lane[e].m);
+    gp::store_row_tile<V>(out, o, V, v);
+  });
+}
+
 // Max pooling with int64 indices: the flat position (d*IH + h)*IW + w of the winner inside
 // the spatial plane, -1 for a window with no valid tap. Geometry as max_pool, one output at a
 // time.
