@@ -143,7 +143,8 @@ __device__ __forceinline__ Pack<T, V> tap_pack(const T* __restrict__ xp, I cs, I
   typedef typename Word<sizeof(Pack<T, V>)>::type W;
   Pack<T, V> p;
   if (ok) {
-    const W w = *reinterpret_cast<const W*>(xp + pos * cs);
+    // the word pos * (cs / V) words past xp: one multiply-add forms its 64-bit address
+    const W w = reinterpret_cast<const W*>(xp)[pos * (cs / (I)V)];
     memcpy(&p, &w, sizeof p);
   } else {
 #pragma unroll

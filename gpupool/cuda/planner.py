@@ -129,8 +129,11 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
     nhwc = g.layout == "NHWC"
     if nhwc:
         planes, units = g.batch, od * oh * ow
-        tx, ty = block_shape(g.channels // pack, 64, units)
-        n_x = cdiv(g.channels // pack, tx)
+        lanes = g.channels // pack
+        tx, ty = block_shape(lanes, 64, units)
+        if pack > 1 and lanes < tx:  # a lane per pack: no idle lanes in the warps
+            tx, ty = lanes, max(1, min(BLOCK_THREADS // lanes, pow2ceil(units)))
+        n_x = cdiv(lanes, tx)
         unit_name = "output positions"
     else:
         planes, units = g.planes, od * oh
