@@ -14,7 +14,8 @@
 // sm_120 needs 10 to 20 registers more than sm_90's for the kernels that start the taps of two
 // compiled-in windows together (max_pool and avg_pool with K): where sm_90's fits them in 48
 // registers (5 blocks), or an average's 3 x 3 windows in 64 (4), it spills; those kernels name
-// the next step down for SM100 (64 and 80 registers). The others keep sm_90's count.
+// the next step down for SM100 (64 and 80 registers), as does max_pool_packs (its float 2 x 2
+// windows spill in 64 registers on sm_120). The others keep sm_90's count.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
 #define GP_BY_ARCH(SM90, SM100) (SM100)
 #else

@@ -30,7 +30,7 @@ __global__ void GP_WINDOW_BOUNDS(T, I, K ? GP_BY_ARCH(5, 4) : 6)
 // with V (grid x = channel-pack chunks x position tiles, y/z = batch row groups; block (TX
 // packs, TY columns, TZ batch rows); one thread = `rows` outputs of one pack, one at a time).
 template <typename T, typename I, int K>
-__global__ void GP_WINDOW_BOUNDS(T, I, 4)
+__global__ void GP_WINDOW_BOUNDS(T, I, GP_BY_ARCH(4, 3))
     max_pool_packs(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I)) {
   GP_GEO(I);
   constexpr int V = 16 / sizeof(T);
