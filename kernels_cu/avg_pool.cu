@@ -2,7 +2,7 @@
 //
 // Template parameters: T element type; I index type (int or long long, chosen on the host);
 // K the window size along H and W when both equal K and the host specialised it (0: run time);
-// NHWC the layout. The row-tile kernel (avg_pool_rows) takes KH, KW and the W stride SW
+// NHWC the layout (avg_pool_packs: NHWC, and V the channels of a thread's pack). The row-tile kernel (avg_pool_rows) takes KH, KW and the W stride SW
 // instead (planner.ROW_TILE_WINDOWS), and VEC, LEAD: its packs (gp::RowTaps).
 #include "accumulate.cuh"
 #include "geometry.cuh"
@@ -87,19 +87,19 @@ __global__ void GP_WINDOW_BOUNDS(T, I, GP_BY_ARCH(K && !(K == 3 && NHWC) ? 5 : 4
                           divisor_override);
 }
 
-// Average pooling of NHWC inputs as avg_pool, a 16-byte pack of V = 16 / sizeof(T) channels
-// per thread (avg_outputs with V): each tap of the window is one load, its index arithmetic
-// shared by the V channels. The host launches this where the input's start and the channel
-// count's bytes lie on 16. Geometry: gp::outputs_nhwc with V (grid x = channel-pack chunks x
-// position tiles, y/z = batch row groups; block (TX packs, TY columns, TZ batch rows); one
-// thread = `rows` outputs of one pack, one at a time).
-template <typename T, typename I, int K>
+// Average pooling of NHWC inputs as avg_pool, a pack of V channels per thread (avg_outputs
+// with V), V the channels of 16 bytes (planner.channel_pack): each tap of the window is one
+// load, its index arithmetic shared by the V channels. The host launches this where the
+// input's start and the channel count's bytes lie on 16. Geometry: gp::outputs_nhwc with V
+// (grid x = channel-pack chunks x position tiles, y/z = batch row groups; block (TX packs, TY
+// columns, TZ batch rows); one thread = `rows` outputs of one pack, one at a time).
+template <typename T, typename I, int K, int V>
 __global__ void GP_WINDOW_BOUNDS(T, I, K || sizeof(T) > 2 ? 3 : 2)
     avg_pool_packs(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I), int ped,
                    int peh, int pew, int include_pad, int divisor_override) {
   GP_GEO(I);
-  avg_outputs<T, I, true, 16 / sizeof(T)>(x, out, gp::WindowTaps<K, I>{g}, g, ped, peh, pew,
-                                          include_pad, divisor_override);
+  avg_outputs<T, I, true, V>(x, out, gp::WindowTaps<K, I>{g}, g, ped, peh, pew, include_pad,
+                             divisor_override);
 }
 
 // Average pooling (avg_outputs) of 1-D and 2-D NCHW planes with 32-bit offsets, KH x KW

@@ -89,9 +89,9 @@ def window_name(kernel_base: str, dtype: str, itype: str, k: int, nhwc: bool) ->
 
 
 def packs_name(kernel_base: str, dtype: str, itype: str, k: int) -> str:
-    """A channel-pack kernel's name expression (NHWC only: no layout parameter;
-    :func:`gpupool.cuda.planner.channel_pack`)."""
-    return f"{kernel_base}<{ctype(dtype)}, {itype}, {k}>"
+    """A channel-pack kernel's name expression (NHWC only: no layout parameter), with the
+    channels of a pack of ``dtype`` (:func:`gpupool.cuda.planner.channel_pack`)."""
+    return f"{kernel_base}<{ctype(dtype)}, {itype}, {k}, {planner.pack_channels(dtype)}>"
 
 
 def rows_name(kernel_base: str, dtype: str, shape: tuple[int, ...]) -> str:

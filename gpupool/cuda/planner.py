@@ -98,6 +98,11 @@ CHANNEL_PACK_OPS = ("max", "avg")
 PACK_BYTES = 16
 
 
+def pack_channels(dtype: str) -> int:
+    """The channels of ``dtype`` in a pack of PACK_BYTES."""
+    return PACK_BYTES // S.ITEMSIZE[dtype]
+
+
 def channel_pack(spec: S.WindowSpec, align: int = 16) -> int:
     """Channels per thread of the channel-pack kernels (one load of PACK_BYTES per tap, the
     tap's index arithmetic shared by the pack's channels) where they cover ``spec``: an NHWC
@@ -110,7 +115,7 @@ def channel_pack(spec: S.WindowSpec, align: int = 16) -> int:
             or g.dtype not in S.FLOAT_DTYPES or align % PACK_BYTES
             or g.channels * item % PACK_BYTES):
         return 0
-    return PACK_BYTES // item
+    return pack_channels(g.dtype)
 
 
 def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
