@@ -123,6 +123,82 @@ struct TapTerm {
   }
 };
 
+// The V channels of an NHWC tap from xp[pos * cs] (one load of a 16-byte word; the host
+// launches pack walks only where every pack is aligned: the input's start and the channel
+// count's bytes on 16), or each lane's `none` without a load when !ok.
+template <typename T, int V, typename I, typename Lane>
+__device__ __forceinline__ Pack<T, V> tap_pack(const T* __restrict__ xp, I cs, I pos, bool ok,
+                                               const Lane& lane) {
+  typedef typename Word<sizeof(Pack<T, V>)>::type W;
+  Pack<T, V> p;
+  if (ok) {
+    // the word pos * (cs / V) words past xp: one multiply-add forms its 64-bit address
+    const W w = reinterpret_cast<const W*>(xp)[pos * (cs / (I)V)];
+    memcpy(&p, &w, sizeof p);
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) p.v[e] = lane.load(pos, false);
+  }
+  return p;
+}
+
+// Values-only max of V channels at once (an output visitor of the walks, a pack per tap):
+// lane e is the MaxOfTaps of channel e, so each channel keeps its rules.
+template <typename T, typename I, int V, bool FLAT>
+struct MaxOfPacks {
+  typedef MaxOfTaps<T, I, false, FLAT> Lane;
+  typedef Pack<T, V> value;
+  static constexpr bool skips = false;
+  Lane lane[V];
+  MaxOfPacks() = default;
+  __device__ __forceinline__ MaxOfPacks(const T* __restrict__ xp, I cs) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) lane[e] = Lane(xp, cs);
+  }
+  __device__ __forceinline__ value load(I pos, bool ok) const {
+    return tap_pack<T, V>(lane[0].xp, lane[0].cs, pos, ok, lane[0]);
+  }
+  __device__ __forceinline__ void take(const value& p, I pos) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) lane[e].take(p.v[e], pos);
+  }
+};
+
+// V sums side by side, added lane by lane: the sums of the channels of a pack.
+template <typename A, int V>
+struct Lanes {
+  A v[V];
+  __device__ __forceinline__ Lanes& operator+=(const Lanes& o) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) v[e] += o.v[e];
+    return *this;
+  }
+  static __device__ __forceinline__ Lanes all(A a) {
+    Lanes r;
+#pragma unroll
+    for (int e = 0; e < V; ++e) r.v[e] = a;
+    return r;
+  }
+};
+
+// The summed terms (TapTerm, x) of V channels at once, a pack per tap: apply gives the lanes'
+// terms, which the walks' separable sums add lane by lane (sums of Lanes from Lanes::all(zero)).
+template <typename T, typename I, int V>
+struct TermOfPacks {
+  typedef TapTerm<T, I, false> Lane;
+  typedef Pack<T, V> value;
+  Lane lane;
+  __device__ __forceinline__ value load(I pos, bool ok) const {
+    return tap_pack<T, V>(lane.xp, lane.cs, pos, ok, lane);
+  }
+  __device__ __forceinline__ Lanes<typename Lane::A, V> apply(const value& p) const {
+    Lanes<typename Lane::A, V> r;
+#pragma unroll
+    for (int e = 0; e < V; ++e) r.v[e] = lane.apply(p.v[e]);
+    return r;
+  }
+};
+
 // Max pooling over any walk (WindowTaps, AdaptiveTaps, RowTaps, DepthRowTaps): values, and with IDX int64
 // indices. Values only: Taps::joint outputs per group, the loads of their windows' taps in
 // joint batches (walk_row_major_batched); with IDX one output at a time, but for a row tile

@@ -2,7 +2,7 @@
 //
 // Template parameters: T element type; I index type (int or long long, chosen on the host);
 // K the window size along H and W when both equal K and the host specialised it (0: run time);
-// NHWC the layout. The row-tile kernel (avg_pool_rows) takes KH, KW and the W stride SW
+// NHWC the layout (avg_pool_packs: NHWC, and V the channels of a thread's pack). The row-tile kernel (avg_pool_rows) takes KH, KW and the W stride SW
 // instead (planner.ROW_TILE_WINDOWS), and VEC, LEAD: its packs (gp::RowTaps).
 #include "accumulate.cuh"
 #include "geometry.cuh"
@@ -13,48 +13,64 @@
 // Average pooling over a sliding-window walk (WindowTaps, RowTaps): the separable sum of the
 // valid taps (Taps::sums) divided by divisor_override when > 0, else by the product over dims
 // of the taps inside [-pad_begin, size + pad_end) (include_pad) or the number of valid taps; a
-// window with no valid tap gives +0. ped/peh/pew are the end pads.
-template <typename T, typename I, bool NHWC, typename Taps>
+// window with no valid tap gives +0. ped/peh/pew are the end pads. V > 1 (NHWC): a thread's
+// outputs are packs of V channels (gp::TermOfPacks), one at a time, each channel's sum added
+// in the same separable order as with V = 1.
+template <typename T, typename I, bool NHWC, int V = 1, typename Taps>
 __device__ __forceinline__ void avg_outputs(const T* __restrict__ x, T* __restrict__ out,
                                             const Taps& taps, const gp::Geo<I>& g, int ped,
                                             int peh, int pew, int include_pad,
                                             int divisor_override) {
   typedef typename gp::Num<T>::acc A;
-  const auto mean = [&](const gp::Output<I>& o, A s, long long count) {
-    long long divisor = count;
+  const auto divisor = [&](const gp::Output<I>& o, long long count) {
+    long long d = count;
     if (divisor_override > 0) {
-      divisor = divisor_override;
+      d = divisor_override;
     } else if (include_pad) {
-      divisor =
-          (long long)gp::count_taps<I, Taps::kd>(o.o_d, g.sd, g.pd, g.kd, g.dd, -(I)g.pd,
+      d = (long long)gp::count_taps<I, Taps::kd>(o.o_d, g.sd, g.pd, g.kd, g.dd, -(I)g.pd,
                                                  g.id + (I)ped) *
           gp::count_taps<I, Taps::kh>(o.o_h, g.sh, g.ph, g.kh, g.dh, -(I)g.ph, g.ih + (I)peh) *
           gp::count_taps<I, Taps::kw>(o.o_w, g.sw, g.pw, g.kw, g.dw, -(I)g.pw, g.iw + (I)pew);
     }
-    return gp::Num<T>::store(count > 0 ? s / (A)divisor : (A)0);
+    return d;
   };
-  constexpr int G = Taps::joint > 1 ? Taps::joint : 2;
+  const auto mean = [&](A s, long long count, long long d) {
+    return gp::Num<T>::store(count > 0 ? s / (A)d : (A)0);
+  };
+  constexpr int G = V > 1 ? 1 : Taps::joint > 1 ? Taps::joint : 2;
   const auto group = [&](const T* __restrict__ xp, I cs, const gp::Output<I>* o, int n) {
-    A s[G];
     long long count[G];
-    taps.template sums<G>(o, n, gp::TapTerm<T, I, false>{xp, cs, (A)1}, (A)-0.0, s, count);
-    if constexpr (Taps::row_tile) {
-      T v[G];
+    if constexpr (V > 1) {
+      typedef gp::Lanes<A, V> L;
+      L s[G];
+      taps.template sums<G>(o, n, gp::TermOfPacks<T, I, V>{{xp, cs, (A)1}}, L::all((A)-0.0), s,
+                            count);
+      const long long d = divisor(o[0], count[0]);  // n == G == 1
+      T v[V];
 #pragma unroll
-      for (int j = 0; j < G; ++j) v[j] = mean(o[j], s[j], count[j]);
-      gp::store_row_tile<G>(out, o, n, v);
+      for (int e = 0; e < V; ++e) v[e] = mean(s[0].v[e], count[0], d);
+      gp::store_row_tile<V>(out, o, V, v);
     } else {
-      out[o[0].oi] = mean(o[0], s[0], count[0]);  // n >= 1
+      A s[G];
+      taps.template sums<G>(o, n, gp::TapTerm<T, I, false>{xp, cs, (A)1}, (A)-0.0, s, count);
+      if constexpr (Taps::row_tile) {
+        T v[G];
 #pragma unroll
-      for (int j = 1; j < G; ++j) {
-        if (j < n) out[o[j].oi] = mean(o[j], s[j], count[j]);
+        for (int j = 0; j < G; ++j) v[j] = mean(s[j], count[j], divisor(o[j], count[j]));
+        gp::store_row_tile<G>(out, o, n, v);
+      } else {
+        out[o[0].oi] = mean(s[0], count[0], divisor(o[0], count[0]));  // n >= 1
+#pragma unroll
+        for (int j = 1; j < G; ++j) {
+          if (j < n) out[o[j].oi] = mean(s[j], count[j], divisor(o[j], count[j]));
+        }
       }
     }
   };
   if constexpr (Taps::row_tile) {
     gp::outputs_rows<G>(g, x, group);
   } else {
-    gp::output_groups<G, NHWC, true>(g, x, group);
+    gp::output_groups<G, NHWC, true, V>(g, x, group);
   }
 }
 
@@ -69,6 +85,21 @@ __global__ void GP_WINDOW_BOUNDS(T, I, GP_BY_ARCH(K && !(K == 3 && NHWC) ? 5 : 4
   GP_GEO(I);
   avg_outputs<T, I, NHWC>(x, out, gp::WindowTaps<K, I>{g}, g, ped, peh, pew, include_pad,
                           divisor_override);
+}
+
+// Average pooling of NHWC inputs as avg_pool, a pack of V channels per thread (avg_outputs
+// with V), V the channels of 16 bytes (planner.channel_pack): each tap of the window is one
+// load, its index arithmetic shared by the V channels. The host launches this where the
+// input's start and the channel count's bytes lie on 16. Geometry: gp::outputs_nhwc with V
+// (grid x = channel-pack chunks x position tiles, y/z = batch row groups; block (TX packs, TY
+// columns, TZ batch rows); one thread = `rows` outputs of one pack, one at a time).
+template <typename T, typename I, int K, int V>
+__global__ void GP_WINDOW_BOUNDS(T, I, K || sizeof(T) > 2 ? 3 : 2)
+    avg_pool_packs(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I), int ped,
+                   int peh, int pew, int include_pad, int divisor_override) {
+  GP_GEO(I);
+  avg_outputs<T, I, true, V>(x, out, gp::WindowTaps<K, I>{g}, g, ped, peh, pew, include_pad,
+                             divisor_override);
 }
 
 // Average pooling (avg_outputs) of 1-D and 2-D NCHW planes with 32-bit offsets, KH x KW

@@ -3,7 +3,8 @@
 //
 // Template parameters: T element type; I index type (int when every offset fits in 32 bits,
 // long long otherwise: chosen on the host); K the window size along H and W when both equal K
-// and the host specialised it (0: read kh/kw at run time); NHWC the layout. The row-tile
+// and the host specialised it (0: read kh/kw at run time); NHWC the layout (max_pool_packs:
+// NHWC, and V the channels of a thread's pack). The row-tile
 // kernels (*_rows) take KH, KW and the W stride SW instead (planner.ROW_TILE_WINDOWS), and
 // VEC, LEAD: their packs (gp::RowTaps).
 #include "accumulate.cuh"
@@ -21,6 +22,29 @@ __global__ void GP_WINDOW_BOUNDS(T, I, K ? GP_BY_ARCH(5, 4) : 6)
     max_pool(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I)) {
   GP_GEO(I);
   gp::max_outputs<T, I, false, NHWC>(x, out, nullptr, gp::WindowTaps<K, I>{g}, g);
+}
+
+// Values-only max pooling of NHWC inputs as max_pool, a pack of V channels per thread
+// (gp::MaxOfPacks: each channel with max_pool's rules), V the channels of 16 bytes
+// (planner.channel_pack): each tap of the window is one load, its index arithmetic shared by
+// the V channels. The host launches this where the input's start and the channel count's
+// bytes lie on 16. Geometry: gp::outputs_nhwc with V (grid x = channel-pack chunks x position
+// tiles, y/z = batch row groups; block (TX packs, TY columns, TZ batch rows); one thread =
+// `rows` outputs of one pack, one at a time).
+template <typename T, typename I, int K, int V>
+__global__ void GP_WINDOW_BOUNDS(T, I, GP_BY_ARCH(4, 3))
+    max_pool_packs(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(I)) {
+  GP_GEO(I);
+  const gp::WindowTaps<K, I> taps{g};
+  gp::output_groups<1, true, true, V>(g, x, [&](const T* __restrict__ xp, I cs,
+                                                const gp::Output<I>* o, int n) {
+    gp::MaxOfPacks<T, I, V, gp::WindowTaps<K, I>::flat_max> acc(xp, cs);
+    taps.template batched<1>(o, n, &acc);
+    T v[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) v[e] = gp::Num<T>::store(acc.lane[e].m);
+    gp::store_row_tile<V>(out, o, V, v);
+  });
 }
 
 // Max pooling with int64 indices: the flat position (d*IH + h)*IW + w of the winner inside

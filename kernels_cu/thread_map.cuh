@@ -8,7 +8,8 @@
 // sm_120 needs 10 to 20 registers more than sm_90's for the kernels that start the taps of two
 // compiled-in windows together (max_pool and avg_pool with K): where sm_90's fits them in 48
 // registers (5 blocks), or an average's 3 x 3 windows in 64 (4), it spills; those kernels name
-// the next step down for SM100 (64 and 80 registers). The others keep sm_90's count.
+// the next step down for SM100 (64 and 80 registers), as does max_pool_packs (its float 2 x 2
+// windows spill in 64 registers on sm_120). The others keep sm_90's count.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
 #define GP_BY_ARCH(SM90, SM100) (SM100)
 #else
@@ -104,14 +105,16 @@ __device__ __forceinline__ void outputs_nchw(const Geo<I>& g, const T* __restric
 //     tile, its `rows` rows. Neighbouring windows of a block share most of their input.
 //   * otherwise a position chunk is blockDim.y * rows consecutive positions in (d, h, w)
 //     order; thread: positions r*TY + threadIdx.y of its chunk.
-template <int G, typename I, bool TILES = false, typename T, typename H>
+//   V > 1: a thread takes V consecutive channels from c = V * its lane along x (the host
+//   launches this only where V divides the channel count); xp and oi name the first.
+template <int G, typename I, bool TILES = false, int V = 1, typename T, typename H>
 __device__ __forceinline__ void outputs_nhwc(const Geo<I>& g, const T* __restrict__ x, H h) {
   const long long plane = thread_plane();
   if (plane >= (long long)g.planes) return;
-  const I ncb = (g.chans + (I)blockDim.x - 1) / (I)blockDim.x;
+  const I ncb = (g.chans / (I)V + (I)blockDim.x - 1) / (I)blockDim.x;
   const I cchunk = (I)blockIdx.x % ncb;
   const I qchunk = (I)blockIdx.x / ncb;
-  const I c = cchunk * (I)blockDim.x + (I)threadIdx.x;
+  const I c = (cchunk * (I)blockDim.x + (I)threadIdx.x) * (I)V;
   if (c >= g.chans) return;
   const I npos = g.od * g.oh * g.ow;
   const I p = (I)plane;
@@ -171,11 +174,11 @@ __device__ __forceinline__ void outputs_rows(const Geo<int>& g, const T* __restr
   h(x + p * ((DEPTH ? g.id : 1) * g.ih * g.iw), 1, o, left < G ? left : G);
 }
 
-// A row tile's results v[0..n) to out[o[0].oi + j] (outputs_rows: consecutive along W): one
-// store of a word when the tile is whole and its first output aligned to the word, else one
-// store per output.
-template <int G, typename T>
-__device__ __forceinline__ void store_row_tile(T* __restrict__ out, const Output<int>* o, int n,
+// A row tile's results v[0..n) to out[o[0].oi + j] (outputs_rows: consecutive along W; or
+// the channels of an NHWC pack, outputs_nhwc with V = G): one store of a word when the tile
+// is whole and its first output aligned to the word, else one store per output.
+template <int G, typename T, typename I>
+__device__ __forceinline__ void store_row_tile(T* __restrict__ out, const Output<I>* o, int n,
                                                const T (&v)[G]) {
   typedef typename Word<sizeof(Pack<T, G>)>::type W;
   T* __restrict__ dst = out + o[0].oi;
@@ -194,11 +197,11 @@ __device__ __forceinline__ void store_row_tile(T* __restrict__ out, const Output
   }
 }
 
-// TILES: see outputs_nhwc.
-template <int G, bool NHWC, bool TILES = false, typename I, typename T, typename H>
+// TILES, V (NHWC only): see outputs_nhwc.
+template <int G, bool NHWC, bool TILES = false, int V = 1, typename I, typename T, typename H>
 __device__ __forceinline__ void output_groups(const Geo<I>& g, const T* __restrict__ x, H h) {
   if constexpr (NHWC) {
-    outputs_nhwc<G, I, TILES>(g, x, h);
+    outputs_nhwc<G, I, TILES, V>(g, x, h);
   } else {
     outputs_nchw<G, I>(g, x, h);
   }

@@ -197,6 +197,29 @@ def window_cases():
                        tags=frozenset({"idx64"} if w.id in WIDE_WINDOWS else ()))
 
 
+# NHWC windows whose channels fill 16-byte packs take the channel-pack kernels (values-only
+# max, averages): 8 channels are one to four packs of each float dtype, 24 three to twelve
+# (a block's last lanes idle); the cases above, with 3 or 5 channels, the general walk.
+PACK_WINDOWS = {"1d-k3-s2-p1-ceil": 8, "1d-k4-same-d2": 24, "2d-k2-s1-p1-ceil": 8,
+                "2d-k3-s2-p1": 8, "2d-k5-s2-d2-perdim-ceil": 8, "2d-empty-windows-d5-p4": 8,
+                "2d-empty-windows-ceil": 24, "2d-k23-s12-pairs": 8, "3d-k2": 8,
+                "3d-k323-pairs-d121-ceil": 8}
+PACK_OPS = ("max", "avg", "avg-cip", "avg-div3")
+
+
+def pack_cases():
+    for w, op in itertools.product(WINDOWS, PACK_OPS):
+        if w.id not in PACK_WINDOWS:
+            continue
+        _, values, exact, call = WINDOW_OPS[op]
+        shape = shaped(w.lead[:-1] + (PACK_WINDOWS[w.id],), w.spatial, "NHWC")
+        for dtype in FLOATS:
+            yield Case(f"{op}-{dtype}-NHWC-C{shape[-1]}-{w.id}", random_input(shape, dtype, values),
+                       lambda x, w=w, f=call: f(x, w, "NHWC"), exact,
+                       requests=(f"{op.split('-')[0]}_pool_packs",), static_k=w.static_k,
+                       tags=frozenset({"idx64"} if w.id in WIDE_WINDOWS else ()))
+
+
 # One window per plane covering it (its taps reach past the plane, padding included): values
 # only, a max runs as the global max's reduction; with indices, the window walk.
 PLANE_WINDOWS = [Window("1d-k40-s40-p2-plane", (2, 5), (37,), (40,), (40,), 2),
@@ -578,6 +601,19 @@ def strided_cases():
     ]
     for cid, shape, dtype, values, call, exact, view in views:
         yield Case(cid, random_input(shape, dtype, values), call, exact, view=view)
+    # channel packs: a strided view is copied (aligned: packs); an input off a 16-byte
+    # boundary takes the general walk; an `out` off one stores a channel at a time
+    for dtype in FLOATS:
+        yield Case(f"avg-{dtype}-NHWC-C8-k3s1p1-channel-step2", random_input(
+            (2, 7, 6, 16), dtype, "sum"), lambda x: gpupool.avg_pool(x, 3, 1, 1, layout="NHWC"),
+            True, view=every_other, requests=("avg_pool_packs",))
+        yield Case(f"max-{dtype}-NHWC-C8-k3s2p1-misaligned", random_input(
+            (2, 9, 8, 8), dtype, "max"), lambda x: gpupool.max_pool(x, 3, 2, 1, layout="NHWC"),
+            True, view=misaligned, requests=("max_pool",))
+        yield Case(f"max-{dtype}-NHWC-C8-k2-out-misaligned", random_input(
+            (2, 8, 6, 8), dtype, "max"), lambda x: gpupool.max_pool(
+                x, 2, layout="NHWC", out=misaligned(x[:, ::2, ::2].copy())),
+            True, requests=("max_pool_packs",))
     for layout, shape in (("NCHW", (2, 5, 9, 8)), ("NHWC", (2, 9, 8, 16))):
         yield Case(f"qmax-int8-{layout}-k3s2-last-axis-step2", qinputs(shape, "int8"),
                    quantized("int8", lambda q, L=layout: Q.max_pool(q, 3, 2, 1, layout=L)), True,
@@ -686,7 +722,7 @@ def small_device_cases():
 
 # ----------------------------------------------------------------------------- the tables
 
-CASES = (list(window_cases()) + list(whole_plane_cases()) + list(unpool_cases()) + list(adaptive_cases())
+CASES = (list(window_cases()) + list(pack_cases()) + list(whole_plane_cases()) + list(unpool_cases()) + list(adaptive_cases())
          + list(global_cases()) + list(quantized_cases()) + list(quantized_word_cases())
          + list(many_plane_cases()) + list(row_tile_cases())
          + list(strided_cases()) + list(natural_int64_accumulator_cases()))

@@ -5,8 +5,8 @@ in registers, which only sm_90 bounds (accumulate.cuh window_blocks), so a sampl
 the compile time of the suite in check.)
 
 sm_100 and sm_120, what CuPy builds for Blackwell GPUs with NVRTC 13, build the instantiations
-whose code the kernels choose by architecture (``for_arch``): max_pool's and avg_pool's
-register bounds (accumulate.cuh GP_BY_ARCH; float, half and bfloat16 elements with 32-bit
+whose code the kernels choose by architecture (``for_arch``): max_pool's, avg_pool's and
+max_pool_packs's register bounds (accumulate.cuh GP_BY_ARCH; float, half and bfloat16 elements with 32-bit
 offsets, which GP_WINDOW_BOUNDS holds to them) and the run-time walks of the backward gathers
 with 64-bit offsets (walk.cuh runtime_span), which sit at 255 registers on every architecture.
 Every instantiation for both would add about 25 minutes to the suite.
@@ -54,7 +54,7 @@ ARCHS = ("80", "90", "100", "120")
 QUANTIZED_KERNELS = ("qmax_", "qavg_")
 #: The kernels whose register bound names a count per architecture (GP_BY_ARCH), and those
 #: that walk run-time line counts (walk_lines_runtime) in the backward gathers.
-ARCH_BOUND_KERNELS = ("max_pool<", "avg_pool<")
+ARCH_BOUND_KERNELS = ("max_pool<", "avg_pool<", "max_pool_packs<")
 RUNTIME_WALK_KERNELS = ("max_window_backward<", "avg_window_backward<", "lp_window_backward<",
                         "max_adaptive_backward<", "avg_adaptive_backward<")
 #: A directory filled by ``pip install --target`` with ``nvidia-cuda-nvrtc-cu12`` and

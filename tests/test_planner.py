@@ -26,10 +26,11 @@ def covered_outputs(sp, launch):
         return launch.grid[0] // wchunks * ty, wchunks * tx * row_tiles.ROW_TILE
     if launch.kernel.endswith("_rows"):
         return launch.grid[1] * ty, launch.grid[0] * tx * row_tiles.ROW_TILE
-    if sp.geom.layout == "NHWC":
-        n_x = -(-sp.geom.channels // tx)
+    if sp.geom.layout == "NHWC":  # a thread per channel, or per pack of channels
+        pack = planner.channel_pack(sp) if launch.kernel.endswith("_packs") else 1
+        n_x = -(-sp.geom.channels // pack // tx)
         chunks = launch.grid[0] // n_x
-        return chunks * ty * launch.rows, n_x * tx
+        return chunks * ty * launch.rows, n_x * tx * pack
     n_x = -(-ow // tx)
     chunks = launch.grid[0] // n_x
     return chunks * ty * launch.rows, n_x * tx
@@ -42,6 +43,7 @@ def covered_outputs(sp, launch):
     ((8, 64, 32, 112, 112), (2, 2, 2), 2, 0, "NCHW"),
     ((128, 112, 112, 64), 3, 2, 1, "NHWC"),
     ((1, 9, 9, 3), 2, 1, 0, "NHWC"),
+    ((64, 35, 35, 192), 3, 1, 1, "NHWC"),  # 48 packs of channels
     ((70000, 5, 5), 2, 1, 0, "NCHW"),
 ])
 @pytest.mark.parametrize("device", [H100, SMALL_GPU])
@@ -206,6 +208,28 @@ def test_nhwc_threads_along_channels():
     assert la.block[0] == 64
     la = plan(window((2, 16, 16, 3), 2, 2, layout="NHWC"), H100).launches[0]
     assert la.block[0] == 4
+
+
+@pytest.mark.parametrize("channels, kw, align, expected", [
+    (64, {}, 16, 4), (8, dict(dtype="float16"), 16, 8), (8, dict(dtype="bfloat16"), 16, 8),
+    (2, dict(dtype="float64"), 16, 2), (192, dict(op="avg"), 16, 4),
+    (6, {}, 16, 0),  # 24 bytes: no whole packs
+    (12, dict(dtype="float16"), 16, 0),
+    (64, {}, 8, 0),  # the input's start off a pack
+    (64, dict(return_indices=True), 16, 0), (64, dict(op="lp", p=2.0), 16, 0),
+    (64, dict(dtype="int32"), 16, 0), (64, dict(layout="NCHW"), 16, 0)])
+def test_channel_packs(channels, kw, align, expected):
+    """NHWC averages and values-only maxima of float dtypes take a thread per 16-byte pack of
+    a position's channels where the channels and the input's start allow whole packs."""
+    kw = {"op": "max", "dtype": "float32", "layout": "NHWC", **kw}
+    op, dtype, layout = kw.pop("op"), kw.pop("dtype"), kw.pop("layout")
+    shape = (4, 9, 9, channels) if layout == "NHWC" else (4, channels, 9, 9)
+    sp = S.window_spec(f"{op}_pool", op, shape, dtype, 3, 2, 1, 1, False, layout, **kw)
+    assert planner.channel_pack(sp, align) == expected
+    la = plan(sp, H100, align=align).launches[0]
+    assert la.kernel.endswith("_packs") == bool(expected)
+    if expected:  # a block along the packs of a position: none idle under 64
+        assert la.block[0] == min(64, channels // expected)
 
 
 @pytest.mark.parametrize("shape, k, s, p, d, kw, expected", [

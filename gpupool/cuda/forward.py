@@ -14,8 +14,8 @@ import cupy
 import numpy as np
 
 from . import kernels, launching, planner
-from .names import (acc_dtype, adaptive_name, global_name, partial_dtype, rows_name,
-                    unpool_name, window_name)
+from .names import (acc_dtype, adaptive_name, global_name, packs_name, partial_dtype,
+                    rows_name, unpool_name, window_name)
 from .launching import (Step, alignment, contiguous, geo_args, global_passes, itype_scalar,
                         launch, launch_cache, on_host, reduction_args)
 from ..arrays import dtype_name
@@ -45,6 +45,8 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64", scatter: bool =
             if la.kernel.endswith("_rows"):
                 name = rows_name(la.kernel, g.dtype, tuple(
                     la.get(k) for k in ("kh", "kw", "sw", "vec", "lead")))
+            elif la.kernel.endswith("_packs"):
+                name = packs_name(la.kernel, g.dtype, itype, planner.static_window(spec))
             else:
                 name = window_name(la.kernel, g.dtype, itype, planner.static_window(spec), nhwc)
             extra = reduction_args(spec)

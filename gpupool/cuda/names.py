@@ -25,8 +25,8 @@ QUANTIZED_ACC_DTYPES = ("int32", "int64")
 #: The ``.cu`` file of each kernel template, by its name.
 FAMILY_FILES = {
     **dict.fromkeys(("max_pool", "max_pool_indices", "max_pool_rows", "max_pool_depth_rows",
-                     "max_unpool", "max_unpool_gather"), "max_pool.cu"),
-    **dict.fromkeys(("avg_pool", "avg_pool_rows", "lp_pool"), "avg_pool.cu"),
+                     "max_pool_packs", "max_unpool", "max_unpool_gather"), "max_pool.cu"),
+    **dict.fromkeys(("avg_pool", "avg_pool_rows", "avg_pool_packs", "lp_pool"), "avg_pool.cu"),
     **dict.fromkeys(("adaptive_max", "adaptive_max_indices", "adaptive_avg",
                      "adaptive_max_lanes", "adaptive_max_indices_lanes", "adaptive_avg_lanes"),
                     "adaptive_pool.cu"),
@@ -86,6 +86,12 @@ def global_type_pairs(op: str, dtype: str) -> tuple[tuple[str, str], ...]:
 # ----------------------------------------------------------------- float forward kernels
 def window_name(kernel_base: str, dtype: str, itype: str, k: int, nhwc: bool) -> str:
     return f"{kernel_base}<{ctype(dtype)}, {itype}, {k}, {cbool(nhwc)}>"
+
+
+def packs_name(kernel_base: str, dtype: str, itype: str, k: int) -> str:
+    """A channel-pack kernel's name expression (NHWC only: no layout parameter), with the
+    channels of a pack of ``dtype`` (:func:`gpupool.cuda.planner.channel_pack`)."""
+    return f"{kernel_base}<{ctype(dtype)}, {itype}, {k}, {planner.pack_channels(dtype)}>"
 
 
 def rows_name(kernel_base: str, dtype: str, shape: tuple[int, ...]) -> str:
@@ -189,6 +195,9 @@ def _forward_names(itype: str) -> list[str]:
         for dtype in FLOAT_DTYPES:
             for base in ("avg_pool", "lp_pool"):
                 out += [window_name(base, dtype, itype, k, nhwc) for k in ks]
+            if nhwc:
+                out += [packs_name(f"{op}_pool_packs", dtype, itype, k)
+                        for op in planner.CHANNEL_PACK_OPS for k in ks]
             for base in ("adaptive_avg",) + (() if nhwc else ("adaptive_avg_lanes",)):
                 out.append(adaptive_name(base, dtype, itype, nhwc))
     for op in ("max", "avg"):

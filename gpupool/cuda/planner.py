@@ -92,12 +92,39 @@ def gather_covers(spec: S.WindowSpec, itype: str, op: str) -> int:
     return bound if bound <= 2 else 0
 
 
+#: The window ops of the channel-pack kernels (``max_pool_packs``: values only;
+#: ``avg_pool_packs``), and the bytes of a pack.
+CHANNEL_PACK_OPS = ("max", "avg")
+PACK_BYTES = 16
+
+
+def pack_channels(dtype: str) -> int:
+    """The channels of ``dtype`` in a pack of PACK_BYTES."""
+    return PACK_BYTES // S.ITEMSIZE[dtype]
+
+
+def channel_pack(spec: S.WindowSpec, align: int = 16) -> int:
+    """Channels per thread of the channel-pack kernels (one load of PACK_BYTES per tap, the
+    tap's index arithmetic shared by the pack's channels) where they cover ``spec``: an NHWC
+    average or values-only max of a float dtype whose channels fill whole packs (C * itemsize
+    a multiple of PACK_BYTES) with the input's start on PACK_BYTES (``align``, bytes); else
+    0."""
+    g = spec.geom
+    item = S.ITEMSIZE[g.dtype]
+    if (g.layout != "NHWC" or spec.op not in CHANNEL_PACK_OPS or spec.return_indices
+            or g.dtype not in S.FLOAT_DTYPES or align % PACK_BYTES
+            or g.channels * item % PACK_BYTES):
+        return 0
+    return pack_channels(g.dtype)
+
+
 def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
            itype: str | None = None, max_rows: int = MAX_ROWS,
-           extra: tuple[tuple[str, int], ...] = ()) -> Plan:
+           extra: tuple[tuple[str, int], ...] = (), pack: int = 1) -> Plan:
     """Window and adaptive launches (rules 1-3 of the module docstring); ``itype``: the index
     type, when not ``spec``'s own (:func:`index_type`); ``max_rows``: the most outputs per
-    thread; ``extra``: the launch's kernel-specific integers."""
+    thread; ``extra``: the launch's kernel-specific integers; ``pack``: the channels of an
+    NHWC thread."""
     g = spec.geom
     nd = g.nd
     itemsize = S.ITEMSIZE[g.dtype]
@@ -107,8 +134,11 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
     nhwc = g.layout == "NHWC"
     if nhwc:
         planes, units = g.batch, od * oh * ow
-        tx, ty = block_shape(g.channels, 64, units)
-        n_x = cdiv(g.channels, tx)
+        lanes = g.channels // pack
+        tx, ty = block_shape(lanes, 64, units)
+        if pack > 1 and lanes < tx:  # a lane per pack: no idle lanes in the warps
+            tx, ty = lanes, max(1, min(BLOCK_THREADS // lanes, pow2ceil(units)))
+        n_x = cdiv(lanes, tx)
         unit_name = "output positions"
     else:
         planes, units = g.planes, od * oh
@@ -200,7 +230,8 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
     if grid[0] > INT32_LIMIT:
         raise ValueError(f"gpupool: grid x {grid[0]} exceeds the CUDA limit")
     if nhwc:
-        words.append("threads along channels")
+        words.append("threads along channels" + (f", {pack} per thread (a {PACK_BYTES}-byte "
+                                                 f"pack per tap)" if pack > 1 else ""))
     elif n_x == 1:
         words.append("threads along the block's outputs in row-major order (a row fits one "
                      "block width, so a warp may cross into the next row)")
@@ -496,10 +527,13 @@ def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align
         else:
             kernel = {"max": "max_pool_indices" if spec.return_indices else "max_pool",
                       "avg": "avg_pool", "lp": "lp_pool"}[spec.op]
+            pack = channel_pack(spec, align)
+            if pack:
+                kernel = f"{spec.op}_pool_packs"
             k = static_window(spec)
             if k:
                 words.append(f"window {k}x{k} compiled as a template constant")
-            p = _tiled(spec, device, "window", kernel, words)
+            p = _tiled(spec, device, "window", kernel, words, pack=max(1, pack))
     launches = (gather_traffic if isinstance(spec, GradSpec) else with_traffic)(
         spec, p.launches)
     words = list(p.words) + [f"index arithmetic: {'32' if p.index_type == 'int' else '64'}-bit"]
