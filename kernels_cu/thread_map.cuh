@@ -160,21 +160,27 @@ __device__ __forceinline__ void outputs_rows(const Geo<int>& g, const T* __restr
   h(x + p * ((DEPTH ? g.id : 1) * g.ih * g.iw), 1, o, left < G ? left : G);
 }
 
-// A row tile's results v[0..n) to out[o[0].oi + j] (outputs_rows: consecutive along W): one
-// store of a word when the tile is whole and its first output aligned to the word, else one
-// store per output.
+// A row tile's results v[0..n) to out[o[0].oi + j] (outputs_rows: consecutive along W): when
+// the tile is whole and its first output aligned to the word, one store per word of up to 16
+// bytes (a 32-byte tile of int64 indices: two), else one store per output.
 template <int G, typename T>
 __device__ __forceinline__ void store_row_tile(T* __restrict__ out, const Output<int>* o, int n,
                                                const T (&v)[G]) {
-  typedef typename Word<sizeof(Pack<T, G>)>::type W;
+  constexpr int bytes = sizeof(Pack<T, G>) < 16 ? (int)sizeof(Pack<T, G>) : 16;
+  constexpr int per_word = bytes / (int)sizeof(T);
+  static_assert(G % per_word == 0, "a tile is whole words");
+  typedef typename Word<bytes>::type W;
   T* __restrict__ dst = out + o[0].oi;
-  if (n == G && (unsigned long long)dst % sizeof(W) == 0) {
-    Pack<T, G> p;
+  if (n == G && (unsigned long long)dst % bytes == 0) {
 #pragma unroll
-    for (int j = 0; j < G; ++j) p.v[j] = v[j];
-    W w;
-    memcpy(&w, &p, sizeof w);
-    *reinterpret_cast<W*>(dst) = w;
+    for (int k = 0; k < G; k += per_word) {
+      Pack<T, per_word> p;
+#pragma unroll
+      for (int e = 0; e < per_word; ++e) p.v[e] = v[k + e];
+      W w;
+      memcpy(&w, &p, sizeof w);
+      reinterpret_cast<W*>(dst)[k / per_word] = w;
+    }
   } else {
 #pragma unroll
     for (int j = 0; j < G; ++j) {
