@@ -189,6 +189,63 @@ __device__ __forceinline__ void store_row_tile(T* __restrict__ out, const Output
   }
 }
 
+// A row tile's indices best[0..n) to indices[o[0].oi + j] as int64 (G 4: 32 bytes, a sector;
+// o[0].o_w < ow, the output row's length), in stores whose lanes together write whole
+// sectors: where the thread's warp holds 32 whole tiles side by side in one row (blockDim.x a
+// multiple of 32, the warp's last tile whole), the warp's indices exchanged between its lanes
+// so that each of G stores writes 32 consecutive ones; else where the tile and its neighbour
+// of the lane pair (2m, 2m + 1) are whole and the pair's start 16-byte aligned, each lane
+// takes half of the other's so that each of two 16-byte stores of the pair fills a sector;
+// else store_row_tile.
+template <int G>
+__device__ __forceinline__ void store_row_tile_indices(long long* __restrict__ indices,
+                                                       const Output<int>* o, int n, int ow,
+                                                       const int (&best)[G]) {
+  static_assert(G == 4, "a tile's indices fill one sector");
+  const int lane = (int)((threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x) & 31;
+  const int odd = lane & 1;
+  long long* __restrict__ pair = indices + (o[0].oi - odd * G);
+  if ((blockDim.x & 31) == 0 && o[0].o_w + (32 - lane) * G <= ow) {
+    long long* __restrict__ dst = indices + (o[0].oi - lane * G);
+#pragma unroll
+    for (int r = 0; r < G; ++r) {
+      // the warp's output 32 r + lane: element lane % G of the tile of lane (32 r + lane) / G
+      const int src = (32 * r + lane) / G;
+      int v = 0;
+#pragma unroll
+      for (int e = 0; e < G; ++e) {
+        const int b = __shfl_sync(0xffffffffu, best[e], src);
+        if (lane % G == e) v = b;
+      }
+      dst[32 * r + lane] = (long long)v;
+    }
+  } else if ((blockDim.x & 1) == 0 && o[0].o_w + (2 - odd) * G <= ow &&
+             (unsigned long long)pair % 16 == 0) {
+    // the even lane sends its second half, the odd lane its first; then the pair's first
+    // sector (the even tile's) and its second (the odd tile's), 16 bytes from each lane
+    const unsigned mask = 3u << (lane - odd);
+    Pack<long long, 2> half[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int got = __shfl_xor_sync(mask, best[odd ? e : 2 + e], 1);
+      half[0].v[e] = odd ? got : best[e];
+      half[1].v[e] = odd ? best[2 + e] : got;
+    }
+    typedef Word<16>::type W;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      W w;
+      memcpy(&w, &half[k], sizeof w);
+      reinterpret_cast<W*>(pair)[2 * k + odd] = w;
+    }
+  } else {
+    long long w[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) w[j] = (long long)best[j];
+    store_row_tile<G>(indices, o, n, w);
+  }
+}
+
 // TILES: see outputs_nhwc.
 template <int G, bool NHWC, bool TILES = false, typename I, typename T, typename H>
 __device__ __forceinline__ void output_groups(const Geo<I>& g, const T* __restrict__ x, H h) {
