@@ -961,6 +961,10 @@ def row_tile_index_input(shape, dtype, kind):
     ((1, 2, 9, 64), (3, 3), 2, 0, True, "max_pool_indices_rows"),  # last windows off the edge
     ((1, 2, 6, 64), (3, 3), 2, ((4, 0), (1, 1)), True, "max_pool_indices_rows"),  # empty windows
     ((2, 3, 64), (3,), 3, 1, True, "max_pool_indices_rows"),
+    ((2, 3, 64), (3,), 3, 0, False, "max_pool_indices_rows"),  # odd rows off 16 bytes
+    # warps of 32 whole tiles of a row, and a warp with a tile cut by the row's end
+    ((2, 3, 1540), (3,), 3, 1, False, "max_pool_indices_rows"),
+    ((1, 2, 4, 520), (3, 3), 1, 1, False, "max_pool_indices_rows"),  # a pair past the warps
     ((1, 2, 3, 7, 64), (2, 3, 3), (1, 2, 2), 1, True, "max_pool_indices_depth_rows"),
     ((1, 2, 3, 7, 64), (1, 2, 2), (1, 2, 2), 0, False, "max_pool_indices_depth_rows"),
 ])
@@ -969,7 +973,8 @@ def test_row_tile_indices_name_valid_taps_only(shape, kernel, stride, padding, c
     """The row tiles' max with indices (whose loads fill the slots outside the plane with the
     lowest value) names the reference's tap: the first valid one of a window of -inf (never a
     padded slot), the last NaN, -1 for a window with no valid tap; 3-D indices count the
-    slices."""
+    slices. Each way of storing a tile's indices (a warp's exchange, a lane pair's, a store
+    per tile) puts them in place."""
     import reference as ref
     x = row_tile_index_input(shape, dtype, kind)
     want_v, want_i = ref.max_pool(x.astype(np.float64), kernel, stride, padding, 1, ceil)
