@@ -227,7 +227,7 @@ __device__ __forceinline__ void store_row_tile_indices(long long* __restrict__ i
     Pack<long long, 2> half[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int got = __shfl_xor_sync(mask, best[odd ? e : 2 + e], 1);
+      const int got = __shfl_xor_sync(mask, odd ? best[e] : best[2 + e], 1);
       half[0].v[e] = odd ? got : best[e];
       half[1].v[e] = odd ? best[2 + e] : got;
     }
