@@ -202,7 +202,7 @@ struct TermOfPacks {
 // Max pooling over any walk (WindowTaps, AdaptiveTaps, RowTaps, DepthRowTaps): values, and with IDX int64
 // indices. Values only: Taps::joint outputs per group, the loads of their windows' taps in
 // joint batches (walk_row_major_batched); with IDX one output at a time, but for a row tile
-// (its GP_ROW_TILE outputs share their loads).
+// (its GP_ROW_TILE outputs share their loads and store their values and indices together).
 template <typename T, typename I, bool IDX, bool NHWC, typename Taps>
 __device__ __forceinline__ void max_outputs(const T* __restrict__ x, T* __restrict__ out,
                                             long long* __restrict__ indices, const Taps& taps,
@@ -214,11 +214,17 @@ __device__ __forceinline__ void max_outputs(const T* __restrict__ x, T* __restri
 #pragma unroll
     for (int j = 0; j < G; ++j) acc[j] = Acc(xp, cs);
     taps.template batched<G>(o, n, acc);
-    if constexpr (Taps::row_tile && !IDX) {
+    if constexpr (Taps::row_tile) {
       T v[G];
 #pragma unroll
       for (int j = 0; j < G; ++j) v[j] = Num<T>::store(acc[j].m);
       store_row_tile<G>(out, o, n, v);
+      if constexpr (IDX) {
+        int best[G];
+#pragma unroll
+        for (int j = 0; j < G; ++j) best[j] = acc[j].best;
+        store_row_tile_indices<G>(indices, o, n, g.ow, best);
+      }
     } else {
 #pragma unroll
       for (int j = 0; j < G; ++j) {

@@ -82,6 +82,31 @@ __global__ void __launch_bounds__(GP_BLOCK_THREADS)
                                         gp::DepthRowTaps<KH, KW, SW, VEC, LEAD>{{g}}, g);
 }
 
+// Max pooling with int64 indices (as max_pool_indices) over the row tiles of max_pool_rows,
+// 1-D and 2-D planes (a 3-D pooling takes max_pool_indices_depth_rows: its indices count
+// the D slices of the plane). Geometry as max_pool_rows; a tile's values and indices are
+// stored in whole sectors where the tiles allow (gp::store_row_tile_indices). Bound: 256
+// threads, 1 block (a window's indices beside its taps need more registers than the 80 ptxas
+// gives 256-thread blocks by default: a 5 x 5 float window spilled).
+template <typename T, int KH, int KW, int SW, int VEC, int LEAD>
+__global__ void __launch_bounds__(GP_BLOCK_THREADS, 1)
+    max_pool_indices_rows(const T* __restrict__ x, T* __restrict__ out,
+                          long long* __restrict__ indices, GP_GEO_PARAMS(int)) {
+  GP_GEO(int);
+  gp::max_outputs<T, int, true, false>(x, out, indices, gp::RowTaps<KH, KW, SW, VEC, LEAD>{g},
+                                       g);
+}
+
+// max_pool_indices_rows of 3-D NCHW planes (as max_pool_depth_rows, every D slice's row
+// tiles at their flat positions (d*IH + h)*IW + w of the plane).
+template <typename T, int KH, int KW, int SW, int VEC, int LEAD>
+__global__ void __launch_bounds__(GP_BLOCK_THREADS, 1)
+    max_pool_indices_depth_rows(const T* __restrict__ x, T* __restrict__ out,
+                                long long* __restrict__ indices, GP_GEO_PARAMS(int)) {
+  GP_GEO(int);
+  gp::max_outputs<T, int, true, false>(x, out, indices,
+                                       gp::DepthRowTaps<KH, KW, SW, VEC, LEAD>{{g}}, g);
+}
 
 // Max unpooling where windows do not overlap and every index lies in its own window (or is
 // -1; the host checks both), one pass that writes each output once: an output position

@@ -175,25 +175,89 @@ __device__ __forceinline__ void outputs_rows(const Geo<int>& g, const T* __restr
 }
 
 // A row tile's results v[0..n) to out[o[0].oi + j] (outputs_rows: consecutive along W; or
-// the channels of an NHWC pack, outputs_nhwc with V = G): one store of a word when the tile
-// is whole and its first output aligned to the word, else one store per output.
+// the channels of an NHWC pack, outputs_nhwc with V = G): when the tile is whole and its first
+// output aligned to the word, one store per word of up to 16 bytes (a 32-byte tile of int64
+// indices: two), else one store per output.
 template <int G, typename T, typename I>
 __device__ __forceinline__ void store_row_tile(T* __restrict__ out, const Output<I>* o, int n,
                                                const T (&v)[G]) {
-  typedef typename Word<sizeof(Pack<T, G>)>::type W;
+  constexpr int bytes = sizeof(Pack<T, G>) < 16 ? (int)sizeof(Pack<T, G>) : 16;
+  constexpr int per_word = bytes / (int)sizeof(T);
+  static_assert(G % per_word == 0, "a tile is whole words");
+  typedef typename Word<bytes>::type W;
   T* __restrict__ dst = out + o[0].oi;
-  if (n == G && (unsigned long long)dst % sizeof(W) == 0) {
-    Pack<T, G> p;
+  if (n == G && (unsigned long long)dst % bytes == 0) {
 #pragma unroll
-    for (int j = 0; j < G; ++j) p.v[j] = v[j];
-    W w;
-    memcpy(&w, &p, sizeof w);
-    *reinterpret_cast<W*>(dst) = w;
+    for (int k = 0; k < G; k += per_word) {
+      Pack<T, per_word> p;
+#pragma unroll
+      for (int e = 0; e < per_word; ++e) p.v[e] = v[k + e];
+      W w;
+      memcpy(&w, &p, sizeof w);
+      reinterpret_cast<W*>(dst)[k / per_word] = w;
+    }
   } else {
 #pragma unroll
     for (int j = 0; j < G; ++j) {
       if (j < n) dst[j] = v[j];
     }
+  }
+}
+
+// A row tile's indices best[0..n) to indices[o[0].oi + j] as int64 (G 4: 32 bytes, a sector;
+// o[0].o_w < ow, the output row's length), in stores whose lanes together write whole
+// sectors: where the thread's warp holds 32 whole tiles side by side in one row (blockDim.x a
+// multiple of 32, the warp's last tile whole), the warp's indices exchanged between its lanes
+// so that each of G stores writes 32 consecutive ones; else where the tile and its neighbour
+// of the lane pair (2m, 2m + 1) are whole and the pair's start 16-byte aligned, each lane
+// takes half of the other's so that each of two 16-byte stores of the pair fills a sector;
+// else store_row_tile.
+template <int G>
+__device__ __forceinline__ void store_row_tile_indices(long long* __restrict__ indices,
+                                                       const Output<int>* o, int n, int ow,
+                                                       const int (&best)[G]) {
+  static_assert(G == 4, "a tile's indices fill one sector");
+  const int lane = (int)((threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x) & 31;
+  const int odd = lane & 1;
+  long long* __restrict__ pair = indices + (o[0].oi - odd * G);
+  if ((blockDim.x & 31) == 0 && o[0].o_w + (32 - lane) * G <= ow) {
+    long long* __restrict__ dst = indices + (o[0].oi - lane * G);
+#pragma unroll
+    for (int r = 0; r < G; ++r) {
+      // the warp's output 32 r + lane: element lane % G of the tile of lane (32 r + lane) / G
+      const int src = (32 * r + lane) / G;
+      int v = 0;
+#pragma unroll
+      for (int e = 0; e < G; ++e) {
+        const int b = __shfl_sync(0xffffffffu, best[e], src);
+        if (lane % G == e) v = b;
+      }
+      dst[32 * r + lane] = (long long)v;
+    }
+  } else if ((blockDim.x & 1) == 0 && o[0].o_w + (2 - odd) * G <= ow &&
+             (unsigned long long)pair % 16 == 0) {
+    // the even lane sends its second half, the odd lane its first; then the pair's first
+    // sector (the even tile's) and its second (the odd tile's), 16 bytes from each lane
+    const unsigned mask = 3u << (lane - odd);
+    Pack<long long, 2> half[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int got = __shfl_xor_sync(mask, odd ? best[e] : best[2 + e], 1);
+      half[0].v[e] = odd ? got : best[e];
+      half[1].v[e] = odd ? best[2 + e] : got;
+    }
+    typedef Word<16>::type W;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      W w;
+      memcpy(&w, &half[k], sizeof w);
+      reinterpret_cast<W*>(pair)[2 * k + odd] = w;
+    }
+  } else {
+    long long w[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) w[j] = (long long)best[j];
+    store_row_tile<G>(indices, o, n, w);
   }
 }
 

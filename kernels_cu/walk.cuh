@@ -709,7 +709,8 @@ struct RowTaps {
 
 // Row tiles of 3-D planes: the (H, W) taps of RowTaps per D tap of the window (g.kd, at run
 // time) inside the plane, in D order (so row-major order holds); the output rows are the
-// (d, h) pairs (outputs_rows with DEPTH). Values-only max (batched) only.
+// (d, h) pairs (outputs_rows with DEPTH); a tap's position counts the slices before its
+// own. Max (batched) only.
 template <int KH, int KW, int SW, int VEC, int LEAD>
 struct DepthRowTaps : RowTaps<KH, KW, SW, VEC, LEAD> {
   static constexpr bool depth = true;

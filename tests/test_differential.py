@@ -640,41 +640,48 @@ def strided_cases():
 
 def row_tile_cases():
     """Each row-tile kernel (row_tiles.ROW_TILE_WINDOWS, W pads up to half the window): max
-    values and averages of rows of 64 elements (aligned packs, from every lead a pad gives)
-    and of 37 (a load per column; a 2-D max then takes the general walk); and inputs one
-    element past an aligned start, which load a column at a time or take the general walk;
-    3-D max values, with D taps and with one D tap per slice."""
+    values, max values and indices, and averages of rows of 64 elements (aligned packs, from
+    every lead a pad gives) and of 37 (a load per column; a 2-D max then takes the general
+    walk); and inputs one element past an aligned start, which load a column at a time or take
+    the general walk; 3-D max, with D taps and with one D tap per slice (values: the slices as
+    planes; with indices, which count the slices, the D taps at run time)."""
+    maxes = (("max", _max(False), "max_pool"), ("max-idx", _max(True), "max_pool_indices"))
     for (kh, kw, sw), dtype in itertools.product(row_tiles.ROW_TILE_WINDOWS,
                                                  row_tiles.ROW_TILE_DTYPES):
         lead, kernel, stride = ((2, 3, 7), (kh, kw), (2, sw)) if kh > 1 else ((2, 3), (kw,), (sw,))
         name = f"{dtype}-NCHW-rows-k{kh}x{kw}-s{sw}"
         for pad, width in [(p, 64) for p in range(kw // 2 + 1)] + [(kw // 2, 37)]:
             shape = lead + (width,)
-            for op, values, call, kernels in (
-                    ("max", "max", _max(False), ("max_pool" if kh > 1 and width == 37
-                                                 else "max_pool_rows",)),
-                    ("avg-cip", "sum", _avg(cip=True), ("avg_pool_rows",))):
+            ops = [(op, "max", call, (base if kh > 1 and width == 37 else f"{base}_rows",))
+                   for op, call, base in maxes]
+            ops.append(("avg-cip", "sum", _avg(cip=True), ("avg_pool_rows",)))
+            for op, values, call, kernels in ops:
                 w = Window(name, lead[:2], shape[2:], kernel, stride, pad)
                 yield Case(f"{op}-{name}-p{pad}-w{width}", random_input(shape, dtype, values),
                            lambda x, w=w, f=call: f(x, w, "NCHW"), True, requests=kernels)
         shape = lead + (64,)
         w = Window(name, lead[:2], shape[2:], kernel, stride, 1)
-        yield Case(f"max-{name}-p1-w64-misaligned", random_input(shape, dtype, "max"),
-                   lambda x, w=w: _max(False)(x, w, "NCHW"), True, view=misaligned,
-                   requests=("max_pool" if kh > 1 else "max_pool_rows",))
+        for op, call, base in maxes:
+            yield Case(f"{op}-{name}-p1-w64-misaligned", random_input(shape, dtype, "max"),
+                       lambda x, w=w, f=call: f(x, w, "NCHW"), True, view=misaligned,
+                       requests=(base if kh > 1 else f"{base}_rows",))
         # 3-D max: windows of 2 D taps (D pad 1, ceil mode: windows of one valid D tap and
-        # of none), the D taps at run time, each W pad; one D tap per window at its own slice,
-        # the 2-D pooling of the slices
+        # of none), the D taps at run time, each W pad; one D tap per window at its own slice
         spatial3 = (3, 7, 64)
         kernel3, stride3 = (2, kh, kw), (1, 2 if kh > 1 else 1, sw)
-        for pad in range(kw // 2 + 1):
-            w = Window(name, lead[:2], spatial3, kernel3, stride3, (1, kh // 2, pad), 1, True)
-            yield Case(f"max-3d-{name}-p{pad}", random_input(lead[:2] + spatial3, dtype, "max"),
-                       lambda x, w=w: _max(False)(x, w, "NCHW"), True,
-                       requests=("max_pool_depth_rows",))
-        w = Window(name, lead[:2], spatial3, (1,) + kernel3[1:], stride3, (0, kh // 2, kw // 2))
-        yield Case(f"max-3d-slices-{name}", random_input(lead[:2] + spatial3, dtype, "max"),
-                   lambda x, w=w: _max(False)(x, w, "NCHW"), True, requests=("max_pool_rows",))
+        for op, call, base in maxes:
+            for pad in range(kw // 2 + 1):
+                w = Window(name, lead[:2], spatial3, kernel3, stride3, (1, kh // 2, pad), 1, True)
+                yield Case(f"{op}-3d-{name}-p{pad}",
+                           random_input(lead[:2] + spatial3, dtype, "max"),
+                           lambda x, w=w, f=call: f(x, w, "NCHW"), True,
+                           requests=(f"{base}_depth_rows",))
+            w = Window(name, lead[:2], spatial3, (1,) + kernel3[1:], stride3,
+                       (0, kh // 2, kw // 2))
+            yield Case(f"{op}-3d-slices-{name}", random_input(lead[:2] + spatial3, dtype, "max"),
+                       lambda x, w=w, f=call: f(x, w, "NCHW"), True,
+                       requests=("max_pool_rows" if op == "max" else
+                                 "max_pool_indices_depth_rows",))
 
 
 # ----------------------------------------------------------------------------- small device
@@ -973,6 +980,53 @@ def test_adaptive_max_lane_groups_keep_the_row_major_winner(kind, cupy):
     assert cupy.asnumpy(indices).ravel().tolist() == [want_index]
     assert cupy.asnumpy(values).view(np.uint32).ravel().tolist() == [want]
     assert cupy.asnumpy(wide).view(np.uint32).ravel().tolist() == [want, want]
+
+
+def row_tile_index_input(shape, dtype, kind):
+    """``-inf``: every element -inf; ``nan``: every element NaN; ``mixed``: few distinct values
+    with -inf and NaN runs (whole windows of them)."""
+    if kind != "mixed":
+        return np.full(shape, -np.inf if kind == "-inf" else np.nan, numpy_dtype(dtype))
+    x = np.random.default_rng(3).integers(-2, 3, shape).astype(np.float64)
+    flat = x.reshape(-1)
+    flat[::11], flat[5::13], flat[64:72], flat[200:206] = -np.inf, np.nan, -np.inf, np.nan
+    return x.astype(numpy_dtype(dtype))
+
+
+@pytest.mark.parametrize("kind", ["-inf", "nan", "mixed"])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("shape, kernel, stride, padding, ceil, rows", [
+    ((1, 2, 7, 64), (3, 3), 2, 1, False, "max_pool_indices_rows"),
+    ((1, 2, 9, 64), (3, 3), 2, 0, True, "max_pool_indices_rows"),  # last windows off the edge
+    ((1, 2, 6, 64), (3, 3), 2, ((4, 0), (1, 1)), True, "max_pool_indices_rows"),  # empty windows
+    ((2, 3, 64), (3,), 3, 1, True, "max_pool_indices_rows"),
+    ((2, 3, 64), (3,), 3, 0, False, "max_pool_indices_rows"),  # odd rows off 16 bytes
+    # warps of 32 whole tiles of a row, and a warp with a tile cut by the row's end
+    ((2, 3, 1540), (3,), 3, 1, False, "max_pool_indices_rows"),
+    ((1, 2, 4, 520), (3, 3), 1, 1, False, "max_pool_indices_rows"),  # a pair past the warps
+    ((1, 2, 3, 7, 64), (2, 3, 3), (1, 2, 2), 1, True, "max_pool_indices_depth_rows"),
+    ((1, 2, 3, 7, 64), (1, 2, 2), (1, 2, 2), 0, False, "max_pool_indices_depth_rows"),
+])
+def test_row_tile_indices_name_valid_taps_only(shape, kernel, stride, padding, ceil, rows, kind,
+                                               dtype, cupy, monkeypatch):
+    """The row tiles' max with indices (whose loads fill the slots outside the plane with the
+    lowest value) names the reference's tap: the first valid one of a window of -inf (never a
+    padded slot), the last NaN, -1 for a window with no valid tap; 3-D indices count the
+    slices. Each way of storing a tile's indices (a warp's exchange, a lane pair's, a store
+    per tile) puts them in place."""
+    import reference as ref
+    x = row_tile_index_input(shape, dtype, kind)
+    want_v, want_i = ref.max_pool(x.astype(np.float64), kernel, stride, padding, 1, ceil)
+    rec = record(monkeypatch)
+    got_v, got_i = gpupool.max_pool(cupy.asarray(x), kernel, stride, padding, 1, ceil,
+                                    return_indices=True)
+    assert [n.split("<")[0] for _, n in rec.names] == [rows]
+    assert_array_equal(cupy.asnumpy(got_i), want_i)
+    got_v = cupy.asnumpy(got_v).astype(np.float64)
+    assert_array_equal(np.isnan(got_v), np.isnan(want_v))
+    assert_array_equal(got_v[~np.isnan(want_v)], want_v[~np.isnan(want_v)])
+    if kind != "mixed":
+        assert (want_i == -1).any() == isinstance(padding, tuple)
 
 
 # ----------------------------------------------------------------------------- coverage

@@ -21,7 +21,7 @@ def covered_outputs(sp, launch):
     """Outputs the grid/block/rows cover, per plane (NCHW: rows x W; NHWC: positions x C)."""
     tx, ty, _ = launch.block
     od, oh, ow = planner.canonical3(sp.out_spatial, 1)
-    if launch.kernel == "max_pool_depth_rows":  # grid x: W chunks x row groups
+    if launch.kernel.endswith("depth_rows"):  # grid x: W chunks x row groups
         wchunks = -(-ow // (tx * row_tiles.ROW_TILE))
         return launch.grid[0] // wchunks * ty, wchunks * tx * row_tiles.ROW_TILE
     if launch.kernel.endswith("_rows"):
@@ -67,7 +67,7 @@ def test_window_plan_covers_every_output(shape, k, s, p, layout, device):
     assert la.grid[1] <= 65535 and la.grid[2] <= 65535
     groups = -(-planes // tz)
     if la.kernel.endswith("_rows"):  # plane groups on grid z alone (depth rows: y alone)
-        assert la.grid[1 if la.kernel == "max_pool_depth_rows" else 2] == groups
+        assert la.grid[1 if la.kernel.endswith("depth_rows") else 2] == groups
         return
     assert la.grid[1] * la.grid[2] >= groups
     assert la.grid[1] * (la.grid[2] - 1) < groups
@@ -241,7 +241,9 @@ def test_channel_packs(channels, kw, align, expected):
     ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="float16"), (1, 3, 3, 4, 0)),
     ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="bfloat16"), (1, 3, 3, 4, 0)),
     ((32, 80, 4097), (3,), 3, 0, 1, dict(dtype="float16"), (1, 3, 3, 1, 0)),
-    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="float16", return_indices=True), None),
+    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="float16", return_indices=True), (1, 3, 3, 4, 0)),
+    ((32, 64, 112, 112), 3, 2, 1, 1, dict(return_indices=True), (3, 3, 2, 4, 3)),
+    ((32, 64, 55, 55), 3, 2, 0, 1, dict(return_indices=True), None),  # off the packs
     ((32, 64, 112, 112), 3, 2, 1, 1, {}, (3, 3, 2, 4, 3)),  # a 2-D max, in packs
     ((16, 128, 56, 56), 2, 2, 0, 1, dict(dtype="float16"), (2, 2, 2, 8, 0)),
     ((32, 64, 55, 55), 3, 2, 0, 1, {}, None),  # a 2-D max whose rows are off the packs
@@ -258,7 +260,9 @@ def test_channel_packs(channels, kw, align, expected):
     # a 3-D max with one D tap per window at its own slice: the 2-D pooling of its slices
     ((8, 64, 16, 112, 112), (1, 2, 2), (1, 2, 2), 0, 1, dict(dtype="float16"), (2, 2, 2, 8, 0)),
     ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1, {}, (3, 3, 2, 4, 3)),
-    # ... else the D taps at run time (max_pool_depth_rows)
+    # ... else the D taps at run time (max_pool_depth_rows), and always with indices
+    ((8, 64, 16, 112, 112), (1, 2, 2), (1, 2, 2), 0, 1,
+     dict(dtype="float16", return_indices=True), (2, 2, 2, 8, 0)),
     ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), 1, 1, {}, (3, 3, 2, 4, 3)),  # D padding
     ((2, 3, 5, 64, 64), (1, 3, 3), (2, 2, 2), (0, 1, 1), 1, {}, (3, 3, 2, 4, 3)),  # D stride
     ((4, 128, 16, 56, 56), (2, 2, 2), 2, 0, 1, dict(dtype="float16"), (2, 2, 2, 8, 0)),
@@ -270,11 +274,12 @@ def test_channel_packs(channels, kw, align, expected):
     ((70000, 8, 2048), 2, 2, 0, 1, dict(op="avg"), None),
 ])
 def test_row_tiles_take_the_compiled_in_nchw_windows(shape, k, s, p, d, kw, expected):
-    """1-D and 2-D NCHW averages and values-only max pooling of ROW_TILE_DTYPES with a window
-    and stride of ROW_TILE_WINDOWS and dilation 1 take the row-tile kernels, ROW_TILE outputs
-    per thread, in packs of 16 bytes (8 where 16 do not divide ROW_TILE * SW) where the
-    packs divide the rows; a 2-D or 3-D max only in packs (3-D: as 2-D planes where each
-    window takes one D tap at its own slice); the rest the general window walk."""
+    """1-D and 2-D NCHW averages and max pooling (values, or values and indices) of
+    ROW_TILE_DTYPES with a window and stride of ROW_TILE_WINDOWS and dilation 1 take the
+    row-tile kernels, ROW_TILE outputs per thread, in packs of 16 bytes (8 where 16 do not
+    divide ROW_TILE * SW) where the packs divide the rows; a 2-D or 3-D max only in packs
+    (3-D values: as 2-D planes where each window takes one D tap at its own slice); the rest
+    the general window walk."""
     sp = window(shape, k, s, p, d, **kw)
     assert row_tiles.row_tile(sp) == expected
     (la,) = plan(sp, H100).launches
@@ -282,9 +287,10 @@ def test_row_tiles_take_the_compiled_in_nchw_windows(shape, k, s, p, d, kw, expe
     if expected:
         assert tuple(la.get(n) for n in ("kh", "kw", "sw", "vec", "lead")) == expected
         assert la.grid[0] * la.block[0] * row_tiles.ROW_TILE >= sp.out_spatial[-1]
-        depth = la.kernel == "max_pool_depth_rows"
+        depth = la.kernel.endswith("depth_rows")
         slices = row_tiles.depth_slices(sp)
         assert depth == (slices == 0)
+        assert la.kernel.startswith("max_pool_indices_") == sp.return_indices
         od, oh, ow = planner.canonical3(sp.out_spatial, 1)
         wchunks = -(-ow // (la.block[0] * row_tiles.ROW_TILE))
         # depth: (W chunks x row groups, plane groups, 1); else (W chunks, row groups, planes)

@@ -25,7 +25,8 @@ QUANTIZED_ACC_DTYPES = ("int32", "int64")
 #: The ``.cu`` file of each kernel template, by its name.
 FAMILY_FILES = {
     **dict.fromkeys(("max_pool", "max_pool_indices", "max_pool_rows", "max_pool_depth_rows",
-                     "max_pool_packs", "max_unpool", "max_unpool_gather"), "max_pool.cu"),
+                     "max_pool_indices_rows", "max_pool_indices_depth_rows", "max_pool_packs",
+                     "max_unpool", "max_unpool_gather"), "max_pool.cu"),
     **dict.fromkeys(("avg_pool", "avg_pool_rows", "avg_pool_packs", "lp_pool"), "avg_pool.cu"),
     **dict.fromkeys(("adaptive_max", "adaptive_max_indices", "adaptive_avg",
                      "adaptive_max_lanes", "adaptive_max_indices_lanes", "adaptive_avg_lanes"),
@@ -202,13 +203,14 @@ def _forward_names(itype: str) -> list[str]:
                 out.append(adaptive_name(base, dtype, itype, nhwc))
     for op in ("max", "avg"):
         if itype == "int":
-            base = f"{op}_pool_rows"
-            out += [rows_name(base, dtype, shape) for dtype in row_tiles.ROW_TILE_DTYPES
-                    for shape in row_tile_shapes(op, dtype)]
-            if op == "max":  # 3-D: in packs only
-                out += [rows_name("max_pool_depth_rows", dtype, shape)
+            for base in (f"{op}_pool",) + (("max_pool_indices",) if op == "max" else ()):
+                out += [rows_name(f"{base}_rows", dtype, shape)
                         for dtype in row_tiles.ROW_TILE_DTYPES
-                        for shape in row_tile_shapes(op, dtype) if shape[3] > 1]
+                        for shape in row_tile_shapes(op, dtype)]
+                if op == "max":  # 3-D: in packs only
+                    out += [rows_name(f"{base}_depth_rows", dtype, shape)
+                            for dtype in row_tiles.ROW_TILE_DTYPES
+                            for shape in row_tile_shapes(op, dtype) if shape[3] > 1]
         for dtype in (CTYPES if op == "max" else FLOAT_DTYPES):
             one, first, second = global_type_pairs(op, dtype)
             pairs = {"global_block": (one, first), "global_channels": (one, first, second)}

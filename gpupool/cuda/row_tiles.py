@@ -19,19 +19,21 @@ ROW_TILE_DTYPES = ("float16", "bfloat16", "float32")
 def depth_slices(spec) -> int:
     """The D slices a 3-D window pooling with one D tap per window at its own slice (D window
     1, D stride 1, no D padding) pools as 2-D planes: the input's D size (1 for 1-D and 2-D);
-    0 for a 3-D pooling whose windows span or skip slices."""
+    0 for a 3-D pooling whose windows span or skip slices, and for one with indices (an index
+    counts the slices of its plane before the winner's)."""
     if spec.geom.nd < 3:
         return 1
     return spec.geom.spatial[0] if (spec.kernel[0], spec.stride[0], spec.pads[0]) == (
-        1, 1, (0, 0)) else 0
+        1, 1, (0, 0)) and not spec.return_indices else 0
 
 
 def row_tile(spec, align: int = 16) -> tuple[int, ...] | None:
-    """(KH, KW, SW, VEC, LEAD) of the row-tile kernels (``max_pool_rows``, ``avg_pool_rows``:
-    ROW_TILE outputs side by side along W per thread) when they cover ``spec``: a 1-D or 2-D
-    NCHW average or values-only max of ROW_TILE_DTYPES (a max also 3-D: its
-    :func:`depth_slices` as 2-D planes, else ``max_pool_depth_rows``, the D taps at run
-    time), dilation 1, an (H, W) window and W stride of ROW_TILE_WINDOWS, 32-bit offsets,
+    """(KH, KW, SW, VEC, LEAD) of the row-tile kernels (``max_pool_rows``,
+    ``max_pool_indices_rows``, ``avg_pool_rows``: ROW_TILE outputs side by side along W per
+    thread) when they cover ``spec``: a 1-D or 2-D NCHW average or max (values, or values and
+    indices) of ROW_TILE_DTYPES (a max also 3-D: its :func:`depth_slices` as 2-D planes, else
+    ``max_pool_depth_rows`` or ``max_pool_indices_depth_rows``, the D taps at run time),
+    dilation 1, an (H, W) window and W stride of ROW_TILE_WINDOWS, 32-bit offsets,
     plane (slice) groups and output rows within a grid dim; else None.
     Input rows load in packs of VEC elements from LEAD = -(W pad) mod VEC columns before a
     tile's first: 16 bytes, or 8 where 16 do not divide ROW_TILE * SW, if VEC divides the row
@@ -39,7 +41,7 @@ def row_tile(spec, align: int = 16) -> tuple[int, ...] | None:
     max takes them only in packs (a load per column: L1-bound in the calibrated model)."""
     g = spec.geom
     if (not isinstance(spec, S.WindowSpec) or spec.op not in ("max", "avg")
-            or spec.return_indices or g.layout != "NCHW"
+            or g.layout != "NCHW"
             or g.nd > (3 if spec.op == "max" else 2) or g.dtype not in ROW_TILE_DTYPES
             or any(d != 1 for d in spec.dilation)):
         return None
@@ -80,8 +82,8 @@ def _block(spec: S.WindowSpec) -> tuple[int, int, int]:
 def plan_row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int, int],
                    words: list) -> Plan:
     """The row-tile launch (thread_map.cuh outputs_rows): ROW_TILE outputs along W per thread,
-    blocks of :func:`_block`, plane groups on grid z (``max_pool_depth_rows``:
-    on y, the W chunks and row groups on x); TY halves while the grid
+    blocks of :func:`_block`, plane groups on grid z (the ``*_depth_rows`` kernels: on y, the
+    W chunks and row groups on x); TY halves while the grid
     leaves the GPU short of a wave of blocks (down to MIN_BLOCK_THREADS). Planes and rows:
     :func:`_grid`."""
     kh, kw, sw, vec, lead = shape
@@ -106,7 +108,8 @@ def plan_row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int
         ty //= 2
     grid = ((cdiv(ow, tx * ROW_TILE) * cdiv(rows, ty), cdiv(planes, tz), 1) if depth
             else (cdiv(ow, tx * ROW_TILE), cdiv(rows, ty), cdiv(planes, tz)))
-    kernel = "max_pool_depth_rows" if depth else f"{spec.op}_pool_rows"
+    kernel = ("max_pool_indices" if spec.return_indices else f"{spec.op}_pool") + (
+        "_depth_rows" if depth else "_rows")
     packs = f" (aligned packs of {vec * S.ITEMSIZE[spec.geom.dtype]} bytes)" if vec > 1 else ""
     words.append(f"row tiles: {ROW_TILE} outputs per thread side by side along W, their "
                  f"{kh}x{kw} windows of W stride {sw} compiled in; each input row of a tile "
