@@ -555,16 +555,16 @@ struct RowTaps {
     return p;
   }
 
-  // v[b][c] for the columns c of pack k of row b (c = k * VEC - LEAD + e, e < VEC, within the
-  // span) from x[base[b] + c], or f's value of a slot that is not ok where !ok(b, k). A pack
+  // v[r][c] for the columns c of pack k of row r < R (c = k * VEC - LEAD + e, e < VEC, within
+  // the span) from x[base[r] + c], or f's value of a slot that is not ok where !ok(r, k). A pack
   // the span holds whole is one load, the columns of the others (the first and last, in part
   // outside the span) one load each.
-  template <typename F, typename Ok>
-  __device__ __forceinline__ void load_packs(const F& f, const int (&base)[KH],
-                                             typename F::value (&v)[KH][span], Ok ok) const {
+  template <int R, typename F, typename Ok>
+  __device__ __forceinline__ void load_packs(const F& f, const int (&base)[R],
+                                             typename F::value (&v)[R][span], Ok ok) const {
     typedef typename F::value T;
 #pragma unroll
-    for (int b = 0; b < KH; ++b) {
+    for (int b = 0; b < R; ++b) {
 #pragma unroll
       for (int k = 0; k < packs; ++k) {
         const int c0 = k * VEC - LEAD;
@@ -589,16 +589,17 @@ struct RowTaps {
     }
   }
 
-  // The tile of outputs o[0..G) (consecutive along W, one row): v[b][c] = f.load(pos, ok)
-  // for column c < span of window row b < KH (with VEC > 1 the same values from packs) in D
-  // slice `slice` of the plane, with rok[b], cok[c] whether row and column lie inside it;
-  // every load starts before any tap is used. A tile inside the plane (most of them) loads
-  // without a test per slot.
-  template <typename F>
-  __device__ __forceinline__ void load(const Output<int>& o0, const F& f,
-                                       typename F::value (&v)[KH][span], bool (&rok)[KH],
-                                       bool (&cok)[span], int (&base)[KH],
-                                       int slice = 0) const {
+  // The tile of outputs o[0..G) (consecutive along W, one row) in S D slices slice[u] of the
+  // plane: v[u * KH + b][c] = f.load(pos, ok) for column c < span of window row b < KH of
+  // slice u (with VEC > 1 the same values from packs), base[u * KH + b] the position of the
+  // row's column 0, with rok[b], cok[c] whether row and column lie inside the plane (the
+  // slices must); every load starts before any tap is used. A tile inside the plane (most of
+  // them) loads without a test per slot.
+  template <int S, typename F>
+  __device__ __forceinline__ void load_slices(const Output<int>& o0, const F& f,
+                                              typename F::value (&v)[S * KH][span],
+                                              bool (&rok)[KH], bool (&cok)[span],
+                                              int (&base)[S * KH], const int (&slice)[S]) const {
     const int h0 = o0.o_h * g.sh - g.ph;
     const int w0 = o0.o_w * SW - g.pw;
     bool inside = true;
@@ -612,7 +613,8 @@ struct RowTaps {
       const int ph = h0 + b * g.dh;
       rok[b] = (unsigned)ph < (unsigned)g.ih;
       inside = inside && rok[b];
-      base[b] = (slice * g.ih + ph) * g.iw + w0;
+#pragma unroll
+      for (int u = 0; u < S; ++u) base[u * KH + b] = (slice[u] * g.ih + ph) * g.iw + w0;
     }
     if constexpr (VEC > 1) {
       // pack k starts at column w0 - LEAD + k * VEC; a column outside the row lies in a pack
@@ -629,21 +631,31 @@ struct RowTaps {
       if (all) {
         load_packs(f, base, v, [](int, int) { return true; });
       } else {
-        load_packs(f, base, v, [&](int b, int k) { return rok[b] && pok[k]; });
+        load_packs(f, base, v, [&](int r, int k) { return rok[r % KH] && pok[k]; });
       }
     } else if (inside) {
 #pragma unroll
-      for (int b = 0; b < KH; ++b) {
+      for (int r = 0; r < S * KH; ++r) {
 #pragma unroll
-        for (int c = 0; c < span; ++c) v[b][c] = f.load(base[b] + c, true);
+        for (int c = 0; c < span; ++c) v[r][c] = f.load(base[r] + c, true);
       }
     } else {
 #pragma unroll
-      for (int b = 0; b < KH; ++b) {
+      for (int r = 0; r < S * KH; ++r) {
 #pragma unroll
-        for (int c = 0; c < span; ++c) v[b][c] = f.load(base[b] + c, rok[b] && cok[c]);
+        for (int c = 0; c < span; ++c) v[r][c] = f.load(base[r] + c, rok[r % KH] && cok[c]);
       }
     }
+  }
+
+  // load_slices of the one slice `slice`.
+  template <typename F>
+  __device__ __forceinline__ void load(const Output<int>& o0, const F& f,
+                                       typename F::value (&v)[KH][span], bool (&rok)[KH],
+                                       bool (&cok)[span], int (&base)[KH],
+                                       int slice = 0) const {
+    const int one[1] = {slice};
+    load_slices<1>(o0, f, v, rok, cok, base, one);
   }
 
   // f[j].take(v, pos) for the taps of window j < G in row-major order, those of D slice
@@ -710,10 +722,12 @@ struct RowTaps {
 // Row tiles of 3-D planes: the (H, W) taps of RowTaps per D tap of the window (g.kd, at run
 // time) inside the plane, in D order (so row-major order holds); the output rows are the
 // (d, h) pairs (outputs_rows with DEPTH); a tap's position counts the slices before its
-// own. Max (batched) only.
+// own.
 template <int KH, int KW, int SW, int VEC, int LEAD>
 struct DepthRowTaps : RowTaps<KH, KW, SW, VEC, LEAD> {
+  typedef RowTaps<KH, KW, SW, VEC, LEAD> Rows;
   static constexpr bool depth = true;
+  static constexpr int kd = 0;  // D taps at run time
   template <int G, typename F>
   __device__ __forceinline__ void batched(const Output<int>* o, int n, F* f) const {
     const Geo<int>& g = this->g;
@@ -721,8 +735,75 @@ struct DepthRowTaps : RowTaps<KH, KW, SW, VEC, LEAD> {
 #pragma unroll 1
     for (int a = 0; a < g.kd; ++a) {
       const int slice = d0 + a * g.dd;
-      if ((unsigned)slice < (unsigned)g.id) RowTaps<KH, KW, SW, VEC, LEAD>::template batched<G>(
-          o, n, f, slice);
+      if ((unsigned)slice < (unsigned)g.id) Rows::template batched<G>(o, n, f, slice);
+    }
+  }
+
+  // sum[j], count[j]: the separable sums of windows j < G (those of sum_separable: per (H, W)
+  // tap the sum over the D taps inside the plane, then RowTaps::sums' order over H and W,
+  // each from `zero`); the D sums of a column are shared between the windows that overlap.
+  template <int G, typename A, typename F>
+  __device__ __forceinline__ void sums(const Output<int>* o, int, const F& term, A zero,
+                                       A* sum, long long* count) const {
+    static_assert(G == Rows::joint, "a row tile takes GP_ROW_TILE outputs at once");
+    constexpr int span = Rows::span;
+    const Geo<int>& g = this->g;
+    A dsum[KH][span];
+#pragma unroll
+    for (int b = 0; b < KH; ++b) {
+#pragma unroll
+      for (int c = 0; c < span; ++c) dsum[b][c] = zero;
+    }
+    // D taps per batch, their loads all started before any of their sums; a tap outside the
+    // plane loads its nearest slice inside (kept out of the sums)
+    constexpr int B = KH * span <= 32 ? 2 : 1;
+    typename F::value v[B * KH][span];
+    bool rok[KH], cok[span];
+    int base[B * KH];
+    int slices = 0;
+    const int d0 = o[0].o_d * g.sd - g.pd;
+#pragma unroll 1
+    for (int a = 0; a < g.kd; a += B) {
+      bool in[B];
+      int at[B];
+#pragma unroll
+      for (int u = 0; u < B; ++u) {
+        const int slice = d0 + (a + u) * g.dd;
+        in[u] = a + u < g.kd && (unsigned)slice < (unsigned)g.id;
+        at[u] = slice < 0 ? 0 : slice < g.id ? slice : g.id - 1;
+      }
+      this->template load_slices<B>(o[0], term, v, rok, cok, base, at);
+#pragma unroll
+      for (int u = 0; u < B; ++u) {
+        if (!in[u]) continue;
+        ++slices;
+#pragma unroll
+        for (int b = 0; b < KH; ++b) {
+#pragma unroll
+          for (int c = 0; c < span; ++c) dsum[b][c] += term.apply(v[u * KH + b][c]);
+        }
+      }
+    }
+    int rows = 0;
+#pragma unroll
+    for (int b = 0; b < KH; ++b) rows += rok[b] ? 1 : 0;
+    A col[span];
+#pragma unroll
+    for (int c = 0; c < span; ++c) {
+      col[c] = zero;
+#pragma unroll
+      for (int b = 0; b < KH; ++b) col[c] += dsum[b][c];
+    }
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      int cols = 0;
+      sum[j] = zero;
+#pragma unroll
+      for (int k = 0; k < KW; ++k) {
+        sum[j] += col[j * SW + k];
+        cols += cok[j * SW + k] ? 1 : 0;
+      }
+      count[j] = (long long)(slices * rows * cols);
     }
   }
 };

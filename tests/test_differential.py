@@ -665,23 +665,26 @@ def row_tile_cases():
             yield Case(f"{op}-{name}-p1-w64-misaligned", random_input(shape, dtype, "max"),
                        lambda x, w=w, f=call: f(x, w, "NCHW"), True, view=misaligned,
                        requests=(base if kh > 1 else f"{base}_rows",))
-        # 3-D max: windows of 2 D taps (D pad 1, ceil mode: windows of one valid D tap and
-        # of none), the D taps at run time, each W pad; one D tap per window at its own slice
+        # 3-D max and average: windows of 2 D taps (D pad 1, ceil mode: windows of one valid
+        # D tap and of none), the D taps at run time, each W pad (H windows over 1; else the
+        # general walk); one D tap per window at its own slice
         spatial3 = (3, 7, 64)
         kernel3, stride3 = (2, kh, kw), (1, 2 if kh > 1 else 1, sw)
-        for op, call, base in maxes:
+        ops3 = [(op, "max", call, base) for op, call, base in maxes] + [
+            ("avg-cip", "sum", _avg(cip=True), "avg_pool")]
+        for op, values, call, base in ops3:
             for pad in range(kw // 2 + 1):
                 w = Window(name, lead[:2], spatial3, kernel3, stride3, (1, kh // 2, pad), 1, True)
                 yield Case(f"{op}-3d-{name}-p{pad}",
-                           random_input(lead[:2] + spatial3, dtype, "max"),
+                           random_input(lead[:2] + spatial3, dtype, values),
                            lambda x, w=w, f=call: f(x, w, "NCHW"), True,
-                           requests=(f"{base}_depth_rows",))
+                           requests=(f"{base}_depth_rows" if kh > 1 else base,))
             w = Window(name, lead[:2], spatial3, (1,) + kernel3[1:], stride3,
                        (0, kh // 2, kw // 2))
-            yield Case(f"{op}-3d-slices-{name}", random_input(lead[:2] + spatial3, dtype, "max"),
+            yield Case(f"{op}-3d-slices-{name}", random_input(lead[:2] + spatial3, dtype, values),
                        lambda x, w=w, f=call: f(x, w, "NCHW"), True,
-                       requests=("max_pool_rows" if op == "max" else
-                                 "max_pool_indices_depth_rows",))
+                       requests=(f"{base}_rows" if op != "max-idx" else
+                                 "max_pool_indices_depth_rows" if kh > 1 else base,))
 
 
 # ----------------------------------------------------------------------------- small device

@@ -256,7 +256,7 @@ def test_channel_packs(channels, kw, align, expected):
     ((32, 64, 112, 112), 3, 2, 1, 1, dict(op="avg", dtype="float64"), None),
     ((32, 64, 112, 112), 3, 2, 1, 2, dict(op="avg"), None),  # dilation
     ((32, 64, 112, 112), 3, 3, 1, 1, dict(op="avg"), None),  # a stride not compiled in
-    ((2, 3, 10, 10, 10), (2, 2, 2), 2, 0, 1, dict(op="avg"), None),  # 3-D
+    ((2, 3, 10, 10, 10), (2, 2, 2), 2, 0, 1, dict(op="avg"), None),  # 3-D, off the packs
     # a 3-D max with one D tap per window at its own slice: the 2-D pooling of its slices
     ((8, 64, 16, 112, 112), (1, 2, 2), (1, 2, 2), 0, 1, dict(dtype="float16"), (2, 2, 2, 8, 0)),
     ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1, {}, (3, 3, 2, 4, 3)),
@@ -268,7 +268,9 @@ def test_channel_packs(channels, kw, align, expected):
     ((4, 128, 16, 56, 56), (2, 2, 2), 2, 0, 1, dict(dtype="float16"), (2, 2, 2, 8, 0)),
     ((2, 3, 10, 10, 10), (2, 2, 2), 2, 0, 1, {}, None),  # rows off the packs
     ((2, 3, 5, 64, 64), (3, 3, 3), (1, 2, 2), 1, 2, {}, None),  # dilation
-    ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1, dict(op="avg"), None),
+    ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1, dict(op="avg"), (3, 3, 2, 4, 3)),
+    ((1, 32, 16, 56, 56), (2, 2, 2), 2, 0, 1, dict(op="avg", dtype="float16"), (2, 2, 2, 8, 0)),
+    ((2, 3, 5, 8, 64), (2, 1, 3), (1, 1, 2), 0, 1, {}, None),  # D taps, a window 1 high
     # slices, planes past one grid dim (a block of 256 threads per slice or plane: no packing)
     ((4000, 20, 8, 2048), (1, 2, 2), (1, 2, 2), 0, 1, {}, None),
     ((70000, 8, 2048), 2, 2, 0, 1, dict(op="avg"), None),
@@ -277,9 +279,10 @@ def test_row_tiles_take_the_compiled_in_nchw_windows(shape, k, s, p, d, kw, expe
     """1-D and 2-D NCHW averages and max pooling (values, or values and indices) of
     ROW_TILE_DTYPES with a window and stride of ROW_TILE_WINDOWS and dilation 1 take the
     row-tile kernels, ROW_TILE outputs per thread, in packs of 16 bytes (8 where 16 do not
-    divide ROW_TILE * SW) where the packs divide the rows; a 2-D or 3-D max only in packs
-    (3-D values: as 2-D planes where each window takes one D tap at its own slice); the rest
-    the general window walk."""
+    divide ROW_TILE * SW) where the packs divide the rows; a 2-D or 3-D max only in packs; 3-D
+    as 2-D planes where each window takes one D tap at its own slice (not a max with
+    indices), else the D taps at run time, in packs only and for windows over 1 high; the
+    rest the general window walk."""
     sp = window(shape, k, s, p, d, **kw)
     assert row_tiles.row_tile(sp) == expected
     (la,) = plan(sp, H100).launches

@@ -27,7 +27,8 @@ FAMILY_FILES = {
     **dict.fromkeys(("max_pool", "max_pool_indices", "max_pool_rows", "max_pool_depth_rows",
                      "max_pool_indices_rows", "max_pool_indices_depth_rows", "max_pool_packs",
                      "max_unpool", "max_unpool_gather"), "max_pool.cu"),
-    **dict.fromkeys(("avg_pool", "avg_pool_rows", "avg_pool_packs", "lp_pool"), "avg_pool.cu"),
+    **dict.fromkeys(("avg_pool", "avg_pool_rows", "avg_pool_depth_rows", "avg_pool_packs",
+                     "lp_pool"), "avg_pool.cu"),
     **dict.fromkeys(("adaptive_max", "adaptive_max_indices", "adaptive_avg",
                      "adaptive_max_lanes", "adaptive_max_indices_lanes", "adaptive_avg_lanes"),
                     "adaptive_pool.cu"),
@@ -207,10 +208,11 @@ def _forward_names(itype: str) -> list[str]:
                 out += [rows_name(f"{base}_rows", dtype, shape)
                         for dtype in row_tiles.ROW_TILE_DTYPES
                         for shape in row_tile_shapes(op, dtype)]
-                if op == "max":  # 3-D: in packs only
-                    out += [rows_name(f"{base}_depth_rows", dtype, shape)
-                            for dtype in row_tiles.ROW_TILE_DTYPES
-                            for shape in row_tile_shapes(op, dtype) if shape[3] > 1]
+                # 3-D windows: H windows over 1, in packs only
+                out += [rows_name(f"{base}_depth_rows", dtype, shape)
+                        for dtype in row_tiles.ROW_TILE_DTYPES
+                        for shape in row_tile_shapes(op, dtype)
+                        if shape[0] > 1 and shape[3] > 1]
         for dtype in (CTYPES if op == "max" else FLOAT_DTYPES):
             one, first, second = global_type_pairs(op, dtype)
             pairs = {"global_block": (one, first), "global_channels": (one, first, second)}

@@ -30,23 +30,25 @@ def depth_slices(spec) -> int:
 def row_tile(spec, align: int = 16) -> tuple[int, ...] | None:
     """(KH, KW, SW, VEC, LEAD) of the row-tile kernels (``max_pool_rows``,
     ``max_pool_indices_rows``, ``avg_pool_rows``: ROW_TILE outputs side by side along W per
-    thread) when they cover ``spec``: a 1-D or 2-D NCHW average or max (values, or values and
-    indices) of ROW_TILE_DTYPES (a max also 3-D: its :func:`depth_slices` as 2-D planes, else
-    ``max_pool_depth_rows`` or ``max_pool_indices_depth_rows``, the D taps at run time),
-    dilation 1, an (H, W) window and W stride of ROW_TILE_WINDOWS, 32-bit offsets,
-    plane (slice) groups and output rows within a grid dim; else None.
+    thread) when they cover ``spec``: an NCHW average or max (values, or values and indices)
+    of ROW_TILE_DTYPES (3-D: its :func:`depth_slices` as 2-D planes, else the ``*_depth_rows``
+    kernels, the D taps at run time, H windows over 1), dilation 1, an (H, W) window and W
+    stride of ROW_TILE_WINDOWS, 32-bit offsets, plane (slice) groups and output rows within a
+    grid dim; else None.
     Input rows load in packs of VEC elements from LEAD = -(W pad) mod VEC columns before a
     tile's first: 16 bytes, or 8 where 16 do not divide ROW_TILE * SW, if VEC divides the row
     length and ``align`` (the input start's alignment, bytes) holds a pack; else VEC 1. A 2-D
-    max takes them only in packs (a load per column: L1-bound in the calibrated model)."""
+    or 3-D max and the ``*_depth_rows`` kernels take them only in packs (a load per column:
+    L1-bound in the calibrated model)."""
     g = spec.geom
     if (not isinstance(spec, S.WindowSpec) or spec.op not in ("max", "avg")
             or g.layout != "NCHW"
-            or g.nd > (3 if spec.op == "max" else 2) or g.dtype not in ROW_TILE_DTYPES
+            or g.dtype not in ROW_TILE_DTYPES
             or any(d != 1 for d in spec.dilation)):
         return None
     shape = canonical3(spec.kernel, 1)[1:] + (spec.stride[-1],)
-    if shape not in ROW_TILE_WINDOWS or index_type(spec) != "int":
+    if (shape not in ROW_TILE_WINDOWS or index_type(spec) != "int"
+            or (shape[0] == 1 and not depth_slices(spec))):
         return None
     planes, rows = _grid(spec)
     if max(cdiv(planes, _block(spec)[2]), rows) > GRID_YZ_MAX:
@@ -55,8 +57,8 @@ def row_tile(spec, align: int = 16) -> tuple[int, ...] | None:
     vec = 16 // item if ROW_TILE * shape[2] % (16 // item) == 0 else 8 // item
     if vec * item > align or g.spatial[-1] % vec:
         vec = 1
-    return None if spec.op == "max" and g.nd > 1 and vec == 1 else (
-        shape + (vec, -spec.pads[-1][0] % vec))
+    per_column = spec.op == "max" and g.nd > 1 or not depth_slices(spec)
+    return None if per_column and vec == 1 else shape + (vec, -spec.pads[-1][0] % vec)
 
 
 def _grid(spec: S.WindowSpec) -> tuple[int, int]:
