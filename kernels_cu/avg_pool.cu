@@ -121,9 +121,10 @@ __global__ void __launch_bounds__(GP_BLOCK_THREADS)
 
 // avg_pool_rows of 3-D NCHW planes, their windows' D taps at run time (gp::DepthRowTaps: per
 // column the sum over the D taps first, as the separable order has it). Geometry:
-// gp::outputs_rows with DEPTH (grid y = groups of the output rows (d, h)).
+// gp::outputs_rows with DEPTH (grid y = groups of the output rows (d, h)). Bound: 256
+// threads, 1 block (at ptxas's default for sm_90, a bfloat16 2 x 2 window spilled).
 template <typename T, int KH, int KW, int SW, int VEC, int LEAD>
-__global__ void __launch_bounds__(GP_BLOCK_THREADS)
+__global__ void __launch_bounds__(GP_BLOCK_THREADS, 1)
     avg_pool_depth_rows(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(int),
                         int ped, int peh, int pew, int include_pad, int divisor_override) {
   GP_GEO(int);
