@@ -26,7 +26,7 @@ QUANTIZED_ACC_DTYPES = ("int32", "int64")
 FAMILY_FILES = {
     **dict.fromkeys(("max_pool", "max_pool_indices", "max_pool_rows", "max_pool_depth_rows",
                      "max_pool_indices_rows", "max_pool_indices_depth_rows", "max_pool_packs",
-                     "max_unpool", "max_unpool_gather"), "max_pool.cu"),
+                     "max_unpool", "max_unpool_gather", "max_unpool_tiles"), "max_pool.cu"),
     **dict.fromkeys(("avg_pool", "avg_pool_rows", "avg_pool_packs", "lp_pool"), "avg_pool.cu"),
     **dict.fromkeys(("adaptive_max", "adaptive_max_indices", "adaptive_avg",
                      "adaptive_max_lanes", "adaptive_max_indices_lanes", "adaptive_avg_lanes"),
@@ -128,8 +128,12 @@ def global_name(kernel_base: str, is_max: bool, tin: str, tout: str, itype: str,
     return f"{kernel_base}<{cbool(is_max)}, {ctype(tin)}, {ctype(tout)}, {itype}{tail}>"
 
 
-def unpool_name(itemsize: int, indices_dtype: str, itype: str, nhwc: bool | None = None) -> str:
-    """The scatter's name expression, or with ``nhwc`` (a bool) the gather's."""
+def unpool_name(itemsize: int, indices_dtype: str, itype: str, nhwc: bool | None = None,
+                tiles: bool = False) -> str:
+    """The scatter's name expression, or with ``nhwc`` (a bool) the gather's, or with
+    ``tiles`` the tiles' (int64 indices, NCHW: :func:`gpupool.cuda.planner.unpool_tiles`)."""
+    if tiles:
+        return f"max_unpool_tiles<{WORDS[itemsize]}, {itype}>"
     if nhwc is None:
         return f"max_unpool<{WORDS[itemsize]}, {ctype(indices_dtype)}, {itype}>"
     return (f"max_unpool_gather<{WORDS[itemsize]}, {ctype(indices_dtype)}, {itype}, "
@@ -223,6 +227,7 @@ def _forward_names(itype: str) -> list[str]:
     for size in WORDS:
         for idt in INT_DTYPES:
             out += [unpool_name(size, idt, itype, nhwc) for nhwc in (None, False, True)]
+        out.append(unpool_name(size, "int64", itype, tiles=True))
     return out
 
 

@@ -349,12 +349,18 @@ def unpool_gathers(spec: S.UnpoolSpec) -> bool:
     return spec.disjoint and spec.geom.nd <= 3
 
 
-def _unpool(spec: S.UnpoolSpec, device: DeviceInfo, words: list, scatter: bool) -> Plan:
+def _unpool(spec: S.UnpoolSpec, device: DeviceInfo, words: list, scatter: bool,
+            indices_dtype: str) -> Plan:
     """The gather where it applies (one thread per output position, as the backward's
-    gather of the pooling; it needs every index in its own window, which the host checks),
-    else zero fill + scatter."""
+    gather of the pooling, or with int64 indices the tiles where the windows tile the input
+    (:func:`tiles`); it needs every index in its own window, which the host checks), else
+    zero fill + scatter."""
     if unpool_gathers(spec) and not scatter:
         pool = spec.pooling
+        if indices_dtype == "int64" and tiles(pool):
+            words.append("gather: each output position takes the value of its window if that "
+                         "window's index names it, else 0")
+            return _tiles(pool, words, "unpool", "max_unpool_tiles", "pooled")
         words.append("gather: windows do not overlap; each output position takes the value of "
                      "the window that covers it if that window's index names it, else 0 (no "
                      "fill; indices outside their windows fall back to the scatter)")
@@ -399,7 +405,7 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
     if spec.op == "avg" and isinstance(view, S.AdaptiveSpec) and view.whole_plane:
         return _broadcast(view, device, words)
     if spec.op == "avg" and isinstance(view, S.WindowSpec) and tiles(view):
-        return _tiles(view, device, words)
+        return _tiles(view, words)
     kind = "window" if isinstance(view, S.WindowSpec) else "adaptive"
     words.append(f"gather: one thread per input element sums the gradients of the {kind} "
                  f"windows that cover it (output {view.out_spatial}; no atomics)")
@@ -431,21 +437,22 @@ def tiles(spec: S.WindowSpec) -> bool:
                            spec.geom.spatial, spec.out_spatial)))
 
 
-def _tiles(view: S.WindowSpec, device: DeviceInfo, words: list) -> Plan:
-    """An average's backward whose windows tile the input (:func:`tiles`): a thread per pack
-    of 8 bytes of a grad row stores its windows' input rows as 16-byte packs. Blocks of up to
-    BLOCK_THREADS threads: TX packs along W (a row's packs, or a block's width of them) by TY
-    grad rows; row groups on grid y (and z)."""
+def _tiles(view: S.WindowSpec, words: list, family: str = "gather",
+           kernel: str = "avg_tiles_backward", what: str = "gradient") -> Plan:
+    """An average's backward (or an unpool) whose windows tile the input (:func:`tiles`): a
+    thread per pack of 8 bytes of a grad (pooled) row stores its windows' input rows as
+    16-byte packs. Blocks of up to BLOCK_THREADS threads: TX packs along W (a row's packs, or
+    a block's width of them) by TY grad rows; row groups on grid y (and z)."""
     ow = view.out_spatial[-1]
     rows = math.prod(view.out_shape) // ow
     pack = 8 // S.ITEMSIZE[view.geom.dtype]
     tx = min(cdiv(ow, pack), BLOCK_THREADS)
     ty = min(BLOCK_THREADS // tx, rows)
     y, z = plane_grid(cdiv(rows, ty))
-    words.append(f"tiles: the windows tile the input; a thread per {pack} gradient elements "
+    words.append(f"tiles: the windows tile the input; a thread per {pack} {what} elements "
                  f"of a row stores its windows' input rows as 16-byte packs; blocks of {tx} "
-                 f"packs by {ty} of the {rows} gradient rows")
-    return Plan("gather", index_type(view), (Launch("avg_tiles_backward", (cdiv(
+                 f"packs by {ty} of the {rows} {what} rows")
+    return Plan(family, index_type(view), (Launch(kernel, (cdiv(
         cdiv(ow, pack), tx), y, z), (tx, ty, 1), 1, (("rows", rows),)),), tuple(words))
 
 
@@ -487,10 +494,12 @@ def kernel_spec(spec, align: int = 16):
 
 
 @functools.lru_cache(maxsize=1024)
-def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align: int = 16) -> Plan:
+def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align: int = 16,
+         indices_dtype: str = "int64") -> Plan:
     """The launch plan of ``spec`` (a WindowSpec, AdaptiveSpec, UnpoolSpec or GradSpec) on
     ``device`` (default: an H100's properties); ``scatter``: an UnpoolSpec's zero fill +
-    scatter even where its gather applies; ``align``: the input start's alignment in bytes."""
+    scatter even where its gather applies; ``align``: the input start's alignment in bytes;
+    ``indices_dtype``: an UnpoolSpec's indices' dtype."""
     device = device or H100
     run = kernel_spec(spec, align)
     g = spec.forward.geom if isinstance(spec, GradSpec) else spec.geom
@@ -504,7 +513,7 @@ def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align
     if isinstance(spec, GradSpec):
         p = _gather(spec, device, words)
     elif isinstance(spec, S.UnpoolSpec):
-        p = _unpool(spec, device, words, scatter)
+        p = _unpool(spec, device, words, scatter, indices_dtype)
     elif isinstance(spec, S.AdaptiveSpec) and spec.is_global and not spec.return_indices:
         p = _global(spec, device, words)
     elif _window_is_global(spec):
