@@ -30,8 +30,7 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64", scatter: bool =
     ``indices_dtype``: dtype of an unpool's indices; ``scatter``: an unpool's scatter plan
     even where its gather applies; ``align``: the bytes the input's start is aligned to
     (:func:`gpupool.cuda.planner.plan`)."""
-    pl = planner.plan(spec, launching.device_info(device_id), scatter=scatter, align=align,
-                      indices_dtype=indices_dtype)
+    pl = planner.plan(spec, launching.device_info(device_id), scatter=scatter, align=align)
     spec = planner.kernel_spec(spec, align)
     itype = pl.index_type
     it = itype_scalar(itype)

@@ -349,15 +349,14 @@ def unpool_gathers(spec: S.UnpoolSpec) -> bool:
     return spec.disjoint and spec.geom.nd <= 3
 
 
-def _unpool(spec: S.UnpoolSpec, device: DeviceInfo, words: list, scatter: bool,
-            indices_dtype: str) -> Plan:
+def _unpool(spec: S.UnpoolSpec, device: DeviceInfo, words: list, scatter: bool) -> Plan:
     """The gather where it applies (one thread per output position, as the backward's
     gather of the pooling, or with int64 indices the tiles where the windows tile the input
     (:func:`tiles`); it needs every index in its own window, which the host checks), else
     zero fill + scatter."""
     if unpool_gathers(spec) and not scatter:
         pool = spec.pooling
-        if indices_dtype == "int64" and tiles(pool):
+        if spec.index_dtype == "int64" and tiles(pool):
             words.append("gather: each output position takes the value of its window if that "
                          "window's index names it, else 0")
             return _tiles(pool, words, "unpool", "max_unpool_tiles", "pooled")
@@ -406,6 +405,8 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
         return _broadcast(view, device, words)
     if spec.op == "avg" and isinstance(view, S.WindowSpec) and tiles(view):
         return _tiles(view, words)
+    if spec.op == "avg" and isinstance(view, S.WindowSpec) and channel_tiles(view):
+        return _channel_tiles(view, words)
     kind = "window" if isinstance(view, S.WindowSpec) else "adaptive"
     words.append(f"gather: one thread per input element sums the gradients of the {kind} "
                  f"windows that cover it (output {view.out_spatial}; no atomics)")
@@ -427,14 +428,42 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
                   (("covers", covers),) if kind == "window" else ())
 
 
+def _tile_exactly(spec: S.WindowSpec) -> bool:
+    """Whether the windows of ``spec`` tile its input exactly: stride == kernel, no dilation,
+    no padding, each input dim the kernel times the output dim; each input element is then
+    covered by one window."""
+    return all(s == k and d == 1 and not any(pads) and i == k * o for k, s, d, pads, i, o
+               in zip(spec.kernel, spec.stride, spec.dilation, spec.pads, spec.geom.spatial,
+                      spec.out_spatial))
+
+
 def tiles(spec: S.WindowSpec) -> bool:
-    """Whether the windows of ``spec`` tile its input exactly, 2 wide along W (NCHW): stride
-    == kernel, no dilation, no padding, each input dim the kernel times the output dim; each
-    input element is then covered by one window."""
-    return (spec.geom.layout == "NCHW" and spec.kernel[-1] == 2
-            and all(s == k and d == 1 and not any(pads) and i == k * o for k, s, d, pads, i, o
-                    in zip(spec.kernel, spec.stride, spec.dilation, spec.pads,
-                           spec.geom.spatial, spec.out_spatial)))
+    """Whether the windows of ``spec`` tile its input exactly (:func:`_tile_exactly`), 2 wide
+    along W, NCHW."""
+    return spec.geom.layout == "NCHW" and spec.kernel[-1] == 2 and _tile_exactly(spec)
+
+
+def channel_tiles(spec: S.WindowSpec) -> bool:
+    """Whether the windows of ``spec`` tile its input exactly (:func:`_tile_exactly`), NHWC."""
+    return spec.geom.layout == "NHWC" and _tile_exactly(spec)
+
+
+def _channel_tiles(view: S.WindowSpec, words: list) -> Plan:
+    """An average's backward whose windows tile an NHWC input (:func:`channel_tiles`): a thread
+    per 16-byte pack of a grad position's channels stores it at its window's input positions.
+    Blocks of up to BLOCK_THREADS threads: TX packs of a grad row by TY grad rows; row groups
+    on grid y (and z)."""
+    ow = view.out_spatial[-1]
+    rows = math.prod(view.out_shape) // (ow * view.geom.channels)
+    packs = ow * cdiv(view.geom.channels, 16 // S.ITEMSIZE[view.geom.dtype])
+    tx = min(packs, BLOCK_THREADS)
+    ty = min(BLOCK_THREADS // tx, rows)
+    y, z = plane_grid(cdiv(rows, ty))
+    words.append(f"channel tiles: the windows tile the input; a thread per 16-byte pack of a "
+                 f"gradient position's channels stores it at its window's positions; blocks of "
+                 f"{tx} packs by {ty} of the {rows} gradient rows")
+    return Plan("gather", index_type(view), (Launch("avg_channel_tiles_backward", (
+        cdiv(packs, tx), y, z), (tx, ty, 1), 1, (("rows", rows),)),), tuple(words))
 
 
 def _tiles(view: S.WindowSpec, words: list, family: str = "gather",
@@ -494,12 +523,10 @@ def kernel_spec(spec, align: int = 16):
 
 
 @functools.lru_cache(maxsize=1024)
-def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align: int = 16,
-         indices_dtype: str = "int64") -> Plan:
+def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align: int = 16) -> Plan:
     """The launch plan of ``spec`` (a WindowSpec, AdaptiveSpec, UnpoolSpec or GradSpec) on
     ``device`` (default: an H100's properties); ``scatter``: an UnpoolSpec's zero fill +
-    scatter even where its gather applies; ``align``: the input start's alignment in bytes;
-    ``indices_dtype``: an UnpoolSpec's indices' dtype."""
+    scatter even where its gather applies; ``align``: the input start's alignment in bytes."""
     device = device or H100
     run = kernel_spec(spec, align)
     g = spec.forward.geom if isinstance(spec, GradSpec) else spec.geom
@@ -513,7 +540,7 @@ def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align
     if isinstance(spec, GradSpec):
         p = _gather(spec, device, words)
     elif isinstance(spec, S.UnpoolSpec):
-        p = _unpool(spec, device, words, scatter, indices_dtype)
+        p = _unpool(spec, device, words, scatter)
     elif isinstance(spec, S.AdaptiveSpec) and spec.is_global and not spec.return_indices:
         p = _global(spec, device, words)
     elif _window_is_global(spec):
