@@ -126,6 +126,67 @@ __global__ void max_unpool_gather(const V* __restrict__ x, const J* __restrict__
                                [](V acc) { return acc; });
 }
 
+// Max unpooling where the windows tile the unpooled input exactly (as avg_tiles_backward's:
+// stride == kernel, no dilation, no padding, each unpooled dim kernel * pooled dim, 2 wide
+// along W; NCHW) and every int64 index lies in its own window or is -1 (the host checks
+// both): each output position takes x of its window when that window's index names it, else
+// 0, as max_unpool_gather. Elements move as unsigned words V of their size; an index is read
+// as an IndexWord (its low 32 bits where I is int). rows: the pooled rows (planes x od x oh),
+// plane_rows: od * oh of them per plane. Grid, block and thread as avg_tiles_backward's: a
+// thread per pack of P = 8 / sizeof(V) pooled elements of a row, all loaded first, stores the
+// kd * kh unpooled rows of their windows, each a run of 2P words stored as one 16-byte vector
+// where it lies whole inside the row on a 16-byte aligned address.
+template <typename V, typename I>
+__global__ void max_unpool_tiles(const V* __restrict__ x, const long long* __restrict__ indices,
+                                 V* __restrict__ out, I rows, I plane_rows, I oh, I ow, int kd,
+                                 int kh) {
+  typedef typename gp::IndexWord<long long, I>::type W;
+  constexpr int P = 8 / (int)sizeof(V);
+  constexpr I step = (I)(sizeof(long long) / sizeof(W));
+  const W* __restrict__ named = reinterpret_cast<const W*>(indices);
+  const I r = (I)gp::block_plane() * (I)blockDim.y + (I)threadIdx.y;
+  const I w0 = ((I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x) * (I)P;
+  if (r >= rows || w0 >= ow) return;
+  V xv[P];
+  W at[P];
+#pragma unroll
+  for (int u = 0; u < P; ++u) {
+    const I e = r * ow + (w0 + (I)u < ow ? w0 + (I)u : w0);
+    xv[u] = x[e];
+    at[u] = named[e * step];
+  }
+  // the unpooled rows first + a * ih + b of the windows' taps (a, b) (as avg_tiles_backward's;
+  // in_plane: first's row in the plane), each window's taps named from its first position
+  const I pr = r % plane_rows;
+  const I first = (I)kh * (kd > 1 ? r + (r / oh) * (I)(kd - 1) * oh : r);
+  const I in_plane = (I)kh * (kd > 1 ? pr + (pr / oh) * (I)(kd - 1) * oh : pr);
+  const I ih = (I)kh * oh, iw = (I)2 * ow;
+#pragma unroll
+  for (int u = 0; u < P; ++u) at[u] -= (W)(in_plane * iw + (I)2 * (w0 + (I)u));
+  V* __restrict__ row0 = out + first * iw + (I)2 * w0;
+  const bool whole = w0 + (I)P <= ow;
+  for (int a = 0; a < kd; ++a) {
+    for (int b = 0; b < kh; ++b) {
+      const I tap = ((I)a * ih + (I)b) * iw;  // tap (a, b, 0) from its window's first position
+      gp::Pack<V, 2 * P> pack;
+#pragma unroll
+      for (int u = 0; u < P; ++u) {
+        pack.v[2 * u] = at[u] == (W)tap ? xv[u] : (V)0;
+        pack.v[2 * u + 1] = at[u] == (W)(tap + (I)1) ? xv[u] : (V)0;
+      }
+      V* __restrict__ dst = row0 + tap;
+      if (whole && (unsigned long long)dst % sizeof(pack) == 0) {
+        *reinterpret_cast<gp::Pack<V, 2 * P>*>(dst) = pack;
+      } else {
+#pragma unroll
+        for (int u = 0; u < 2 * P; ++u) {
+          if (w0 + (I)(u / 2) < ow) dst[u] = pack.v[u];
+        }
+      }
+    }
+  }
+}
+
 // Max unpooling scatter into an `out` the host has already zero-filled (windows that
 // overlap, or an index outside its window). Elements move as
 // same-sized unsigned words V, so one instantiation serves every dtype of that size; J is the

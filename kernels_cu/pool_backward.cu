@@ -425,6 +425,61 @@ __global__ void avg_tiles_backward(const T* __restrict__ grad, T* __restrict__ o
   }
 }
 
+// avg_pool's backward where the windows tile the input exactly (stride == kernel, no dilation,
+// no padding, each input dim kernel * output dim; NHWC): each input element is covered by one
+// window, its gradient (A)0 + grad / divisor (as avg_tiles_backward's), channel by channel.
+// grid: x = chunks of TX packs of a grad row's positions' channels, y/z = groups of TY grad
+// rows (rows: batch x od x oh). block: (TX, TY, 1). thread: a pack of V = 16 / sizeof(T)
+// channels of one grad position (a position's last pack may hold fewer), loaded and divided
+// once and stored at the kd * kh * kw input positions of its window, each as one 16-byte
+// vector where it lies whole inside the channels on a 16-byte aligned address.
+template <typename T, typename I>
+__global__ void avg_channel_tiles_backward(const T* __restrict__ grad, T* __restrict__ out,
+                                           I rows, I oh, I ow, I chans, int kd, int kh, int kw,
+                                           int divisor) {
+  typedef typename gp::Num<T>::acc A;
+  constexpr int V = 16 / (int)sizeof(T);
+  const I r = (I)gp::block_plane() * (I)blockDim.y + (I)threadIdx.y;
+  const I packs = (chans + (I)(V - 1)) / (I)V;
+  const I t = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x;  // pack of the row
+  if (r >= rows || t >= ow * packs) return;
+  const I w = t / packs;
+  const I c0 = (t - w * packs) * (I)V;
+  const bool whole = c0 + (I)V <= chans;
+  const T* __restrict__ src = grad + (r * ow + w) * chans + c0;
+  gp::Pack<T, V> pack;
+  if (whole && (unsigned long long)src % sizeof(pack) == 0) {
+    pack = *reinterpret_cast<const gp::Pack<T, V>*>(src);
+  } else {
+#pragma unroll
+    for (int u = 0; u < V; ++u) pack.v[u] = src[c0 + (I)u < chans ? (I)u : (I)0];
+  }
+  const A div = (A)(long long)divisor;
+#pragma unroll
+  for (int u = 0; u < V; ++u) {
+    pack.v[u] = gp::Num<T>::store((A)0 + gp::Num<T>::load(pack.v[u]) / div);
+  }
+  // input rows kh * (r + slice * (kd - 1) * oh) + a * oh * kh + b of the windows' taps (a, b)
+  const I first = (I)kh * (kd > 1 ? r + (r / oh) * (I)(kd - 1) * oh : r);
+  const I ih = (I)kh * oh, iw = (I)kw * ow;
+  for (int a = 0; a < kd; ++a) {
+    for (int b = 0; b < kh; ++b) {
+      T* __restrict__ row = out + ((first + (I)a * ih + (I)b) * iw + w * (I)kw) * chans + c0;
+      for (int c = 0; c < kw; ++c) {
+        T* __restrict__ dst = row + (I)c * chans;
+        if (whole && (unsigned long long)dst % sizeof(pack) == 0) {
+          *reinterpret_cast<gp::Pack<T, V>*>(dst) = pack;
+        } else {
+#pragma unroll
+          for (int u = 0; u < V; ++u) {
+            if (c0 + (I)u < chans) dst[u] = pack.v[u];
+          }
+        }
+      }
+    }
+  }
+}
+
 // The backward of a global average (an adaptive average to size 1 in every dim), a broadcast:
 // element e of `out` (planes x plane_len elements, plane_len = size * chans; chans 1 for NCHW)
 // is (A)0 + grad[k] / size (the nested sum of its one window), k = e / size for NCHW, else

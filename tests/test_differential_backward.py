@@ -163,13 +163,16 @@ def window_cases():
                        tags=frozenset({"idx64"} if w.id in IDX64_WINDOWS else ()))
 
 
-#: Windows that tile their input exactly, 2 wide along W: NCHW averages take the tile kernel
+#: Windows that tile their input exactly: NCHW averages 2 wide along W take the tile kernel
 #: (a pack of a row's gradients per thread; rows of 16 floats on 16-byte aligned addresses, rows
-#: of 14 half of them not, a last pack with fewer gradients where W / 2 is odd).
+#: of 14 half of them not, a last pack with fewer gradients where W / 2 is odd), NHWC ones the
+#: channel tiles (a pack of a position's channels per thread: 3 channels, a short pack; 8,
+#: whole 16-byte packs).
 TILE_WINDOWS = [
     Window("1d-k2-tiles", (2, 3), (14,), (2,)),
     Window("2d-k2-tiles", (2, 3), (8, 16), 2),
     Window("2d-k32-tiles", (2, 3), (9, 10), (3, 2)),
+    Window("2d-k23-c8-tiles", (2, 8), (4, 9), (2, 3)),
     Window("3d-k2-tiles-ceil", (1, 3), (4, 6, 12), (2, 2, 2), ceil=True),
 ]
 
@@ -179,7 +182,8 @@ def tile_cases():
             TILE_WINDOWS, ("NCHW", "NHWC"), (("avg", {}), ("avg-div3", {"div": 3})), FLOATS):
         shape = shaped(w.lead, w.spatial, layout)
         inputs, run = _avg_case(w, layout, dtype, shape, **kw)
-        kernel = "avg_tiles_backward" if layout == "NCHW" else "avg_window_backward"
+        kernel = ("avg_channel_tiles_backward" if layout == "NHWC" else "avg_tiles_backward"
+                  if np.atleast_1d(w.kernel)[-1] == 2 else "avg_window_backward")
         yield Case(f"bw-{op}-{dtype}-{layout}-{w.id}", inputs, run, True, requests=(kernel,),
                    tags=frozenset({"idx64"} if w.id == "2d-k2-tiles" else ()))
 

@@ -464,6 +464,22 @@ def test_unpool_plan():
     assert pl.family == "unpool" and pl.launches[0].grid[0] >= 1
 
 
+def test_unpool_of_windows_that_tile_the_output_with_int64_indices_takes_the_tiles():
+    """2x2 s2 NCHW with int64 indices: a thread per 8 bytes of pooled values (2 floats) and
+    their indices writes its windows' rows, every output once; int32 indices or NHWC take the
+    gather."""
+    def unpool(index_dtype, layout):
+        shape = (2, 3, 8, 8) if layout == "NCHW" else (2, 8, 8, 3)
+        return S.unpool_spec("max_unpool", shape, "float32", shape, index_dtype, 2, 2, 0, None,
+                             layout)
+    (la,) = plan(unpool("int64", "NCHW"), H100).launches
+    x = 2 * 3 * 8 * 8
+    assert la.kernel == "max_unpool_tiles" and la.outputs == 4 * x
+    assert la.threads == x // 2 and (la.bytes_read, la.bytes_written) == (x * 12, 4 * x * 4)
+    assert plan(unpool("int32", "NCHW"), H100).launches[0].kernel == "max_unpool_gather"
+    assert plan(unpool("int64", "NHWC"), H100).launches[0].kernel == "max_unpool_gather"
+
+
 def test_unpool_gathers_where_windows_do_not_overlap():
     """2x2 s2 (and k2 d2 s3: extent 3 = stride): one gather pass that reads x and the indices
     and writes each output once; 3x3 s2 windows overlap, and more than 3 spatial dims have

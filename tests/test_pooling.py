@@ -704,6 +704,37 @@ def test_max_unpool_gather_and_scatter_paths(backend, monkeypatch, geometry, str
         launching.clear_launches()
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float16", "int8"])
+@pytest.mark.parametrize("kernel, spatial", [((2,), (18,)), (2, (6, 10)), ((2, 2, 2), (4, 6, 36))],
+                         ids=["1d", "2d", "3d"])
+def test_max_unpool_tiles_of_windows_that_tile_the_output(backend, monkeypatch, dtype, kernel,
+                                                           spatial):
+    """Windows that tile the output, 2 wide along W (NCHW), with max_pool's int64 indices: the
+    CUDA backend's tiles (packs of 8 bytes of pooled elements per thread, a row's last pack
+    short where its width is not a multiple) write the values of a direct loop
+    (scatter_reference); other index dtypes take the gather."""
+    rng = np.random.default_rng(9)
+    x = make_input(rng, (2, 3) + spatial, dtype)
+    y, i = gpupool.max_pool(backend.to_backend(x), kernel, return_indices=True)
+    yn, inn = backend.to_numpy(y), backend.to_numpy(i)
+    names = []
+    if backend.name == "cupy":
+        from gpupool.cuda import kernels, launching
+        real = kernels.kernel
+        monkeypatch.setattr(kernels, "kernel",
+                            lambda n: (names.append(n.split("<")[0]), real(n))[1])
+    for indices, kernel_name in ((inn, "max_unpool_tiles"),
+                                 (inn.astype(np.int32), "max_unpool_gather")):
+        names.clear()
+        if backend.name == "cupy":
+            launching.clear_launches()
+        up = gpupool.max_unpool(y, backend.to_backend(indices), kernel)
+        check(backend, up, scatter_reference(yn, indices, spatial), yn.dtype, exact=True)
+        if backend.name == "cupy":
+            assert names == [kernel_name]
+            launching.clear_launches()
+
+
 SWAPPED_OPS = {
     "max_pool": lambda x: gpupool.max_pool(x, 3, 2, 1),
     "max_pool_indices": lambda x: gpupool.max_pool(x, 3, 1, 1, return_indices=True),

@@ -14,7 +14,8 @@ thread per input element. The kernels gather in the order of the NumPy backend
   float16 and bfloat16. A global average (an adaptive one to size 1) is a broadcast: threads
   store 16-byte packs of a plane's gradient over its size (``avg_global_backward``); so do
   averages whose windows tile the input, 2 wide along W (NCHW), a thread per pack of gradients
-  (``avg_tiles_backward``).
+  (``avg_tiles_backward``), or any window size (NHWC), a thread per pack of a gradient
+  position's channels (``avg_channel_tiles_backward``).
 * global ops run as a 1-D pooling of each flattened plane, so any number of spatial dims;
   window and adaptive ops with more than 3 spatial dims run on the NumPy backend through a
   host round trip, as the forward ops.
@@ -61,6 +62,13 @@ def backward_steps(spec: GradSpec, device_id: int) -> tuple:
         args = (it(la.get("rows")), it(planner.canonical3(view.out_spatial, 1)[1]),
                 it(view.out_spatial[-1]), np.int32(kd), np.int32(kh),
                 np.int32(view.divisor_override or math.prod(view.kernel)))
+        return (Step(fn, la.grid, la.block, OPERANDS[spec.op], args),), None
+    if la.kernel == "avg_channel_tiles_backward":
+        it = itype_scalar(pl.index_type)
+        kd, kh, kw = planner.canonical3(view.kernel, 1)
+        _, oh, ow = planner.canonical3(view.out_spatial, 1)
+        args = (it(la.get("rows")), it(oh), it(ow), it(g.channels), np.int32(kd), np.int32(kh),
+                np.int32(kw), np.int32(view.divisor_override or math.prod(view.kernel)))
         return (Step(fn, la.grid, la.block, OPERANDS[spec.op], args),), None
     windowed = isinstance(view, WindowSpec)
     args = geo_args(view, itype_scalar(pl.index_type), windowed) + (np.int32(la.rows),)

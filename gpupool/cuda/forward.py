@@ -70,9 +70,16 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64", scatter: bool =
     else:  # unpool
         la = pl.launches[0]
         gather = la.kernel == "max_unpool_gather"
+        tiles = la.kernel == "max_unpool_tiles"
         name = unpool_name(np.dtype(g.dtype).itemsize, indices_dtype, itype,
-                           nhwc if gather else None)
-        if gather:  # the geometry of the pooling that the indices come from
+                           nhwc if gather else None, tiles)
+        if tiles:  # the pooled rows, and the windows' D and H sizes
+            pool = spec.pooling
+            od, oh, ow = planner.canonical3(pool.out_spatial, 1)
+            kd, kh, _ = planner.canonical3(pool.kernel, 1)
+            scalars = (it(la.get("rows")), it(od * oh), it(oh), it(ow), np.int32(kd),
+                       np.int32(kh))
+        elif gather:  # the geometry of the pooling that the indices come from
             pool = spec.pooling
             scalars = geo_args(pool, it, True) + (np.int32(la.rows),) + tuple(
                 np.int32(math.gcd(s, d)) for s, d in zip(planner.canonical3(pool.stride, 1),

@@ -26,7 +26,7 @@ QUANTIZED_ACC_DTYPES = ("int32", "int64")
 FAMILY_FILES = {
     **dict.fromkeys(("max_pool", "max_pool_indices", "max_pool_rows", "max_pool_depth_rows",
                      "max_pool_indices_rows", "max_pool_indices_depth_rows", "max_pool_packs",
-                     "max_unpool", "max_unpool_gather"), "max_pool.cu"),
+                     "max_unpool", "max_unpool_gather", "max_unpool_tiles"), "max_pool.cu"),
     **dict.fromkeys(("avg_pool", "avg_pool_rows", "avg_pool_depth_rows", "avg_pool_packs",
                      "lp_pool"), "avg_pool.cu"),
     **dict.fromkeys(("adaptive_max", "adaptive_max_indices", "adaptive_avg",
@@ -35,7 +35,7 @@ FAMILY_FILES = {
     **dict.fromkeys(("global_lanes", "global_block", "global_channels"), "global_pool.cu"),
     **dict.fromkeys(("max_window_backward", "max_adaptive_backward", "avg_window_backward",
                      "lp_window_backward", "avg_adaptive_backward", "avg_global_backward",
-                     "avg_tiles_backward"), "pool_backward.cu"),
+                     "avg_tiles_backward", "avg_channel_tiles_backward"), "pool_backward.cu"),
     **dict.fromkeys(("qmax_pool_nhwc4", "qmax_pool_words", "qavg_pool_words", "qavg_pool",
                      "qavg_adaptive", "qavg_global_lanes", "qavg_global_block",
                      "qavg_global_channels"), "quantized_pool.cu"),
@@ -43,8 +43,9 @@ FAMILY_FILES = {
 #: The backward window kernels, which take the bound on covering windows
 #: (:func:`gpupool.cuda.planner.gather_covers`).
 BACKWARD_WINDOW_KERNELS = ("max_window_backward", "avg_window_backward", "lp_window_backward")
-#: The backward kernels of NCHW only, which take no layout (:func:`gpupool.cuda.planner.tiles`).
-BACKWARD_NCHW_KERNELS = ("avg_tiles_backward",)
+#: The backward kernels of one layout, which take none (:func:`gpupool.cuda.planner.tiles`: NCHW,
+#: :func:`gpupool.cuda.planner.channel_tiles`: NHWC).
+BACKWARD_ONE_LAYOUT_KERNELS = ("avg_tiles_backward", "avg_channel_tiles_backward")
 
 
 def ctype(dtype: str) -> str:
@@ -129,8 +130,12 @@ def global_name(kernel_base: str, is_max: bool, tin: str, tout: str, itype: str,
     return f"{kernel_base}<{cbool(is_max)}, {ctype(tin)}, {ctype(tout)}, {itype}{tail}>"
 
 
-def unpool_name(itemsize: int, indices_dtype: str, itype: str, nhwc: bool | None = None) -> str:
-    """The scatter's name expression, or with ``nhwc`` (a bool) the gather's."""
+def unpool_name(itemsize: int, indices_dtype: str, itype: str, nhwc: bool | None = None,
+                tiles: bool = False) -> str:
+    """The scatter's name expression, or with ``nhwc`` (a bool) the gather's, or with
+    ``tiles`` the tiles' (int64 indices, NCHW: :func:`gpupool.cuda.planner.unpool_tiles`)."""
+    if tiles:
+        return f"max_unpool_tiles<{WORDS[itemsize]}, {itype}>"
     if nhwc is None:
         return f"max_unpool<{WORDS[itemsize]}, {ctype(indices_dtype)}, {itype}>"
     return (f"max_unpool_gather<{WORDS[itemsize]}, {ctype(indices_dtype)}, {itype}, "
@@ -140,7 +145,7 @@ def unpool_name(itemsize: int, indices_dtype: str, itype: str, nhwc: bool | None
 # ----------------------------------------------------------------- backward kernels
 def backward_name(kernel_base: str, dtype: str, itype: str, nhwc: bool, covers: int = 0) -> str:
     tail = f", {covers}" if kernel_base in BACKWARD_WINDOW_KERNELS else ""
-    if kernel_base in BACKWARD_NCHW_KERNELS:
+    if kernel_base in BACKWARD_ONE_LAYOUT_KERNELS:
         return f"{kernel_base}<{ctype(dtype)}, {itype}>"
     return f"{kernel_base}<{ctype(dtype)}, {itype}, {cbool(nhwc)}{tail}>"
 
@@ -225,6 +230,7 @@ def _forward_names(itype: str) -> list[str]:
     for size in WORDS:
         for idt in INT_DTYPES:
             out += [unpool_name(size, idt, itype, nhwc) for nhwc in (None, False, True)]
+        out.append(unpool_name(size, "int64", itype, tiles=True))
     return out
 
 
@@ -233,7 +239,7 @@ def _backward_names(itype: str) -> list[str]:
     return [backward_name(base, dtype, itype, nhwc, covers)
             for base, file in FAMILY_FILES.items() if file == "pool_backward.cu"
             for dtype in FLOAT_DTYPES
-            for nhwc in ((False,) if base in BACKWARD_NCHW_KERNELS else (False, True))
+            for nhwc in ((False,) if base in BACKWARD_ONE_LAYOUT_KERNELS else (False, True))
             for covers in backward_covers(base, itype)]
 
 

@@ -351,10 +351,15 @@ def unpool_gathers(spec: S.UnpoolSpec) -> bool:
 
 def _unpool(spec: S.UnpoolSpec, device: DeviceInfo, words: list, scatter: bool) -> Plan:
     """The gather where it applies (one thread per output position, as the backward's
-    gather of the pooling; it needs every index in its own window, which the host checks),
-    else zero fill + scatter."""
+    gather of the pooling, or with int64 indices the tiles where the windows tile the input
+    (:func:`tiles`); it needs every index in its own window, which the host checks), else
+    zero fill + scatter."""
     if unpool_gathers(spec) and not scatter:
         pool = spec.pooling
+        if spec.index_dtype == "int64" and tiles(pool):
+            words.append("gather: each output position takes the value of its window if that "
+                         "window's index names it, else 0")
+            return _tiles(pool, words, "unpool", "max_unpool_tiles", "pooled")
         words.append("gather: windows do not overlap; each output position takes the value of "
                      "the window that covers it if that window's index names it, else 0 (no "
                      "fill; indices outside their windows fall back to the scatter)")
@@ -399,7 +404,9 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
     if spec.op == "avg" and isinstance(view, S.AdaptiveSpec) and view.whole_plane:
         return _broadcast(view, device, words)
     if spec.op == "avg" and isinstance(view, S.WindowSpec) and tiles(view):
-        return _tiles(view, device, words)
+        return _tiles(view, words)
+    if spec.op == "avg" and isinstance(view, S.WindowSpec) and channel_tiles(view):
+        return _channel_tiles(view, words)
     kind = "window" if isinstance(view, S.WindowSpec) else "adaptive"
     words.append(f"gather: one thread per input element sums the gradients of the {kind} "
                  f"windows that cover it (output {view.out_spatial}; no atomics)")
@@ -421,31 +428,60 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
                   (("covers", covers),) if kind == "window" else ())
 
 
+def _tile_exactly(spec: S.WindowSpec) -> bool:
+    """Whether the windows of ``spec`` tile its input exactly: stride == kernel, no dilation,
+    no padding, each input dim the kernel times the output dim; each input element is then
+    covered by one window."""
+    return all(s == k and d == 1 and not any(pads) and i == k * o for k, s, d, pads, i, o
+               in zip(spec.kernel, spec.stride, spec.dilation, spec.pads, spec.geom.spatial,
+                      spec.out_spatial))
+
+
 def tiles(spec: S.WindowSpec) -> bool:
-    """Whether the windows of ``spec`` tile its input exactly, 2 wide along W (NCHW): stride
-    == kernel, no dilation, no padding, each input dim the kernel times the output dim; each
-    input element is then covered by one window."""
-    return (spec.geom.layout == "NCHW" and spec.kernel[-1] == 2
-            and all(s == k and d == 1 and not any(pads) and i == k * o for k, s, d, pads, i, o
-                    in zip(spec.kernel, spec.stride, spec.dilation, spec.pads,
-                           spec.geom.spatial, spec.out_spatial)))
+    """Whether the windows of ``spec`` tile its input exactly (:func:`_tile_exactly`), 2 wide
+    along W, NCHW."""
+    return spec.geom.layout == "NCHW" and spec.kernel[-1] == 2 and _tile_exactly(spec)
 
 
-def _tiles(view: S.WindowSpec, device: DeviceInfo, words: list) -> Plan:
-    """An average's backward whose windows tile the input (:func:`tiles`): a thread per pack
-    of 8 bytes of a grad row stores its windows' input rows as 16-byte packs. Blocks of up to
-    BLOCK_THREADS threads: TX packs along W (a row's packs, or a block's width of them) by TY
-    grad rows; row groups on grid y (and z)."""
+def channel_tiles(spec: S.WindowSpec) -> bool:
+    """Whether the windows of ``spec`` tile its input exactly (:func:`_tile_exactly`), NHWC."""
+    return spec.geom.layout == "NHWC" and _tile_exactly(spec)
+
+
+def _channel_tiles(view: S.WindowSpec, words: list) -> Plan:
+    """An average's backward whose windows tile an NHWC input (:func:`channel_tiles`): a thread
+    per 16-byte pack of a grad position's channels stores it at its window's input positions.
+    Blocks of up to BLOCK_THREADS threads: TX packs of a grad row by TY grad rows; row groups
+    on grid y (and z)."""
+    ow = view.out_spatial[-1]
+    rows = math.prod(view.out_shape) // (ow * view.geom.channels)
+    packs = ow * cdiv(view.geom.channels, 16 // S.ITEMSIZE[view.geom.dtype])
+    tx = min(packs, BLOCK_THREADS)
+    ty = min(BLOCK_THREADS // tx, rows)
+    y, z = plane_grid(cdiv(rows, ty))
+    words.append(f"channel tiles: the windows tile the input; a thread per 16-byte pack of a "
+                 f"gradient position's channels stores it at its window's positions; blocks of "
+                 f"{tx} packs by {ty} of the {rows} gradient rows")
+    return Plan("gather", index_type(view), (Launch("avg_channel_tiles_backward", (
+        cdiv(packs, tx), y, z), (tx, ty, 1), 1, (("rows", rows),)),), tuple(words))
+
+
+def _tiles(view: S.WindowSpec, words: list, family: str = "gather",
+           kernel: str = "avg_tiles_backward", what: str = "gradient") -> Plan:
+    """An average's backward (or an unpool) whose windows tile the input (:func:`tiles`): a
+    thread per pack of 8 bytes of a grad (pooled) row stores its windows' input rows as
+    16-byte packs. Blocks of up to BLOCK_THREADS threads: TX packs along W (a row's packs, or
+    a block's width of them) by TY grad rows; row groups on grid y (and z)."""
     ow = view.out_spatial[-1]
     rows = math.prod(view.out_shape) // ow
     pack = 8 // S.ITEMSIZE[view.geom.dtype]
     tx = min(cdiv(ow, pack), BLOCK_THREADS)
     ty = min(BLOCK_THREADS // tx, rows)
     y, z = plane_grid(cdiv(rows, ty))
-    words.append(f"tiles: the windows tile the input; a thread per {pack} gradient elements "
+    words.append(f"tiles: the windows tile the input; a thread per {pack} {what} elements "
                  f"of a row stores its windows' input rows as 16-byte packs; blocks of {tx} "
-                 f"packs by {ty} of the {rows} gradient rows")
-    return Plan("gather", index_type(view), (Launch("avg_tiles_backward", (cdiv(
+                 f"packs by {ty} of the {rows} {what} rows")
+    return Plan(family, index_type(view), (Launch(kernel, (cdiv(
         cdiv(ow, pack), tx), y, z), (tx, ty, 1), 1, (("rows", rows),)),), tuple(words))
 
 
