@@ -52,6 +52,7 @@ PLANNER_DEFINES = (("GP_BLOCK_THREADS", str(planner.BLOCK_THREADS)),
                    ("GP_ROW_TILE", str(row_tiles.ROW_TILE)),
                    ("GP_NAMED_GROUP", str(planner.NAMED_GROUP)),
                    ("GP_MAX_PACK", str(planner.MAX_PACK)),
+                   ("GP_CELL_COLUMNS", str(planner.CELL_COLUMNS)),
                    ("GP_BROADCAST_PACKS", str(planner.BROADCAST_PACKS)),
                    *((f"GP_GATHER_GROUP_{c}", str(g)) for c, g in sorted(
                        planner.GATHER_GROUP.items())))

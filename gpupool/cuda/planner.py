@@ -18,7 +18,8 @@ Rules, in order (the tiling plan this project started from):
 The backward ops (a :class:`~gpupool.grad_spec.GradSpec`) gather: one thread per input element
 sums the gradients of the windows that cover it, so the launch tiles the input's positions
 as rules 1-2 tile a forward's outputs (:func:`gather_view`); a global average's backward is a
-broadcast over groups of whole planes instead (:func:`_broadcast`). Max unpooling gathers the
+broadcast over groups of whole planes instead (:func:`_broadcast`), and a max's of stride 2
+takes a cell of 2 rows per thread (:func:`cells`). Max unpooling gathers the
 same way, over the positions of the pooling its indices come from, where windows do not overlap
 (:func:`unpool_gathers`), else it zero-fills and scatters.
 
@@ -65,6 +66,11 @@ NAMED_GROUP = 8
 #: Positions along W of one slot of the max gradients' walk when its windows are compiled in
 #: (the kernels' GP_MAX_PACK).
 MAX_PACK = 4
+#: Columns (an even number) of the 2 input rows a thread of the max gradients by cells takes
+#: (:func:`cells`; the kernels' GP_CELL_COLUMNS).
+CELL_COLUMNS = 4
+#: Threads along W of a block of the max gradients by cells, at most.
+CELLS_TX = 64
 #: 16-byte packs per thread of a global average's backward (the kernels' GP_BROADCAST_PACKS).
 BROADCAST_PACKS = 4
 #: Slots per thread that a window backward kernel takes together, by the compiled-in bound of
@@ -400,6 +406,8 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
         return _broadcast(view, device, words)
     if spec.op == "avg" and isinstance(view, S.WindowSpec) and tiles(view):
         return _tiles(view, device, words)
+    if spec.op == "max" and isinstance(view, S.WindowSpec) and cells(view):
+        return _cells(view, words)
     kind = "window" if isinstance(view, S.WindowSpec) else "adaptive"
     words.append(f"gather: one thread per input element sums the gradients of the {kind} "
                  f"windows that cover it (output {view.out_spatial}; no atomics)")
@@ -429,6 +437,39 @@ def tiles(spec: S.WindowSpec) -> bool:
             and all(s == k and d == 1 and not any(pads) and i == k * o for k, s, d, pads, i, o
                     in zip(spec.kernel, spec.stride, spec.dilation, spec.pads,
                            spec.geom.spatial, spec.out_spatial)))
+
+
+def cells(spec: S.WindowSpec) -> bool:
+    """Whether the max gradients of ``spec`` run by cells (``max_cells_backward``): 2-D NCHW
+    with 32-bit offsets, stride 2, 2 or 3 taps, no dilation and pad 0 or 1 before, along H
+    and W, planes and row-pair groups within the grid; at most 2 windows then cover a
+    position per dim, known from the pad and the taps."""
+    g = spec.geom
+    groups = cdiv(g.spatial[0], 2 * (BLOCK_THREADS // CELLS_TX))  # of row pairs, at most
+    return (g.nd == 2 and g.layout == "NCHW" and index_type(spec) == "int"
+            and all(plane_grid(n)[1] == 1 for n in (g.planes, groups))  # one grid dim each
+            and all(s == 2 and k in (2, 3) and d == 1 and pb in (0, 1) for k, s, d, (pb, _)
+                    in zip(spec.kernel, spec.stride, spec.dilation, spec.pads)))
+
+
+def _cells(view: S.WindowSpec, words: list) -> Plan:
+    """The max gradients by cells (:func:`cells`): a thread per 2 input rows by CELL_COLUMNS
+    columns loads each window that may cover them once. Blocks of up to
+    BLOCK_THREADS threads: TX threads along W (a row's, or CELLS_TX of them) by TY row pairs;
+    row-pair groups on grid y, planes on z."""
+    ih, iw = view.geom.spatial
+    across = cdiv(iw, CELL_COLUMNS)
+    pairs = cdiv(ih, 2)
+    tx = min(across, CELLS_TX)
+    ty = min(BLOCK_THREADS // tx, pairs)
+    groups = cdiv(pairs, ty)
+    ty = cdiv(pairs, groups)
+    words.append(f"cells: stride 2, 2 or 3 taps; a thread per 2 rows by {CELL_COLUMNS} "
+                 f"columns loads each window that may cover them once; blocks of {tx} by {ty} "
+                 f"row pairs, {groups} groups of row pairs per plane")
+    return Plan("gather", "int", (Launch("max_cells_backward", (cdiv(across, tx), groups,
+                                                                view.geom.planes),
+                                         (tx, ty, 1)),), tuple(words))
 
 
 def _tiles(view: S.WindowSpec, device: DeviceInfo, words: list) -> Plan:
