@@ -751,7 +751,7 @@ def apply_hooks(mp, hooks: str) -> None:
     if "acc64" in hooks:
         mp.setattr(QS, "accumulator_dtype", lambda taps: ("int64", 255 * taps))
     if "grid64" in hooks:
-        for module in (grid, row_tiles):
+        for module in (grid, row_tiles, planner):
             mp.setattr(module, "GRID_YZ_MAX", 64)
     if "small-device" in hooks:
         mp.setattr(launching, "device_info", lambda device_id: planner.DeviceInfo(

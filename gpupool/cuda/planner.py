@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from .. import spec as S
 from ..grad_spec import GradSpec
-from .grid import (BLOCK_THREADS, BLOCK_Z_MAX, INT32_LIMIT, MIN_BLOCK_THREADS,
+from .grid import (BLOCK_THREADS, BLOCK_Z_MAX, GRID_YZ_MAX, INT32_LIMIT, MIN_BLOCK_THREADS,
                    block_shape, canonical3, cdiv, fill_target, footprint, index_type,
                    plane_grid, pow2ceil)
 from .launches import H100, DeviceInfo, Launch, Plan, gather_traffic, with_traffic
@@ -447,7 +447,7 @@ def cells(spec: S.WindowSpec) -> bool:
     g = spec.geom
     groups = cdiv(g.spatial[0], 2 * (BLOCK_THREADS // CELLS_TX))  # of row pairs, at most
     return (g.nd == 2 and g.layout == "NCHW" and index_type(spec) == "int"
-            and all(plane_grid(n)[1] == 1 for n in (g.planes, groups))  # one grid dim each
+            and max(g.planes, groups) <= GRID_YZ_MAX
             and all(s == 2 and k in (2, 3) and d == 1 and pb in (0, 1) for k, s, d, (pb, _)
                     in zip(spec.kernel, spec.stride, spec.dilation, spec.pads)))
 
