@@ -19,7 +19,9 @@
 // input positions (gp::input_groups), a group of positions (GatherShape) of a thread at once,
 // the loads of their covering windows started in joint batches (gp::walk_lines_batched); an
 // average whose windows tile the input (avg_tiles_backward) and the global average's backward
-// (avg_global_backward) store 16-byte packs from the gradients instead, with no walk.
+// (avg_global_backward) store 16-byte packs from the gradients instead, with no walk, and
+// the max gradients of 2-D windows of stride 2 take a cell of 2 rows per thread, each window
+// that may cover it loaded once (max_cells_backward).
 #include "accumulate.cuh"
 #include "gather.cuh"
 #include "traits.cuh"
@@ -287,6 +289,121 @@ __global__ void GP_GATHER_BOUNDS(T, I, C)
     gp::max_window_packs<T, I, NHWC>(grad, indices, out, g, gp::WindowCovers<I>{g, gd, gh, gw});
   } else {
     gp::max_gather<T, I, NHWC>(grad, indices, out, gp::WindowCovers<I>{g, gd, gh, gw}, g);
+  }
+}
+
+namespace gp {
+
+// The windows of one dim that may cover position u of a cell (max_cells_backward), relative
+// to the cell's c: with K taps and pad P (K > 0) exactly those covering it, windows
+// ceil((u + P - K + 1) / 2) .. floor((u + P) / 2); K == 0 (any of 2 or 3 taps and pad 0 or 1)
+// the two windows (u + 1) / 2 - 1 and (u + 1) / 2, which hold those of every such K and P.
+struct CellCovers {
+  static constexpr int floor2(int x) { return x >= 0 ? x / 2 : -((1 - x) / 2); }
+  static constexpr int lo(int K, int P, int u) {
+    return K ? -floor2(K - 1 - u - P) : (u + 1) / 2 - 1;
+  }
+  static constexpr int hi(int K, int P, int u) { return K ? floor2(u + P) : (u + 1) / 2; }
+};
+
+// The max gradients of one cell of max_cells_backward, windows of KH x KW taps and pads PH,
+// PW (0 taps: any of 2 or 3 taps and pad 0 or 1, taken from kh, kw, ph, pw).
+template <int KH, int PH, int KW, int PW, typename T>
+__device__ __forceinline__ void max_cell(const T* __restrict__ grad,
+                                         const long long* __restrict__ indices,
+                                         T* __restrict__ out, int plane, int r, int c, int ih,
+                                         int iw, int oh, int ow, int kh, int kw, int ph,
+                                         int pw) {
+  typedef typename Num<T>::acc A;
+  typedef CellCovers CC;
+  constexpr int V = GP_CELL_COLUMNS;
+  constexpr int H0 = CC::lo(KH, PH, 0), H1 = CC::hi(KH, PH, 1);
+  constexpr int W0 = CC::lo(KW, PW, 0), W1 = CC::hi(KW, PW, V - 1);
+  constexpr int SH = H1 - H0 + 1, SW = W1 - W0 + 1;
+  // run-time taps: the first slot covers a position only with 3 taps and pad 0, the last
+  // only with pad 1
+  const bool first_h = KH || (kh == 3 && ph == 0), last_h = KH || ph == 1;
+  const bool first_w = KW || (kw == 3 && pw == 0), last_w = KW || pw == 1;
+  bool col_ok[SW];
+#pragma unroll
+  for (int b = 0; b < SW; ++b) {
+    col_ok[b] = (unsigned)(c + W0 + b) < (unsigned)ow && (b != 0 || first_w) &&
+                (b != SW - 1 || last_w);
+  }
+  int idx[SH][SW];
+  T gv[SH][SW];
+#pragma unroll
+  for (int a = 0; a < SH; ++a) {
+    const int wr = r + H0 + a;
+    const bool row_ok = (unsigned)wr < (unsigned)oh && (a != 0 || first_h) &&
+                        (a != SH - 1 || last_h);
+    const int at = (plane * oh + wr) * ow + c + W0;
+    const int* __restrict__ nrow = reinterpret_cast<const int*>(indices + at);  // low words
+    const T* __restrict__ grow = grad + at;
+#pragma unroll
+    for (int b = 0; b < SW; ++b) {
+      idx[a][b] = -1;  // names no position: gv[a][b] is then never read
+      if (row_ok && col_ok[b]) {
+        idx[a][b] = nrow[2 * b];
+        gv[a][b] = grow[b];
+      }
+    }
+  }
+#pragma unroll
+  for (int uh = 0; uh < 2; ++uh) {
+    const int row = 2 * r + uh;
+    T v[V];
+#pragma unroll
+    for (int uw = 0; uw < V; ++uw) {
+      const int pos = row * iw + 2 * c + uw;
+      A acc = (A)0;
+#pragma unroll
+      for (int a = CC::lo(KH, PH, uh) - H0; a <= CC::hi(KH, PH, uh) - H0; ++a) {
+#pragma unroll
+        for (int b = CC::lo(KW, PW, uw) - W0; b <= CC::hi(KW, PW, uw) - W0; ++b) {
+          if (idx[a][b] == pos) acc += Num<T>::load(gv[a][b]);
+        }
+      }
+      v[uw] = Num<T>::store(acc);
+    }
+    if (row >= ih) continue;
+    const Output<int> o{0, row, 2 * c, (plane * ih + row) * iw + 2 * c};
+    store_row_tile<V>(out, &o, iw - 2 * c < V ? iw - 2 * c : V, v);
+  }
+}
+
+}  // namespace gp
+
+// max_pool's backward by cells (2-D NCHW, 32-bit offsets; the host checks the geometry):
+// windows of stride 2 with kh, kw of 2 or 3 taps, no dilation, pads ph, pw of 0 or 1. Along
+// a dim, window o covers the padded positions 2o .. 2o + k - 1, so position i is covered by
+// window (i + p) / 2 and, with 3 taps where i + p is even, by the one before (gp::CellCovers).
+// A thread takes a cell of 2 input rows (2r, 2r + 1) by V = GP_CELL_COLUMNS columns from 2c
+// (c a multiple of V / 2). Each window that may cover one of its positions loads once,
+// its index as its low 32-bit word, with its gradient; an input's gradient is +0 plus, in
+// row-major order of the windows that may cover it, the gradient of each whose index names it
+// (one that does not cover it never does: the host has checked that each index is -1 or a
+// position of its window). 3 x 3 taps with pads 1 and 2 x 2 with pads 0 take their covering
+// windows compiled in, the others the two per dim that hold them. Each row of the cell is
+// stored as a row tile (gp::store_row_tile: 16-byte words where it lies whole inside the input
+// row on an aligned address).
+// grid: x = chunks of blockDim.x cells along W, y = groups of blockDim.y row pairs, z = planes
+// (the host keeps them within 65535). block: (TX, TY, 1).
+template <typename T>
+__global__ void __launch_bounds__(GP_BLOCK_THREADS)
+    max_cells_backward(const T* __restrict__ grad, const long long* __restrict__ indices,
+                       T* __restrict__ out, int ih, int iw, int oh, int ow, int kh, int kw,
+                       int ph, int pw) {
+  const int plane = (int)blockIdx.z;
+  const int r = (int)blockIdx.y * (int)blockDim.y + (int)threadIdx.y;
+  const int c = ((int)blockIdx.x * (int)blockDim.x + (int)threadIdx.x) * (GP_CELL_COLUMNS / 2);
+  if (2 * r >= ih || 2 * c >= iw) return;
+  if (kh == 3 && kw == 3 && ph == 1 && pw == 1) {
+    gp::max_cell<3, 1, 3, 1>(grad, indices, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw);
+  } else if (kh == 2 && kw == 2 && ph == 0 && pw == 0) {
+    gp::max_cell<2, 0, 2, 0>(grad, indices, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw);
+  } else {
+    gp::max_cell<0, 0, 0, 0>(grad, indices, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw);
   }
 }
 

@@ -747,14 +747,14 @@ assert len({c.id for c in CASES}) == len(CASES)
 def apply_hooks(mp, hooks: str) -> None:
     """Install the named test hooks (see the module docstring) with ``mp``; the caller clears
     the memoized plans before and after."""
-    from gpupool.cuda import grid, launching
+    from gpupool.cuda import grid, launching, tiled_gathers
     if "idx64" in hooks:
         for module in (grid, planner):
             mp.setattr(module, "INT32_LIMIT", 100)
     if "acc64" in hooks:
         mp.setattr(QS, "accumulator_dtype", lambda taps: ("int64", 255 * taps))
     if "grid64" in hooks:
-        for module in (grid, row_tiles):
+        for module in (grid, row_tiles, tiled_gathers):
             mp.setattr(module, "GRID_YZ_MAX", 64)
     if "small-device" in hooks:
         mp.setattr(launching, "device_info", lambda device_id: planner.DeviceInfo(

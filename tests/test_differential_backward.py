@@ -15,6 +15,7 @@ no-op kernels and checks that together they ask for each name of
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -149,18 +150,76 @@ WINDOW_OPS = {
 }
 
 
+def by_cells(w: Window, layout: str) -> bool:
+    """Whether a max's backward takes the cell kernel: 2-D NCHW, stride 2, 2 or 3 taps, no
+    dilation and pad 0 or 1 before, along H and W."""
+    spec = S.window_spec("test", "max", w.lead + w.spatial, "float32", w.kernel, w.stride,
+                         w.padding, w.dilation, w.ceil, "NCHW", return_indices=True)
+    return layout == "NCHW" and len(w.spatial) == 2 and all(
+        s == 2 and k in (2, 3) and d == 1 and pb in (0, 1)
+        for k, s, d, (pb, _) in zip(spec.kernel, spec.stride, spec.dilation, spec.pads))
+
+
+def max_kernel(w: Window, layout: str) -> str:
+    """The kernel of a max's backward over window ``w``."""
+    return "max_cells_backward" if by_cells(w, layout) else "max_window_backward"
+
+
 def window_cases():
     """Every window of WINDOWS in every dtype; the random windows in one dtype each, in turn
     (CI runs these three times on the executor)."""
     combos = itertools.product(WINDOWS + random_windows(14), ("NCHW", "NHWC"),
                                WINDOW_OPS.items())
     for n, (w, layout, (op, (build, kw, exact, kernels))) in enumerate(combos):
+        if op == "max":
+            kernels = (max_kernel(w, layout),)
         for dtype in (FLOATS[n % len(FLOATS)],) if w.id.startswith("rand") else FLOATS:
             shape = shaped(w.lead, w.spatial, layout)
             inputs, run = build(w, layout, dtype, shape, **kw)
             yield Case(f"bw-{op}-{dtype}-{layout}-{w.id}", inputs, run, exact,
                        requests=() if len(w.spatial) > 3 else kernels,
                        tags=frozenset({"idx64"} if w.id in IDX64_WINDOWS else ()))
+
+
+#: Windows of the max gradients by cells (``by_cells``) beyond WINDOWS: 2 taps with pad 1 in
+#: ceil mode, 2 x 3 taps with pads (1, 0), 3 taps with pad 0 on odd sizes, and rows wider than
+#: one block of threads, whose last cell lies partly past the row's end.
+CELL_WINDOWS = [
+    Window("2d-k2-s2-p1-ceil", (2, 3), (7, 9), 2, 2, 1, 1, True),
+    Window("2d-k23-s2-p10", (2, 3), (8, 11), (2, 3), 2, (1, 0)),
+    Window("2d-k3-s2-p0-ceil", (1, 3), (11, 13), 3, 2, 0, 1, True),
+    Window("2d-k3-s2-p1-wide", (1, 2), (5, 522), 3, 2, 1),
+]
+
+
+def special_grad(rng, shape, dtype):
+    """Normal gradients with NaN, inf and -0 among them (no -inf: inf - inf would make the
+    NumPy backend warn)."""
+    g = grad_for(rng, shape, dtype)
+    pick = rng.random(shape)
+    g[pick < 0.05] = np.nan
+    g[(pick >= 0.05) & (pick < 0.1)] = np.inf
+    g[(pick >= 0.1) & (pick < 0.2)] = -0.0
+    return g
+
+
+def cell_cases():
+    """The cell kernel's windows in every dtype, with normal gradients and with NaN, inf and
+    -0 among them (each input's sum in the order of np.add.at)."""
+    table = CELL_WINDOWS + [w for w in WINDOWS if w.id in ("2d-k2", "2d-k3-s2-p1")]
+    for w, dtype, special in itertools.product(table, FLOATS, (False, True)):
+        if not special and w in WINDOWS:
+            continue
+        shape = shaped(w.lead, w.spatial, "NCHW")
+        inputs, run = _max_case(w, "NCHW", dtype, shape)
+        if special:
+            plain = inputs
+
+            def inputs(rng, plain=plain, dtype=dtype):
+                g, idx = plain(rng)
+                return special_grad(rng, g.shape, dtype), idx
+        yield Case(f"bw-max-{dtype}-NCHW-{w.id}{'-nan-inf' if special else ''}", inputs, run,
+                   True, requests=("max_cells_backward",))
 
 
 #: Windows that tile their input exactly: NCHW averages 2 wide along W take the tile kernel
@@ -279,7 +338,7 @@ def operand_cases():
         shape = shaped(w.lead, w.spatial, layout)
         inputs, run = _max_case(w, layout, "float32", shape, idt)
         yield Case(f"bw-max-float32-idx_{idt}-{layout}-2d-k2", inputs, run, True,
-                   requests=("max_window_backward",))
+                   requests=(max_kernel(w, layout),))
         inputs, run = _amax((2, 3), (7, 9), (3, 4), layout, "float16", idt)
         yield Case(f"bw-amax-float16-idx_{idt}-{layout}-7x9to3x4", inputs, run, True,
                    requests=("max_adaptive_backward",))
@@ -287,7 +346,7 @@ def operand_cases():
         shape = shaped(w3.lead, w3.spatial, layout)
         inputs, run = _max_case(w3, layout, dtype, shape, view=strided)
         yield Case(f"bw-max-{dtype}-{layout}-strided-grad-and-indices", inputs, run, True,
-                   view=strided, requests=("max_window_backward",))
+                   view=strided, requests=(max_kernel(w3, layout),))
         inputs, run = _lp_case(w3, layout, dtype, shape, 2, view=strided)
         yield Case(f"bw-lp2-{dtype}-{layout}-strided-grad-and-x", inputs, run, True,
                    view=strided, requests=("lp_pool", "lp_window_backward"))
@@ -341,9 +400,16 @@ def small_device_cases():
         yield Case(f"bw-{op}-{layout}-{'x'.join(map(str, shape))}", inputs, run, True)
 
 
-CASES = (list(window_cases()) + list(tile_cases()) + list(adaptive_cases()) + list(global_cases())
-         + list(operand_cases()))
-HOOKED = ([("idx64", c) for c in CASES if "idx64" in c.tags]
+CASES = (list(window_cases()) + list(cell_cases()) + list(tile_cases()) + list(adaptive_cases())
+         + list(global_cases()) + list(operand_cases()))
+def with_wide_offsets(case: Case) -> Case:
+    """``case`` as the ``idx64`` hook runs it: the cell kernel takes 32-bit offsets only."""
+    if case.requests != ("max_cells_backward",):
+        return case
+    return dataclasses.replace(case, requests=("max_window_backward",))
+
+
+HOOKED = ([("idx64", with_wide_offsets(c)) for c in CASES if "idx64" in c.tags]
           + [("grid64", c) for c in many_plane_cases(5000)]
           + [("small-device", c) for c in small_device_cases()])
 assert len({c.id for c in CASES}) == len(CASES)
@@ -393,9 +459,9 @@ def test_gather_plans_tile_the_input():
     """A gather launch covers every input position once: its plan is the forward launch shape
     over the input's positions, with the traffic of the backward."""
     from gpupool import grad_spec as G
-    from gpupool.cuda import planner
-    spec = G.window_grad_spec("t", "max", (32, 64, 56, 56), "float32", (32, 64, 112, 112), 3,
-                              2, 1, 1, False, "NCHW", index_shape=(32, 64, 56, 56),
+    from gpupool.cuda import planner, tiled_gathers
+    spec = G.window_grad_spec("t", "max", (32, 56, 56, 64), "float32", (32, 112, 112, 64), 3,
+                              2, 1, 1, False, "NHWC", index_shape=(32, 56, 56, 64),
                               index_dtype="int64")
     pl = planner.plan(spec)
     (la,) = pl.launches
@@ -406,6 +472,16 @@ def test_gather_plans_tile_the_input():
     # packs of MAX_PACK positions along W: 3x3 windows of stride 2 reach at most 3 of them
     assert la.get("covers") == 3
     assert la.threads * la.rows * planner.MAX_PACK >= la.outputs
+    # NCHW: a thread per 2 rows by CELL_COLUMNS columns, on a grid of (W chunks, row-pair
+    # groups, planes)
+    spec = G.window_grad_spec("t", "max", (32, 64, 56, 56), "float32", (32, 64, 112, 112), 3,
+                              2, 1, 1, False, "NCHW", index_shape=(32, 64, 56, 56),
+                              index_dtype="int64")
+    (la,) = planner.plan(spec).launches
+    assert la.kernel == "max_cells_backward" and la.grid[2] == 32 * 64
+    assert la.outputs == 32 * 64 * 112 * 112 and la.bytes_read == 32 * 64 * 56 * 56 * (4 + 8)
+    tx, ty, _ = la.block
+    assert la.grid[0] * tx * tiled_gathers.CELL_COLUMNS >= 112 and la.grid[1] * ty * 2 >= 112
     g4 = G.global_grad_spec("t", "avg", (2, 3, 1, 1, 1, 1), "float16", (2, 3, 4, 5, 6, 7), 4,
                             "NCHW")
     view = planner.gather_view(g4)
@@ -413,7 +489,7 @@ def test_gather_plans_tile_the_input():
     (la,) = planner.plan(g4).launches
     assert la.kernel == "avg_global_backward" and la.outputs == 2 * 3 * 840
     # BROADCAST_PACKS 16-byte packs per thread over whole planes: every pack has a thread
-    assert la.threads * planner.BROADCAST_PACKS * 8 >= la.outputs
+    assert la.threads * tiled_gathers.BROADCAST_PACKS * 8 >= la.outputs
 
 
 # ----------------------------------------------------------------------------- coverage

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import cupy
 
-from . import planner, row_tiles
+from . import planner, row_tiles, tiled_gathers
 from .names import source_file as source_file_of
 from ..quantized_spec import HEAD, LEVELS
 
@@ -52,7 +52,8 @@ PLANNER_DEFINES = (("GP_BLOCK_THREADS", str(planner.BLOCK_THREADS)),
                    ("GP_ROW_TILE", str(row_tiles.ROW_TILE)),
                    ("GP_NAMED_GROUP", str(planner.NAMED_GROUP)),
                    ("GP_MAX_PACK", str(planner.MAX_PACK)),
-                   ("GP_BROADCAST_PACKS", str(planner.BROADCAST_PACKS)),
+                   ("GP_CELL_COLUMNS", str(tiled_gathers.CELL_COLUMNS)),
+                   ("GP_BROADCAST_PACKS", str(tiled_gathers.BROADCAST_PACKS)),
                    *((f"GP_GATHER_GROUP_{c}", str(g)) for c, g in sorted(
                        planner.GATHER_GROUP.items())))
 DEFINES = {f.name: {"quantized_pool.cu": (("GPQ_LEVELS", str(LEVELS)), ("GPQ_HEAD", str(HEAD)))

@@ -35,7 +35,8 @@ FAMILY_FILES = {
     **dict.fromkeys(("global_lanes", "global_block", "global_channels"), "global_pool.cu"),
     **dict.fromkeys(("max_window_backward", "max_adaptive_backward", "avg_window_backward",
                      "lp_window_backward", "avg_adaptive_backward", "avg_global_backward",
-                     "avg_tiles_backward", "avg_channel_tiles_backward"), "pool_backward.cu"),
+                     "avg_tiles_backward", "avg_channel_tiles_backward",
+                     "max_cells_backward"), "pool_backward.cu"),
     **dict.fromkeys(("qmax_pool_nhwc4", "qmax_pool_words", "qavg_pool_words", "qavg_pool",
                      "qavg_adaptive", "qavg_global_lanes", "qavg_global_block",
                      "qavg_global_channels"), "quantized_pool.cu"),
@@ -43,9 +44,12 @@ FAMILY_FILES = {
 #: The backward window kernels, which take the bound on covering windows
 #: (:func:`gpupool.cuda.planner.gather_covers`).
 BACKWARD_WINDOW_KERNELS = ("max_window_backward", "avg_window_backward", "lp_window_backward")
-#: The backward kernels of one layout, which take none (:func:`gpupool.cuda.planner.tiles`: NCHW,
-#: :func:`gpupool.cuda.planner.channel_tiles`: NHWC).
+#: The backward kernels of one layout, which take none (NCHW:
+#: :func:`gpupool.cuda.tiled_gathers.tiles`, NHWC: :func:`gpupool.cuda.tiled_gathers.channel_tiles`).
 BACKWARD_ONE_LAYOUT_KERNELS = ("avg_tiles_backward", "avg_channel_tiles_backward")
+#: The backward kernels of NCHW and 32-bit offsets only, which take the element type alone
+#: (:func:`gpupool.cuda.tiled_gathers.cells`).
+BACKWARD_CELL_KERNELS = ("max_cells_backward",)
 
 
 def ctype(dtype: str) -> str:
@@ -145,6 +149,8 @@ def unpool_name(itemsize: int, indices_dtype: str, itype: str, nhwc: bool | None
 # ----------------------------------------------------------------- backward kernels
 def backward_name(kernel_base: str, dtype: str, itype: str, nhwc: bool, covers: int = 0) -> str:
     tail = f", {covers}" if kernel_base in BACKWARD_WINDOW_KERNELS else ""
+    if kernel_base in BACKWARD_CELL_KERNELS:
+        return f"{kernel_base}<{ctype(dtype)}>"
     if kernel_base in BACKWARD_ONE_LAYOUT_KERNELS:
         return f"{kernel_base}<{ctype(dtype)}, {itype}>"
     return f"{kernel_base}<{ctype(dtype)}, {itype}, {cbool(nhwc)}{tail}>"
@@ -238,8 +244,10 @@ def _backward_names(itype: str) -> list[str]:
     """The backward kernels' name expressions with index type ``itype``."""
     return [backward_name(base, dtype, itype, nhwc, covers)
             for base, file in FAMILY_FILES.items() if file == "pool_backward.cu"
+            if itype == "int" or base not in BACKWARD_CELL_KERNELS
             for dtype in FLOAT_DTYPES
-            for nhwc in ((False,) if base in BACKWARD_ONE_LAYOUT_KERNELS else (False, True))
+            for nhwc in ((False,) if base in BACKWARD_ONE_LAYOUT_KERNELS + BACKWARD_CELL_KERNELS
+                         else (False, True))
             for covers in backward_covers(base, itype)]
 
 

@@ -17,9 +17,10 @@ Rules, in order (the tiling plan this project started from):
 
 The backward ops (a :class:`~gpupool.grad_spec.GradSpec`) gather: one thread per input element
 sums the gradients of the windows that cover it, so the launch tiles the input's positions
-as rules 1-2 tile a forward's outputs (:func:`gather_view`); a global average's backward is a
-broadcast over groups of whole planes instead (:func:`_broadcast`). Max unpooling gathers the
-same way, over the positions of the pooling its indices come from, where windows do not overlap
+as rules 1-2 tile a forward's outputs (:func:`gather_view`), except the gathers that need no
+walk over covering windows (``tiled_gathers.py``: windows that tile the input, a max's of
+stride 2 by cells of 2 rows, a global average's broadcast). Max unpooling gathers the same
+way, over the positions of the pooling its indices come from, where windows do not overlap
 (:func:`unpool_gathers`), else it zero-fills and scatters.
 
 Global pooling (float, and the quantized averages) is a segmented reduction: several tiny
@@ -41,6 +42,8 @@ from .grid import (BLOCK_THREADS, BLOCK_Z_MAX, INT32_LIMIT, MIN_BLOCK_THREADS,
                    plane_grid, pow2ceil)
 from .launches import H100, DeviceInfo, Launch, Plan, gather_traffic, with_traffic
 from .row_tiles import plan_row_tiles, row_tile
+from .tiled_gathers import (cells, channel_tiles, plan_broadcast, plan_cells, plan_channel_tiles,
+                            plan_tiles, tiles)
 
 MAX_ROWS = 4  # outputs per thread along rows (several independent loads in flight)
 SPECIALISED_K = (2, 3)  # window sizes compiled as template constants (H and W equal)
@@ -65,8 +68,6 @@ NAMED_GROUP = 8
 #: Positions along W of one slot of the max gradients' walk when its windows are compiled in
 #: (the kernels' GP_MAX_PACK).
 MAX_PACK = 4
-#: 16-byte packs per thread of a global average's backward (the kernels' GP_BROADCAST_PACKS).
-BROADCAST_PACKS = 4
 #: Slots per thread that a window backward kernel takes together, by the compiled-in bound of
 #: :func:`gather_covers` (the kernels' GP_GATHER_GROUP_C).
 GATHER_GROUP = {0: 4, 1: 8, 2: 4, 3: 2}
@@ -352,14 +353,14 @@ def unpool_gathers(spec: S.UnpoolSpec) -> bool:
 def _unpool(spec: S.UnpoolSpec, device: DeviceInfo, words: list, scatter: bool) -> Plan:
     """The gather where it applies (one thread per output position, as the backward's
     gather of the pooling, or with int64 indices the tiles where the windows tile the input
-    (:func:`tiles`); it needs every index in its own window, which the host checks), else
+    (:func:`~gpupool.cuda.tiled_gathers.tiles`); it needs every index in its own window, which the host checks), else
     zero fill + scatter."""
     if unpool_gathers(spec) and not scatter:
         pool = spec.pooling
         if spec.index_dtype == "int64" and tiles(pool):
             words.append("gather: each output position takes the value of its window if that "
                          "window's index names it, else 0")
-            return _tiles(pool, words, "unpool", "max_unpool_tiles", "pooled")
+            return plan_tiles(pool, words, "unpool", "max_unpool_tiles", "pooled")
         words.append("gather: windows do not overlap; each output position takes the value of "
                      "the window that covers it if that window's index names it, else 0 (no "
                      "fill; indices outside their windows fall back to the scatter)")
@@ -402,11 +403,13 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
                          f"{view.geom.nd}")
     # each position has one window, whatever order the forward sums in
     if spec.op == "avg" and isinstance(view, S.AdaptiveSpec) and view.whole_plane:
-        return _broadcast(view, device, words)
+        return plan_broadcast(view, device, words)
     if spec.op == "avg" and isinstance(view, S.WindowSpec) and tiles(view):
-        return _tiles(view, words)
+        return plan_tiles(view, words)
     if spec.op == "avg" and isinstance(view, S.WindowSpec) and channel_tiles(view):
-        return _channel_tiles(view, words)
+        return plan_channel_tiles(view, words)
+    if spec.op == "max" and isinstance(view, S.WindowSpec) and cells(view):
+        return plan_cells(view, words)
     kind = "window" if isinstance(view, S.WindowSpec) else "adaptive"
     words.append(f"gather: one thread per input element sums the gradients of the {kind} "
                  f"windows that cover it (output {view.out_spatial}; no atomics)")
@@ -426,88 +429,6 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
     return _tiled(_Positions(view.geom, positions), device, "gather",
                   f"{spec.op}_{kind}_backward", words, itype, group,
                   (("covers", covers),) if kind == "window" else ())
-
-
-def _tile_exactly(spec: S.WindowSpec) -> bool:
-    """Whether the windows of ``spec`` tile its input exactly: stride == kernel, no dilation,
-    no padding, each input dim the kernel times the output dim; each input element is then
-    covered by one window."""
-    return all(s == k and d == 1 and not any(pads) and i == k * o for k, s, d, pads, i, o
-               in zip(spec.kernel, spec.stride, spec.dilation, spec.pads, spec.geom.spatial,
-                      spec.out_spatial))
-
-
-def tiles(spec: S.WindowSpec) -> bool:
-    """Whether the windows of ``spec`` tile its input exactly (:func:`_tile_exactly`), 2 wide
-    along W, NCHW."""
-    return spec.geom.layout == "NCHW" and spec.kernel[-1] == 2 and _tile_exactly(spec)
-
-
-def channel_tiles(spec: S.WindowSpec) -> bool:
-    """Whether the windows of ``spec`` tile its input exactly (:func:`_tile_exactly`), NHWC."""
-    return spec.geom.layout == "NHWC" and _tile_exactly(spec)
-
-
-def _channel_tiles(view: S.WindowSpec, words: list) -> Plan:
-    """An average's backward whose windows tile an NHWC input (:func:`channel_tiles`): a thread
-    per 16-byte pack of a grad position's channels stores it at its window's input positions.
-    Blocks of up to BLOCK_THREADS threads: TX packs of a grad row by TY grad rows; row groups
-    on grid y (and z)."""
-    ow = view.out_spatial[-1]
-    rows = math.prod(view.out_shape) // (ow * view.geom.channels)
-    packs = ow * cdiv(view.geom.channels, 16 // S.ITEMSIZE[view.geom.dtype])
-    tx = min(packs, BLOCK_THREADS)
-    ty = min(BLOCK_THREADS // tx, rows)
-    y, z = plane_grid(cdiv(rows, ty))
-    words.append(f"channel tiles: the windows tile the input; a thread per 16-byte pack of a "
-                 f"gradient position's channels stores it at its window's positions; blocks of "
-                 f"{tx} packs by {ty} of the {rows} gradient rows")
-    return Plan("gather", index_type(view), (Launch("avg_channel_tiles_backward", (
-        cdiv(packs, tx), y, z), (tx, ty, 1), 1, (("rows", rows),)),), tuple(words))
-
-
-def _tiles(view: S.WindowSpec, words: list, family: str = "gather",
-           kernel: str = "avg_tiles_backward", what: str = "gradient") -> Plan:
-    """An average's backward (or an unpool) whose windows tile the input (:func:`tiles`): a
-    thread per pack of 8 bytes of a grad (pooled) row stores its windows' input rows as
-    16-byte packs. Blocks of up to BLOCK_THREADS threads: TX packs along W (a row's packs, or
-    a block's width of them) by TY grad rows; row groups on grid y (and z)."""
-    ow = view.out_spatial[-1]
-    rows = math.prod(view.out_shape) // ow
-    pack = 8 // S.ITEMSIZE[view.geom.dtype]
-    tx = min(cdiv(ow, pack), BLOCK_THREADS)
-    ty = min(BLOCK_THREADS // tx, rows)
-    y, z = plane_grid(cdiv(rows, ty))
-    words.append(f"tiles: the windows tile the input; a thread per {pack} {what} elements "
-                 f"of a row stores its windows' input rows as 16-byte packs; blocks of {tx} "
-                 f"packs by {ty} of the {rows} {what} rows")
-    return Plan(family, index_type(view), (Launch(kernel, (cdiv(
-        cdiv(ow, pack), tx), y, z), (tx, ty, 1), 1, (("rows", rows),)),), tuple(words))
-
-
-def _broadcast(view: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
-    """A global average's backward: every element of a plane takes the plane's gradient over
-    its size. BROADCAST_PACKS packs of 16 bytes per thread over groups of whole planes
-    (contiguous): a group of up to BLOCK_Z_MAX small planes fills about one block, a large plane
-    is cut in block-sized chunks on grid x; groups go on grid y (and z)."""
-    g = view.geom
-    nhwc = g.layout == "NHWC"
-    planes = g.batch if nhwc else g.planes
-    length = math.prod(g.spatial) * (g.channels if nhwc else 1)
-    vec = 16 // S.ITEMSIZE[g.dtype]
-    per_thread = BROADCAST_PACKS * vec
-    group = max(1, min(planes, BLOCK_Z_MAX, BLOCK_THREADS * per_thread // max(1, length)))
-    if group > vec and length % vec:
-        group -= group % vec  # each group starts on a 16-byte boundary
-    threads = cdiv(group * length + vec - 1, per_thread)
-    tx = min(BLOCK_THREADS, max(32, cdiv(threads, 32) * 32))
-    y, z = plane_grid(cdiv(planes, group))
-    words.append(f"broadcast: each of {planes} planes of {length} elements takes its gradient "
-                 f"over {math.prod(g.spatial)}; {group} planes per group, threads store "
-                 f"{per_thread} elements each ({BROADCAST_PACKS} packs of 16 bytes)")
-    return Plan("gather", index_type(view), (Launch("avg_global_backward", (cdiv(threads, tx),
-                                                    y, z), (tx, 1, 1), 1,
-                                                    (("group", group),)),), tuple(words))
 
 
 def kernel_spec(spec, align: int = 16):

@@ -1,0 +1,133 @@
+"""Gathers without a covering-window walk: the backward launches (and max unpooling's) whose
+windows tile the input (``tiles``: NCHW rows as 16-byte packs; ``channel_tiles``: NHWC packs
+of channels), the max gradients by cells of stride-2 windows, and a global average's backward
+as a broadcast. Pure Python, like the planner that calls it."""
+from __future__ import annotations
+
+import math
+
+from .. import spec as S
+from .grid import BLOCK_THREADS, BLOCK_Z_MAX, GRID_YZ_MAX, cdiv, index_type, plane_grid
+from .launches import DeviceInfo, Launch, Plan
+
+#: Columns (an even number) of the 2 input rows a thread of the max gradients by cells takes
+#: (:func:`cells`; the kernels' GP_CELL_COLUMNS).
+CELL_COLUMNS = 4
+#: Threads along W of a block of the max gradients by cells, at most.
+CELLS_TX = 64
+#: 16-byte packs per thread of a global average's backward (the kernels' GP_BROADCAST_PACKS).
+BROADCAST_PACKS = 4
+
+def _tile_exactly(spec: S.WindowSpec) -> bool:
+    """Whether the windows of ``spec`` tile its input exactly: stride == kernel, no dilation,
+    no padding, each input dim the kernel times the output dim; each input element is then
+    covered by one window."""
+    return all(s == k and d == 1 and not any(pads) and i == k * o for k, s, d, pads, i, o
+               in zip(spec.kernel, spec.stride, spec.dilation, spec.pads, spec.geom.spatial,
+                      spec.out_spatial))
+
+
+def tiles(spec: S.WindowSpec) -> bool:
+    """Whether the windows of ``spec`` tile its input exactly (:func:`_tile_exactly`), 2 wide
+    along W, NCHW."""
+    return spec.geom.layout == "NCHW" and spec.kernel[-1] == 2 and _tile_exactly(spec)
+
+
+def cells(spec: S.WindowSpec) -> bool:
+    """Whether the max gradients of ``spec`` run by cells (``max_cells_backward``): 2-D NCHW
+    with 32-bit offsets, stride 2, 2 or 3 taps, no dilation and pad 0 or 1 before, along H
+    and W, planes and row-pair groups within the grid; at most 2 windows then cover a
+    position per dim, known from the pad and the taps."""
+    g = spec.geom
+    groups = cdiv(g.spatial[0], 2 * (BLOCK_THREADS // CELLS_TX))  # of row pairs, at most
+    return (g.nd == 2 and g.layout == "NCHW" and index_type(spec) == "int"
+            and max(g.planes, groups) <= GRID_YZ_MAX
+            and all(s == 2 and k in (2, 3) and d == 1 and pb in (0, 1) for k, s, d, (pb, _)
+                    in zip(spec.kernel, spec.stride, spec.dilation, spec.pads)))
+
+
+def plan_cells(view: S.WindowSpec, words: list) -> Plan:
+    """The max gradients by cells (:func:`cells`): a thread per 2 input rows by CELL_COLUMNS
+    columns loads each window that may cover them once. Blocks of up to
+    BLOCK_THREADS threads: TX threads along W (a row's, or CELLS_TX of them) by TY row pairs;
+    row-pair groups on grid y, planes on z."""
+    ih, iw = view.geom.spatial
+    across = cdiv(iw, CELL_COLUMNS)
+    pairs = cdiv(ih, 2)
+    tx = min(across, CELLS_TX)
+    ty = min(BLOCK_THREADS // tx, pairs)
+    groups = cdiv(pairs, ty)
+    ty = cdiv(pairs, groups)
+    words.append(f"cells: stride 2, 2 or 3 taps; a thread per 2 rows by {CELL_COLUMNS} "
+                 f"columns loads each window that may cover them once; blocks of {tx} by {ty} "
+                 f"row pairs, {groups} groups of row pairs per plane")
+    return Plan("gather", "int", (Launch("max_cells_backward", (cdiv(across, tx), groups,
+                                                                view.geom.planes),
+                                         (tx, ty, 1)),), tuple(words))
+
+
+def channel_tiles(spec: S.WindowSpec) -> bool:
+    """Whether the windows of ``spec`` tile its input exactly (:func:`_tile_exactly`), NHWC."""
+    return spec.geom.layout == "NHWC" and _tile_exactly(spec)
+
+
+def plan_channel_tiles(view: S.WindowSpec, words: list) -> Plan:
+    """An average's backward whose windows tile an NHWC input (:func:`channel_tiles`): a thread
+    per 16-byte pack of a grad position's channels stores it at its window's input positions.
+    Blocks of up to BLOCK_THREADS threads: TX packs of a grad row by TY grad rows; row groups
+    on grid y (and z)."""
+    ow = view.out_spatial[-1]
+    rows = math.prod(view.out_shape) // (ow * view.geom.channels)
+    packs = ow * cdiv(view.geom.channels, 16 // S.ITEMSIZE[view.geom.dtype])
+    tx = min(packs, BLOCK_THREADS)
+    ty = min(BLOCK_THREADS // tx, rows)
+    y, z = plane_grid(cdiv(rows, ty))
+    words.append(f"channel tiles: the windows tile the input; a thread per 16-byte pack of a "
+                 f"gradient position's channels stores it at its window's positions; blocks of "
+                 f"{tx} packs by {ty} of the {rows} gradient rows")
+    return Plan("gather", index_type(view), (Launch("avg_channel_tiles_backward", (
+        cdiv(packs, tx), y, z), (tx, ty, 1), 1, (("rows", rows),)),), tuple(words))
+
+
+def plan_tiles(view: S.WindowSpec, words: list, family: str = "gather",
+           kernel: str = "avg_tiles_backward", what: str = "gradient") -> Plan:
+    """An average's backward (or an unpool) whose windows tile the input (:func:`tiles`): a
+    thread per pack of 8 bytes of a grad (pooled) row stores its windows' input rows as
+    16-byte packs. Blocks of up to BLOCK_THREADS threads: TX packs along W (a row's packs, or
+    a block's width of them) by TY grad rows; row groups on grid y (and z)."""
+    ow = view.out_spatial[-1]
+    rows = math.prod(view.out_shape) // ow
+    pack = 8 // S.ITEMSIZE[view.geom.dtype]
+    tx = min(cdiv(ow, pack), BLOCK_THREADS)
+    ty = min(BLOCK_THREADS // tx, rows)
+    y, z = plane_grid(cdiv(rows, ty))
+    words.append(f"tiles: the windows tile the input; a thread per {pack} {what} elements "
+                 f"of a row stores its windows' input rows as 16-byte packs; blocks of {tx} "
+                 f"packs by {ty} of the {rows} {what} rows")
+    return Plan(family, index_type(view), (Launch(kernel, (cdiv(
+        cdiv(ow, pack), tx), y, z), (tx, ty, 1), 1, (("rows", rows),)),), tuple(words))
+
+
+def plan_broadcast(view: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
+    """A global average's backward: every element of a plane takes the plane's gradient over
+    its size. BROADCAST_PACKS packs of 16 bytes per thread over groups of whole planes
+    (contiguous): a group of up to BLOCK_Z_MAX small planes fills about one block, a large plane
+    is cut in block-sized chunks on grid x; groups go on grid y (and z)."""
+    g = view.geom
+    nhwc = g.layout == "NHWC"
+    planes = g.batch if nhwc else g.planes
+    length = math.prod(g.spatial) * (g.channels if nhwc else 1)
+    vec = 16 // S.ITEMSIZE[g.dtype]
+    per_thread = BROADCAST_PACKS * vec
+    group = max(1, min(planes, BLOCK_Z_MAX, BLOCK_THREADS * per_thread // max(1, length)))
+    if group > vec and length % vec:
+        group -= group % vec  # each group starts on a 16-byte boundary
+    threads = cdiv(group * length + vec - 1, per_thread)
+    tx = min(BLOCK_THREADS, max(32, cdiv(threads, 32) * 32))
+    y, z = plane_grid(cdiv(planes, group))
+    words.append(f"broadcast: each of {planes} planes of {length} elements takes its gradient "
+                 f"over {math.prod(g.spatial)}; {group} planes per group, threads store "
+                 f"{per_thread} elements each ({BROADCAST_PACKS} packs of 16 bytes)")
+    return Plan("gather", index_type(view), (Launch("avg_global_backward", (cdiv(threads, tx),
+                                                    y, z), (tx, 1, 1), 1,
+                                                    (("group", group),)),), tuple(words))
