@@ -35,12 +35,16 @@ __device__ __forceinline__ void avg_outputs(const T* __restrict__ x, T* __restri
     }
     return d;
   };
+  const auto average = [&](A s, long long count, long long d) {
+    return count > 0 ? s / (A)d : (A)0;
+  };
   const auto mean = [&](A s, long long count, long long d) {
-    return gp::Num<T>::store(count > 0 ? s / (A)d : (A)0);
+    return gp::Num<T>::store(average(s, count, d));
   };
   constexpr int G = V > 1 ? 1 : Taps::joint > 1 ? Taps::joint : 2;
   const auto group = [&](const T* __restrict__ xp, I cs, const gp::Output<I>* o, int n) {
-    long long count[G];
+    // a row tile's counts (at most KH * KW) in 32 bits
+    typename gp::Select<Taps::row_tile, int, long long>::type count[G];
     if constexpr (V > 1) {
       typedef gp::Lanes<A, V> L;
       L s[G];
@@ -55,9 +59,13 @@ __device__ __forceinline__ void avg_outputs(const T* __restrict__ x, T* __restri
       A s[G];
       taps.template sums<G>(o, n, gp::TapTerm<T, I, false>{xp, cs, (A)1}, (A)-0.0, s, count);
       if constexpr (Taps::row_tile) {
+        // every average before any is rounded: the roundings outside the branches
+        A r[G];
         T v[G];
 #pragma unroll
-        for (int j = 0; j < G; ++j) v[j] = mean(s[j], count[j], divisor(o[j], count[j]));
+        for (int j = 0; j < G; ++j) r[j] = average(s[j], count[j], divisor(o[j], count[j]));
+#pragma unroll
+        for (int j = 0; j < G; ++j) v[j] = gp::Num<T>::store(r[j]);
         gp::store_row_tile<G>(out, o, n, v);
       } else {
         out[o[0].oi] = mean(s[0], count[0], divisor(o[0], count[0]));  // n >= 1

@@ -49,9 +49,10 @@ __global__ void GP_WINDOW_BOUNDS(T, I, GP_BY_ARCH(4, 3))
 
 // Max pooling with int64 indices: the flat position (d*IH + h)*IW + w of the winner inside
 // the spatial plane, -1 for a window with no valid tap. Geometry as max_pool, one output at a
-// time.
+// time. Registers held to 4 blocks per SM (64): within 48, ptxas rebuilds each tap's address
+// from the kernel parameters.
 template <typename T, typename I, int K, bool NHWC>
-__global__ void GP_WINDOW_BOUNDS(T, I, 5)
+__global__ void GP_WINDOW_BOUNDS(T, I, 4)
     max_pool_indices(const T* __restrict__ x, T* __restrict__ out,
                      long long* __restrict__ indices, GP_GEO_PARAMS(I)) {
   GP_GEO(I);

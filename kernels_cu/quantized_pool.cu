@@ -182,9 +182,11 @@ __device__ __forceinline__ gp::Geo<I> word_geo(gp::Geo<I> g) {
 
 // acc(o, code byte) for every valid tap of the 4 windows of word q: the valid input rows of
 // the windows by gp::walk_row_major (D and H taps), the W taps from the row's bytes, padding
-// taps reading `fill`. xp: the plane, in words.
+// taps reading `fill`; with K = 2 and Acc::takes_pairs, acc.pairs(bytes 0-7 of the row) where
+// the windows lie side by side from the row's first byte. xp: the plane, in words. Returns
+// whether they do (every row then went to acc.pairs).
 template <int K, typename I, typename Acc>
-__device__ __forceinline__ void word_taps(const gp::Geo<I>& g, const unsigned* __restrict__ xp,
+__device__ __forceinline__ bool word_taps(const gp::Geo<I>& g, const unsigned* __restrict__ xp,
                                           I o_d, I o_h, I q, int unit, unsigned fill,
                                           Acc& acc) {
   const I col0 = (I)4 * q * (I)g.sw - (I)g.pw;  // >= -16 (host check)
@@ -198,9 +200,13 @@ __device__ __forceinline__ void word_taps(const gp::Geo<I>& g, const unsigned* _
   // windows side by side from the first byte (compiled-in K, stride K, dilation 1, no offset:
   // every byte's place known when compiled)
   const bool tiled = K && off == 0 && g.sw == K && g.dw == 1;
+  constexpr bool pairs = K == 2 && Acc::takes_pairs;
+  const bool paired = pairs && tiled;
   auto row = [&](I pos) {  // pos: the row's first element, a multiple of 4
     const RowBytes<I> rb(xp + (pos >> 2), c0, g.iw, unit, nbytes, fill);
-    if (tiled) {
+    if (paired) {
+      if constexpr (pairs) acc.pairs(rb.lo);
+    } else if (tiled) {
 #pragma unroll
       for (int o = 0; o < 4; ++o) {
 #pragma unroll
@@ -215,6 +221,7 @@ __device__ __forceinline__ void word_taps(const gp::Geo<I>& g, const unsigned* _
     }
   };
   gp::walk_row_major<K, 1>(d, h, row_start, row);
+  return paired;
 }
 
 // Blocks per SM that the word kernels' registers are held to: with 32-bit sums (A; the max:
@@ -237,16 +244,34 @@ __device__ __forceinline__ int code_of(unsigned b) {
 }
 
 // Max of 4 outputs, packed into a word; the dtype minimum (the padding fill) when no tap is
-// valid.
+// valid. Taps one at a time (operator()) or, for 2-wide windows side by side, a row's 8 bytes
+// at once (pairs: outputs 0, 1 and 2, 3 as the halfword lanes of two[0], two[1], each lane a
+// code in both its bytes, so that the lanes order as the codes do, signed or unsigned);
+// word(paired) reads the one the taps went to.
 template <typename T>
 struct ByteMax {
+  static constexpr bool SIGNED = (T)-1 < (T)0;
+  static constexpr bool takes_pairs = true;
   int m[4];
+  unsigned two[2];
   __device__ __forceinline__ ByteMax() {
 #pragma unroll
-    for (int o = 0; o < 4; ++o) m[o] = code_of<T>((T)-1 < (T)0 ? 0x80u : 0u);
+    for (int o = 0; o < 4; ++o) m[o] = code_of<T>(SIGNED ? 0x80u : 0u);
+    two[0] = two[1] = SIGNED ? 0x80808080u : 0u;
   }
   __device__ __forceinline__ void operator()(int o, unsigned b) { m[o] = max(m[o], code_of<T>(b)); }
-  __device__ __forceinline__ unsigned word() const {
+  // output o's taps: bytes 2o and 2o + 1 of `bytes`
+  __device__ __forceinline__ void pairs(unsigned long long bytes) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const unsigned w = (unsigned)(bytes >> (32 * h));
+      const unsigned first = __byte_perm(w, 0, 0x2200), second = __byte_perm(w, 0, 0x3311);
+      two[h] = SIGNED ? __vmaxs2(two[h], __vmaxs2(first, second))
+                      : __vmaxu2(two[h], __vmaxu2(first, second));
+    }
+  }
+  __device__ __forceinline__ unsigned word(bool paired) const {
+    if (paired) return __byte_perm(two[0], two[1], 0x6420);
     unsigned w = 0;
 #pragma unroll
     for (int o = 0; o < 4; ++o) w |= (unsigned)(m[o] & 0xff) << (8 * o);
@@ -257,6 +282,7 @@ struct ByteMax {
 // Sums of (q - zp) of 4 outputs (a padding tap reads zp: adds 0).
 template <typename T, typename A>
 struct ByteSum {
+  static constexpr bool takes_pairs = false;
   A s[4];
   int zp;
   __device__ __forceinline__ explicit ByteSum(int zp_) : zp(zp_) {
@@ -359,8 +385,8 @@ __global__ void __launch_bounds__(GP_BLOCK_THREADS, (gpq::word_blocks<int, I, K>
   gp::for_outputs_nchw<I>(gpq::word_geo(g), x, [&](const unsigned* __restrict__ xp, I, I o_d,
                                                    I o_h, I q, I oi) {
     gpq::ByteMax<T> acc;
-    gpq::word_taps<K>(g, xp, o_d, o_h, q, unit, fill, acc);
-    out[oi] = acc.word();
+    const bool paired = gpq::word_taps<K>(g, xp, o_d, o_h, q, unit, fill, acc);
+    out[oi] = acc.word(paired);
   });
 }
 

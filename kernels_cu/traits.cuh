@@ -12,6 +12,10 @@ template <> struct Word<4> { typedef unsigned int type; };
 template <> struct Word<8> { typedef unsigned long long type; };
 template <> struct Word<16> { typedef uint4 type; };
 
+// T where B holds, else F.
+template <bool B, typename T, typename F> struct Select { typedef T type; };
+template <typename T, typename F> struct Select<false, T, F> { typedef F type; };
+
 // V elements of T loaded or stored as one aligned vector.
 template <typename T, int V>
 struct alignas(V * sizeof(T)) Pack {

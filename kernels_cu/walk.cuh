@@ -565,13 +565,15 @@ struct RowTaps {
     typedef typename F::value T;
 #pragma unroll
     for (int b = 0; b < R; ++b) {
+      F row = f;  // its positions from the row's base: one address per row
+      row.xp += base[b];
 #pragma unroll
       for (int k = 0; k < packs; ++k) {
         const int c0 = k * VEC - LEAD;
         if (c0 >= 0 && c0 + VEC <= span) {
           Pack<T, VEC> p;
           if (ok(b, k)) {
-            p = pack(f.xp, base[b] + c0);
+            p = pack(row.xp, c0);
           } else {
 #pragma unroll
             for (int e = 0; e < VEC; ++e) p.v[e] = f.load(0, false);
@@ -582,7 +584,7 @@ struct RowTaps {
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
             const int c = c0 + e;
-            if (c >= 0 && c < span) v[b][c] = f.load(base[b] + c, ok(b, k));
+            if (c >= 0 && c < span) v[b][c] = row.load(c, ok(b, k));
           }
         }
       }
@@ -686,10 +688,11 @@ struct RowTaps {
   // sum[j], count[j]: the separable sums of windows j < G (those of sum_separable: per W tap
   // the sum over the H taps, then those column sums over the W taps, each from `zero`), the
   // column sums shared between the windows that overlap; a slot outside the plane adds the
-  // zero of term.load, which leaves every sum as it is.
-  template <int G, typename A, typename F>
+  // zero of term.load, which leaves every sum as it is. C: int or long long (the counts are
+  // at most KH * KW).
+  template <int G, typename A, typename F, typename C>
   __device__ __forceinline__ void sums(const Output<int>* o, int, const F& term, A zero,
-                                       A* sum, long long* count) const {
+                                       A* sum, C* count) const {
     static_assert(G == joint, "a row tile takes GP_ROW_TILE outputs at once");
     typename F::value v[KH][span];
     bool rok[KH], cok[span];
@@ -705,16 +708,15 @@ struct RowTaps {
 #pragma unroll
       for (int c = 0; c < span; ++c) col[c] += term.apply(v[b][c]);
     }
+    // the tile's columns inside the row: [first, end)
+    const int first = g.pw - o[0].o_w * SW, end = first + g.iw;
 #pragma unroll
     for (int j = 0; j < G; ++j) {
-      int cols = 0;
       sum[j] = zero;
 #pragma unroll
-      for (int k = 0; k < KW; ++k) {
-        sum[j] += col[j * SW + k];
-        cols += cok[j * SW + k] ? 1 : 0;
-      }
-      count[j] = (long long)(rows * cols);
+      for (int k = 0; k < KW; ++k) sum[j] += col[j * SW + k];
+      const int cols = min(j * SW + KW, end) - max(j * SW, first);
+      count[j] = (C)(cols > 0 ? rows * cols : 0);
     }
   }
 };
@@ -742,9 +744,10 @@ struct DepthRowTaps : RowTaps<KH, KW, SW, VEC, LEAD> {
   // sum[j], count[j]: the separable sums of windows j < G (those of sum_separable: per (H, W)
   // tap the sum over the D taps inside the plane, then RowTaps::sums' order over H and W,
   // each from `zero`); the D sums of a column are shared between the windows that overlap.
-  template <int G, typename A, typename F>
+  // C: int or long long (the counts are at most g.kd * KH * KW).
+  template <int G, typename A, typename F, typename C>
   __device__ __forceinline__ void sums(const Output<int>* o, int, const F& term, A zero,
-                                       A* sum, long long* count) const {
+                                       A* sum, C* count) const {
     static_assert(G == Rows::joint, "a row tile takes GP_ROW_TILE outputs at once");
     constexpr int span = Rows::span;
     const Geo<int>& g = this->g;
@@ -803,7 +806,7 @@ struct DepthRowTaps : RowTaps<KH, KW, SW, VEC, LEAD> {
         sum[j] += col[j * SW + k];
         cols += cok[j * SW + k] ? 1 : 0;
       }
-      count[j] = (long long)(slices * rows * cols);
+      count[j] = (C)(slices * rows * cols);
     }
   }
 };

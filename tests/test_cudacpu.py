@@ -177,6 +177,15 @@ __global__ void vmax_kernel(const unsigned* a, const unsigned* b, unsigned* s, u
   }
 }
 
+__global__ void vmax2_perm_kernel(const unsigned* a, const unsigned* b, const unsigned* sel,
+                                  unsigned* s, unsigned* u, unsigned* p, int n) {
+  for (int i = global_thread(); i < n; i += gridDim.x * blockDim.x) {
+    s[i] = __vmaxs2(a[i], b[i]);
+    u[i] = __vmaxu2(a[i], b[i]);
+    p[i] = __byte_perm(a[i], b[i], sel[i]);
+  }
+}
+
 __global__ void scale_kernel(const float* in, float* out, float factor, int n) {
   for (int i = global_thread(); i < n; i += gridDim.x * blockDim.x) out[i] = in[i] * factor;
 }
@@ -207,7 +216,7 @@ NAMES = ("half_to_float_kernel", "float_to_half_kernel", "double_to_half_kernel"
          "indices_kernel", "misuse_kernel", "fill_kernel", "mark_first_kernel",
          "scalars_kernel", "write_at_kernel", "copy_kernel", "add_kernel",
          "reset_record_kernel", "record_block_kernel", "record_thread_kernel", "vmax_kernel",
-         "scale_kernel", "address_kernel", "vector_sum_kernel")
+         "vmax2_perm_kernel", "scale_kernel", "address_kernel", "vector_sum_kernel")
 
 SCHEDULES = ("forward", "reverse", "random:1")
 
@@ -644,6 +653,27 @@ def test_vmax4_is_a_bytewise_signed_and_unsigned_max(lib):
                                   np.maximum(a.view(np.int8), b.view(np.int8)))
     np.testing.assert_array_equal(unsigned.view(np.uint8),
                                   np.maximum(a.view(np.uint8), b.view(np.uint8)))
+
+
+def test_vmax2_and_byte_perm(lib):
+    """__vmaxs2 / __vmaxu2 take the max of each halfword as int16 / uint16; __byte_perm(x, y,
+    s) picks byte (s >> 4i) & 7 of the 8 bytes y:x for its byte i."""
+    rng = np.random.default_rng(5)
+    a, b, sel = (rng.integers(0, 2**32, 4096, dtype=np.uint32) for _ in range(3))
+    a[:2] = [0x80007FFF, 0xFFFF0000]
+    b[:2] = [0x7FFF8000, 0x0000FFFF]
+    sel[:2] = [0x6420, 0x3311]
+    signed, unsigned, perm = (np.zeros_like(a) for _ in range(3))
+    lib.kernel("vmax2_perm_kernel")((4,), (64,), (a, b, sel, signed, unsigned, perm,
+                                                   np.int32(a.size)))
+    np.testing.assert_array_equal(signed.view(np.int16),
+                                  np.maximum(a.view(np.int16), b.view(np.int16)))
+    np.testing.assert_array_equal(unsigned.view(np.uint16),
+                                  np.maximum(a.view(np.uint16), b.view(np.uint16)))
+    pool = np.stack([a, b], axis=1).view(np.uint8).reshape(-1, 8)  # bytes of x, then of y
+    picks = (sel[:, None] >> (4 * np.arange(4, dtype=np.uint32))) & 7
+    expected = np.take_along_axis(pool, picks.astype(np.intp), axis=1)
+    np.testing.assert_array_equal(perm.view(np.uint8).reshape(-1, 4), expected)
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),

@@ -157,6 +157,32 @@ inline unsigned __vmaxu4(unsigned a, unsigned b) {
   return r;
 }
 
+// SIMD-in-a-word halfword max (signed / unsigned).
+inline unsigned __vmaxs2(unsigned a, unsigned b) {
+  unsigned r = 0;
+  for (int i = 0; i < 2; ++i) {
+    short x = (short)(a >> (16 * i)), y = (short)(b >> (16 * i));
+    r |= (unsigned)(unsigned short)(x > y ? x : y) << (16 * i);
+  }
+  return r;
+}
+inline unsigned __vmaxu2(unsigned a, unsigned b) {
+  unsigned r = 0;
+  for (int i = 0; i < 2; ++i) {
+    unsigned x = (a >> (16 * i)) & 0xffffu, y = (b >> (16 * i)) & 0xffffu;
+    r |= (x > y ? x : y) << (16 * i);
+  }
+  return r;
+}
+
+// Byte i of the result: byte (s >> 4i) & 7 of the 8 bytes y:x (x the low four).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const unsigned long long v = ((unsigned long long)y << 32) | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+  return r;
+}
+
 // ------------------------------------------------------------------ runtime
 namespace cudacpu {
 
