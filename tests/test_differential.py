@@ -256,14 +256,15 @@ class Unpool:
     gather: bool = False
     stray: bool = False
     tags: frozenset = frozenset({"idx64"})
+    tiles: bool = False  # windows tile the output, 2 wide along W: int64 NCHW takes the tiles
 
 
 UNPOOLS = [
-    Unpool("2d-k2", (2, 3), (6, 8), 2, gather=True),
+    Unpool("2d-k2", (2, 3), (6, 8), 2, gather=True, tiles=True),
     Unpool("2d-k3-s2-p1-outsize", (2, 3), (9, 10), 3, 2, 1, "spatial"),
     Unpool("2d-k23-pairs-fullsize", (2, 3), (7, 9), (2, 3), 2, ((1, 0), (0, 1)), "full"),
     Unpool("1d-k3-s1-overlap", (2, 3), (12,), (3,), (1,)),
-    Unpool("3d-k2", (1, 2), (4, 6, 6), (2, 2, 2), gather=True),
+    Unpool("3d-k2", (1, 2), (4, 6, 6), (2, 2, 2), gather=True, tiles=True),
     # windows that do not overlap: padding, ceil mode, dilation, strides past the window,
     # positions no window covers (output_size above the default), empty windows (-1)
     Unpool("1d-k3-s3-p1-ceil", (2, 5), (13,), (3,), (3,), 1, "spatial", ceil=True, gather=True),
@@ -277,7 +278,7 @@ UNPOOLS = [
     Unpool("3d-k2-stray", (1, 2), (4, 6, 6), (2, 2, 2), output_size="spatial", stray=True),
     # small planes packed in blocks, more plane groups than the hooked grid y holds
     Unpool("2d-k2-many-planes", (1, 40000), (2, 2), 2, gather=True,
-           tags=frozenset({"grid64"})),
+           tags=frozenset({"grid64"}), tiles=True),
 ]
 
 
@@ -301,7 +302,8 @@ def unpool_case(u: Unpool, layout: str, dtype: str, idt: str, paths=frozenset())
     run = lambda y, idx: gpupool.max_unpool(y, idx, u.kernel, u.stride, u.padding,  # noqa: E731
                                             size, dilation=u.dilation, layout=layout)
     return Case(f"unpool-{dtype}-idx_{idt}-{layout}-{u.id}", make, run, True,
-                requests=("max_unpool_gather" if u.gather else "max_unpool",), tags=u.tags,
+                requests=("max_unpool_tiles" if u.tiles and layout == "NCHW" and idt == "int64"
+                          else "max_unpool_gather" if u.gather else "max_unpool",), tags=u.tags,
                 paths=paths)
 
 
@@ -725,9 +727,11 @@ def small_device_cases():
     yield Case("qmax-int8-NHWC-vmax4-8x4x4x64", qinputs((8, 4, 4, 64), "int8"),
                quantized("int8", lambda q: Q.max_pool(q, 2, 1, 1, layout="NHWC")), True,
                paths=frozenset({"rows"}))
-    for layout, lead, spatial in (("NCHW", (8,), (8, 100)), ("NHWC", (8, 64), (4, 4))):
+    # (int32 indices on NCHW: int64 ones take the tiles, which have no rows)
+    for layout, lead, spatial, idt in (("NCHW", (8,), (8, 100), "int32"),
+                                       ("NHWC", (8, 64), (4, 4), "int64")):
         yield unpool_case(Unpool("2d-k2-rows", lead, spatial, 2, gather=True), layout,
-                          "float32", "int64", frozenset({"rows"}))
+                          "float32", idt, frozenset({"rows"}))
 
 
 # ----------------------------------------------------------------------------- the tables

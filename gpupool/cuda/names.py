@@ -137,7 +137,7 @@ def global_name(kernel_base: str, is_max: bool, tin: str, tout: str, itype: str,
 def unpool_name(itemsize: int, indices_dtype: str, itype: str, nhwc: bool | None = None,
                 tiles: bool = False) -> str:
     """The scatter's name expression, or with ``nhwc`` (a bool) the gather's, or with
-    ``tiles`` the tiles' (int64 indices, NCHW: :func:`gpupool.cuda.planner.unpool_tiles`)."""
+    ``tiles`` the tiles' (int64 indices, NCHW: :func:`gpupool.cuda.tiled_gathers.tiles`)."""
     if tiles:
         return f"max_unpool_tiles<{WORDS[itemsize]}, {itype}>"
     if nhwc is None:
