@@ -32,6 +32,7 @@ import os
 import re
 import subprocess
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,7 +168,8 @@ def launch_bounds(code: str, build: Build) -> dict[str, int]:
     if done.returncode:
         raise CompileError(f"{build.cxx} -E failed:\n{done.stderr[-8000:]}")
     bounds = _read_bounds(done.stdout)
-    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    # a name of this thread's own: build_libraries reads the bounds of one code in several
+    partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     partial.write_text(json.dumps(bounds))
     os.replace(partial, path)
     return bounds

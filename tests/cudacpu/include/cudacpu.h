@@ -139,41 +139,21 @@ inline float max(float a, float b) { return fmaxf(a, b); }
 inline double min(double a, double b) { return fmin(a, b); }
 inline double max(double a, double b) { return fmax(a, b); }
 
-// SIMD-in-a-word byte max (signed / unsigned).
-inline unsigned __vmaxs4(unsigned a, unsigned b) {
+// SIMD-in-a-word max of the lanes of type L (signed or unsigned bytes or halfwords).
+template <typename L>
+inline unsigned simd_max(unsigned a, unsigned b) {
+  constexpr int bits = 8 * (int)sizeof(L);
   unsigned r = 0;
-  for (int i = 0; i < 4; ++i) {
-    signed char x = (signed char)(a >> (8 * i)), y = (signed char)(b >> (8 * i));
-    r |= (unsigned)(unsigned char)(x > y ? x : y) << (8 * i);
+  for (int i = 0; i < 32 / bits; ++i) {
+    const L x = (L)(a >> (bits * i)), y = (L)(b >> (bits * i));
+    r |= ((unsigned)(x > y ? x : y) & (0xffffffffu >> (32 - bits))) << (bits * i);
   }
   return r;
 }
-inline unsigned __vmaxu4(unsigned a, unsigned b) {
-  unsigned r = 0;
-  for (int i = 0; i < 4; ++i) {
-    unsigned x = (a >> (8 * i)) & 0xffu, y = (b >> (8 * i)) & 0xffu;
-    r |= (x > y ? x : y) << (8 * i);
-  }
-  return r;
-}
-
-// SIMD-in-a-word halfword max (signed / unsigned).
-inline unsigned __vmaxs2(unsigned a, unsigned b) {
-  unsigned r = 0;
-  for (int i = 0; i < 2; ++i) {
-    short x = (short)(a >> (16 * i)), y = (short)(b >> (16 * i));
-    r |= (unsigned)(unsigned short)(x > y ? x : y) << (16 * i);
-  }
-  return r;
-}
-inline unsigned __vmaxu2(unsigned a, unsigned b) {
-  unsigned r = 0;
-  for (int i = 0; i < 2; ++i) {
-    unsigned x = (a >> (16 * i)) & 0xffffu, y = (b >> (16 * i)) & 0xffffu;
-    r |= (x > y ? x : y) << (16 * i);
-  }
-  return r;
-}
+inline unsigned __vmaxs4(unsigned a, unsigned b) { return simd_max<signed char>(a, b); }
+inline unsigned __vmaxu4(unsigned a, unsigned b) { return simd_max<unsigned char>(a, b); }
+inline unsigned __vmaxs2(unsigned a, unsigned b) { return simd_max<short>(a, b); }
+inline unsigned __vmaxu2(unsigned a, unsigned b) { return simd_max<unsigned short>(a, b); }
 
 // Byte i of the result: byte (s >> 4i) & 7 of the 8 bytes y:x (x the low four).
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
