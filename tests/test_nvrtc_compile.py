@@ -125,7 +125,6 @@ def test_shared_constants_are_defined_once_by_the_host():
     want = {"GP_BLOCK_THREADS": planner.BLOCK_THREADS, "GP_ROW_TILE": row_tiles.ROW_TILE,
             "GP_NAMED_GROUP": planner.NAMED_GROUP, "GP_MAX_PACK": planner.MAX_PACK,
             "GP_BROADCAST_PACKS": tiled_gathers.BROADCAST_PACKS,
-            "GP_CELL_COLUMNS": tiled_gathers.CELL_COLUMNS,
             **{f"GP_GATHER_GROUP_{c}": g for c, g in planner.GATHER_GROUP.items()}}
     kernels = {f.name: f.read_text() for f in cuda_kernels.KERNEL_DIR.iterdir()}
     for name in cuda_kernels.DEFINES:
