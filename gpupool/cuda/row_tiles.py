@@ -15,6 +15,8 @@ ROW_TILE = 4  # outputs per thread of a row tile, along W (the kernels' GP_ROW_T
 ROW_TILE_WINDOWS = ((2, 2, 2), (3, 3, 1), (3, 3, 2), (3, 5, 2), (5, 5, 2), (1, 3, 2),
                     (1, 3, 3), (1, 4, 2), (1, 4, 4), (1, 5, 4))
 ROW_TILE_DTYPES = ("float16", "bfloat16", "float32")
+MAX_TX = 64  # rows of more tiles than this take blocks of a power-of-two width
+WARP = 32
 
 def depth_slices(spec) -> int:
     """The D slices a 3-D window pooling with one D tap per window at its own slice (D window
@@ -70,14 +72,27 @@ def _grid(spec: S.WindowSpec) -> tuple[int, int]:
 
 
 def _block(spec: S.WindowSpec) -> tuple[int, int, int]:
-    """(TX, TY, TZ) of a row-tile block before TY halves to fill the GPU: TX threads along W,
-    TY output rows, and TZ > 1 planes when a plane's tiles leave a block under
-    MIN_BLOCK_THREADS."""
+    """(TX, TY, TZ) of a row-tile block before TY halves to fill the GPU: TX threads along W
+    (one per tile of a row up to MAX_TX tiles, so that a warp's lanes run on into the next row
+    rather than idle past the row's end), TY output rows (of those that make at most
+    BLOCK_THREADS threads, the one that runs a plane's rows in the fewest warps; ties: the
+    larger), and TZ > 1 planes when a plane's tiles leave a block under MIN_BLOCK_THREADS."""
     planes, rows = _grid(spec)
-    tx, ty = block_shape(cdiv(spec.out_spatial[-1], ROW_TILE), BLOCK_THREADS, rows)
+    tiles = cdiv(spec.out_spatial[-1], ROW_TILE)
+    if tiles > MAX_TX:
+        tx, ty = block_shape(tiles, BLOCK_THREADS, rows)
+    else:
+        tx = tiles
+
+        def warps(ty_):
+            whole, last = divmod(rows, ty_)
+            return whole * cdiv(tx * ty_, WARP) + cdiv(tx * last, WARP)
+
+        ty = min(range(1, min(BLOCK_THREADS // tx, rows) + 1), key=lambda t: (warps(t), -t))
     tz = 1
     if tx * ty < MIN_BLOCK_THREADS and planes > 1:
-        tz = min(BLOCK_Z_MAX, BLOCK_THREADS // (tx * ty), pow2ceil(planes))
+        tz = min(BLOCK_Z_MAX, BLOCK_THREADS // (tx * ty),
+                 max(pow2ceil(planes), cdiv(MIN_BLOCK_THREADS, tx * ty)))
     return tx, ty, tz
 
 
@@ -105,7 +120,7 @@ def plan_row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int
     def blocks(ty_):
         return cdiv(ow, tx * ROW_TILE) * cdiv(rows, ty_) * cdiv(planes, tz)
 
-    while ty > 1 and tx * ty * tz > MIN_BLOCK_THREADS and (
+    while ty > 1 and tx * (ty // 2) * tz >= MIN_BLOCK_THREADS and (
             blocks(ty) < fill_target(device, tx * ty * tz)):
         ty //= 2
     grid = ((cdiv(ow, tx * ROW_TILE) * cdiv(rows, ty), cdiv(planes, tz), 1) if depth
