@@ -734,6 +734,25 @@ def small_device_cases():
                           "float32", idt, frozenset({"rows"}))
 
 
+def exact_row_tile_cases():
+    """Row tiles whose grid makes a wave of blocks on a 1-SM device: blocks a row's tiles wide
+    (7, 9, 2, 5 and 25 tiles), warps running on into the next row and plane, partial last
+    tiles, planes packed along block z."""
+    cases = [  # op, dtype, shape, call
+        ("max", "float16", (4, 8, 56, 56), lambda x: gpupool.max_pool(x, 3, 2, 1)),
+        ("avg", "float32", (4, 8, 35, 35), lambda x: gpupool.avg_pool(x, 3, 1, 1)),
+        ("avg-packed", "float32", (16, 16, 14, 14), lambda x: gpupool.avg_pool(x, 2)),
+        ("max-3d", "float16", (4, 8, 8, 40, 40), lambda x: gpupool.max_pool(x, 2)),
+        ("avg-3d-ceil", "float16", (4, 8, 8, 28, 28),
+         lambda x: gpupool.avg_pool(x, 2, 2, 1, True)),
+        ("max-1d", "float16", (8, 16, 300), lambda x: gpupool.max_pool(x, (3,), 3)),
+    ]
+    for op, dtype, shape, call in cases:
+        yield Case(f"exact-rows-{op}-{dtype}-{'x'.join(map(str, shape))}",
+                   random_input(shape, dtype, "max" if "max" in op else "sum"), call, True,
+                   paths=frozenset({"exact"}))
+
+
 # ----------------------------------------------------------------------------- the tables
 
 CASES = (list(window_cases()) + list(pack_cases()) + list(whole_plane_cases()) + list(unpool_cases()) + list(adaptive_cases())
@@ -744,7 +763,8 @@ HOOKED = ([("idx64", c) for c in CASES if "idx64" in c.tags]
           + [("acc64", c) for c in CASES if "acc64" in c.tags]
           + [("idx64+acc64", c) for c in CASES if {"acc64", "idx64"} <= c.tags]
           + [("grid64", c) for c in CASES if "grid64" in c.tags]
-          + [("small-device", c) for c in small_device_cases()])
+          + [("small-device", c) for c in small_device_cases()]
+          + [("small-device", c) for c in exact_row_tile_cases()])
 assert len({c.id for c in CASES}) == len(CASES)
 
 
@@ -857,7 +877,8 @@ def run_case(case: Case, mp, cupy) -> Record:
 def check_paths(rec: Record, paths) -> None:
     """``idx64``: 64-bit index variants only; ``acc64``: int64 accumulators in every quantized
     average kernel; ``rows``: the (first) launch computes several rows per thread; ``gridz``
-    (and the ``grid64`` hook): every launch spills onto grid z."""
+    (and the ``grid64`` hook): every launch spills onto grid z; ``exact``: the launch is of
+    row tiles, its blocks a thread per tile of an output row wide."""
     assert rec.names or not paths
     if "idx64" in paths:
         assert all(p.index_type == "long long" for _, p in rec.plans), rec.plans
@@ -870,6 +891,11 @@ def check_paths(rec: Record, paths) -> None:
         assert all(la.grid[2] > 1 for la in launches), launches
     if "rows" in paths:
         assert rec.plans[0][1].launches[0].rows > 1, str(rec.plans[0][1])
+    if "exact" in paths:
+        spec, p = rec.plans[0]
+        la = p.launches[0]
+        tiles = -(-spec.out_spatial[-1] // row_tiles.ROW_TILE)
+        assert la.kernel.endswith("_rows") and la.block[0] == tiles, str(p)
 
 
 @pytest.fixture

@@ -203,6 +203,20 @@ def test_row_tiles_take_more_planes_than_a_grid_dim_when_packed():
     assert plan(window((3, 40000, 16, 64), 2, 2), H100).launches[0].kernel == "max_pool"
 
 
+def test_row_tiles_are_as_wide_as_a_row_has_tiles_where_the_grid_makes_a_wave():
+    """A values-only row-tile launch whose grid makes a wave of blocks takes a thread per tile
+    of a row (28 outputs: 7 tiles of 4) and all 28 rows of a plane in a block, 196 threads in 7
+    warps, so that no lane idles past a row's end; a max with indices (stored by lane pairs or
+    warps of tiles side by side), and a grid under a wave, keep power-of-two blocks."""
+    la = plan(window((256, 64, 56, 56), 3, 2, 1, dtype="float16"), H100).launches[0]
+    assert la.kernel == "max_pool_rows" and la.block == (7, 28, 1)
+    la = plan(window((256, 64, 56, 56), 3, 2, 1, dtype="float16", return_indices=True),
+              H100).launches[0]
+    assert la.kernel == "max_pool_indices_rows" and la.block[0] == 8
+    la = plan(window((1, 64, 56, 56), 3, 2, 1, dtype="float16"), H100).launches[0]
+    assert la.kernel == "max_pool_rows" and la.block[0] == 8
+
+
 def test_nhwc_threads_along_channels():
     la = plan(window((2, 16, 16, 256), 2, 2, layout="NHWC"), H100).launches[0]
     assert la.block[0] == 64

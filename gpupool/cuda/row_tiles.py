@@ -53,7 +53,7 @@ def row_tile(spec, align: int = 16) -> tuple[int, ...] | None:
             or (shape[0] == 1 and not depth_slices(spec))):
         return None
     planes, rows = _grid(spec)
-    if max(cdiv(planes, _block(spec)[2]), rows) > GRID_YZ_MAX:
+    if max(cdiv(planes, min(_block(spec, e)[2] for e in (True, False))), rows) > GRID_YZ_MAX:
         return None
     item = S.ITEMSIZE[g.dtype]
     vec = 16 // item if ROW_TILE * shape[2] % (16 // item) == 0 else 8 // item
@@ -71,17 +71,16 @@ def _grid(spec: S.WindowSpec) -> tuple[int, int]:
     return (spec.geom.planes * slices, oh) if slices else (spec.geom.planes, od * oh)
 
 
-def _block(spec: S.WindowSpec) -> tuple[int, int, int]:
-    """(TX, TY, TZ) of a row-tile block before TY halves to fill the GPU: TX threads along W
-    (one per tile of a row up to MAX_TX tiles, so that a warp's lanes run on into the next row
-    rather than idle past the row's end), TY output rows (of those that make at most
-    BLOCK_THREADS threads, the one that runs a plane's rows in the fewest warps; ties: the
-    larger), and TZ > 1 planes when a plane's tiles leave a block under MIN_BLOCK_THREADS."""
+def _block(spec: S.WindowSpec, exact: bool) -> tuple[int, int, int]:
+    """(TX, TY, TZ) of a row-tile block before TY halves to fill the GPU. ``exact``: TX one
+    thread per tile of a row up to MAX_TX tiles (so that a warp's lanes run on into the next
+    row rather than idle past the row's end) and TY the number of output rows, of those that
+    make at most BLOCK_THREADS threads, that runs a plane's rows in the fewest warps (ties: the
+    larger); else TX and TY powers of two. TZ > 1 planes when a plane's tiles leave a block
+    under MIN_BLOCK_THREADS."""
     planes, rows = _grid(spec)
     tiles = cdiv(spec.out_spatial[-1], ROW_TILE)
-    if tiles > MAX_TX:
-        tx, ty = block_shape(tiles, BLOCK_THREADS, rows)
-    else:
+    if exact and tiles <= MAX_TX:
         tx = tiles
 
         def warps(ty_):
@@ -89,6 +88,8 @@ def _block(spec: S.WindowSpec) -> tuple[int, int, int]:
             return whole * cdiv(tx * ty_, WARP) + cdiv(tx * last, WARP)
 
         ty = min(range(1, min(BLOCK_THREADS // tx, rows) + 1), key=lambda t: (warps(t), -t))
+    else:
+        tx, ty = block_shape(tiles, BLOCK_THREADS, rows)
     tz = 1
     if tx * ty < MIN_BLOCK_THREADS and planes > 1:
         tz = min(BLOCK_Z_MAX, BLOCK_THREADS // (tx * ty),
@@ -96,13 +97,28 @@ def _block(spec: S.WindowSpec) -> tuple[int, int, int]:
     return tx, ty, tz
 
 
+def _filled(spec: S.WindowSpec, device: DeviceInfo, block: tuple[int, int, int]):
+    """``block`` with TY halved while the grid leaves the GPU short of a wave of blocks (down to
+    MIN_BLOCK_THREADS), and whether the grid then makes a wave."""
+    tx, ty, tz = block
+    planes, rows = _grid(spec)
+
+    def blocks(ty_):
+        return cdiv(spec.out_spatial[-1], tx * ROW_TILE) * cdiv(rows, ty_) * cdiv(planes, tz)
+
+    while ty > 1 and tx * (ty // 2) * tz >= MIN_BLOCK_THREADS and (
+            blocks(ty) < fill_target(device, tx * ty * tz)):
+        ty //= 2
+    return (tx, ty, tz), blocks(ty) >= fill_target(device, tx * ty * tz)
+
+
 def plan_row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int, int],
                    words: list) -> Plan:
     """The row-tile launch (thread_map.cuh outputs_rows): ROW_TILE outputs along W per thread,
-    blocks of :func:`_block`, plane groups on grid z (the ``*_depth_rows`` kernels: on y, the
-    W chunks and row groups on x); TY halves while the grid
-    leaves the GPU short of a wave of blocks (down to MIN_BLOCK_THREADS). Planes and rows:
-    :func:`_grid`."""
+    blocks of :func:`_block` (exact where the grid then makes a wave of blocks, and values
+    only: a max with indices stores them by lane pairs or warps of tiles side by side),
+    halved by :func:`_filled`, plane groups on grid z (the ``*_depth_rows`` kernels: on y, the
+    W chunks and row groups on x). Planes and rows: :func:`_grid`."""
     kh, kw, sw, vec, lead = shape
     planes, rows = _grid(spec)
     ow = spec.out_spatial[-1]
@@ -111,18 +127,13 @@ def plan_row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int
         words.append("3-D windows of one D tap at their own slice: each plane's D slices pooled "
                      "as 2-D planes" if not depth else "3-D windows: the row tiles of each D "
                      "tap in turn (D taps at run time), output rows (d, h)")
-    tx, ty, tz = _block(spec)
+    (tx, ty, tz), wave = _filled(spec, device, _block(spec, not spec.return_indices))
+    if not wave:  # under a wave idle lanes cost nothing, and smaller blocks are more of them
+        (tx, ty, tz), _ = _filled(spec, device, _block(spec, False))
     if tz > 1:
         words.append(f"packing: {tz} planes per block (a plane has {cdiv(ow, ROW_TILE) * rows} "
                      f"row tiles; blocks of {tx * ty} threads would leave the SMs' block slots "
                      f"idle)")
-
-    def blocks(ty_):
-        return cdiv(ow, tx * ROW_TILE) * cdiv(rows, ty_) * cdiv(planes, tz)
-
-    while ty > 1 and tx * (ty // 2) * tz >= MIN_BLOCK_THREADS and (
-            blocks(ty) < fill_target(device, tx * ty * tz)):
-        ty //= 2
     grid = ((cdiv(ow, tx * ROW_TILE) * cdiv(rows, ty), cdiv(planes, tz), 1) if depth
             else (cdiv(ow, tx * ROW_TILE), cdiv(rows, ty), cdiv(planes, tz)))
     kernel = ("max_pool_indices" if spec.return_indices else f"{spec.op}_pool") + (
