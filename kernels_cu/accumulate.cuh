@@ -81,6 +81,12 @@ struct MaxOfTaps {
       m = v;
     }
   }
+  // Values only: take() of the window's first tap, m still the lowest value (which the tap
+  // replaces unless it is the lowest value too).
+  __device__ __forceinline__ void first(T raw) {
+    static_assert(!IDX, "an index takes its first valid tap");
+    m = Num<T>::load(raw);
+  }
   // With IDX: takes the max v at position pos (-1: no tap) of other taps of the same window,
   // so that m and best are those of one walk over both sets of taps in row-major order (in
   // which positions increase): the last NaN, else the first tap holding the max.

@@ -595,13 +595,17 @@ struct RowTaps {
   // plane: v[u * KH + b][c] = f.load(pos, ok) for column c < span of window row b < KH of
   // slice u (with VEC > 1 the same values from packs), base[u * KH + b] the position of the
   // row's column 0, with rok[b], cok[c] whether row and column lie inside the plane (the
-  // slices must); every load starts before any tap is used. A tile inside the plane (most of
-  // them) loads without a test per slot.
-  template <int S, typename F>
+  // slices must); every load starts before any tap is used, and then() uses them: after each
+  // way of loading them with EACH (so that 2-byte values stay where their loads put them: at a
+  // join the compiler pairs them anew, a PRMT per pair; the max's takes), else after both (the
+  // sums, whose loads ptxas then starts together). A tile inside the plane (most of them)
+  // loads without a test per slot.
+  template <int S, bool EACH, typename F, typename Then>
   __device__ __forceinline__ void load_slices(const Output<int>& o0, const F& f,
                                               typename F::value (&v)[S * KH][span],
                                               bool (&rok)[KH], bool (&cok)[span],
-                                              int (&base)[S * KH], const int (&slice)[S]) const {
+                                              int (&base)[S * KH], const int (&slice)[S],
+                                              Then then) const {
     const int h0 = o0.o_h * g.sh - g.ph;
     const int w0 = o0.o_w * SW - g.pw;
     bool inside = true;
@@ -618,6 +622,9 @@ struct RowTaps {
 #pragma unroll
       for (int u = 0; u < S; ++u) base[u * KH + b] = (slice[u] * g.ih + ph) * g.iw + w0;
     }
+    const auto loaded = [&] {
+      if constexpr (EACH) then();
+    };
     if constexpr (VEC > 1) {
       // pack k starts at column w0 - LEAD + k * VEC; a column outside the row lies in a pack
       // outside it (pok false). A tile inside the plane loads without a test per pack.
@@ -632,8 +639,10 @@ struct RowTaps {
       for (int b = 0; b < KH; ++b) all = all && rok[b];
       if (all) {
         load_packs(f, base, v, [](int, int) { return true; });
+        loaded();
       } else {
         load_packs(f, base, v, [&](int r, int k) { return rok[r % KH] && pok[k]; });
+        loaded();
       }
     } else if (inside) {
 #pragma unroll
@@ -641,48 +650,61 @@ struct RowTaps {
 #pragma unroll
         for (int c = 0; c < span; ++c) v[r][c] = f.load(base[r] + c, true);
       }
+      loaded();
     } else {
 #pragma unroll
       for (int r = 0; r < S * KH; ++r) {
 #pragma unroll
         for (int c = 0; c < span; ++c) v[r][c] = f.load(base[r] + c, rok[r % KH] && cok[c]);
       }
+      loaded();
     }
+    if constexpr (!EACH) then();
   }
 
-  // load_slices of the one slice `slice`.
-  template <typename F>
+  // load_slices of the one slice `slice`, then then().
+  template <bool EACH, typename F, typename Then>
   __device__ __forceinline__ void load(const Output<int>& o0, const F& f,
                                        typename F::value (&v)[KH][span], bool (&rok)[KH],
-                                       bool (&cok)[span], int (&base)[KH],
-                                       int slice = 0) const {
+                                       bool (&cok)[span], int (&base)[KH], int slice,
+                                       Then then) const {
     const int one[1] = {slice};
-    load_slices<1>(o0, f, v, rok, cok, base, one);
+    load_slices<1, EACH>(o0, f, v, rok, cok, base, one, then);
   }
 
   // f[j].take(v, pos) for the taps of window j < G in row-major order, those of D slice
   // `slice`: every slot (values-only max: a slot outside the plane loads the lowest value,
   // which never wins) or the valid ones (F::skips). Windows j >= n are taken too and never
-  // stored.
-  template <int G, typename F>
+  // stored. WHOLE: these are the windows' every tap (a 1-D or 2-D tile, not one D slice of
+  // DepthRowTaps): a values-only max takes the first slot by f[j].first, and takes 2-byte
+  // values after each way of loading them (load_slices' EACH; in DepthRowTaps' loop over
+  // the slices that spilled).
+  template <int G, bool WHOLE = true, typename F>
   __device__ __forceinline__ void batched(const Output<int>* o, int, F* f,
                                           int slice = 0) const {
     static_assert(G == joint, "a row tile takes GP_ROW_TILE outputs at once");
     typename F::value v[KH][span];
     bool rok[KH], cok[span];
     int base[KH];
-    load(o[0], f[0], v, rok, cok, base, slice);
+    load<WHOLE && sizeof(typename F::value) == 2>(o[0], f[0], v, rok, cok, base, slice, [&] {
 #pragma unroll
-    for (int b = 0; b < KH; ++b) {
+      for (int b = 0; b < KH; ++b) {
 #pragma unroll
-      for (int j = 0; j < G; ++j) {
+        for (int j = 0; j < G; ++j) {
 #pragma unroll
-        for (int k = 0; k < KW; ++k) {
-          const int c = j * SW + k;
-          if (!F::skips || (rok[b] && cok[c])) f[j].take(v[b][c], base[b] + c);
+          for (int k = 0; k < KW; ++k) {
+            const int c = j * SW + k;
+            if constexpr (F::skips) {
+              if (rok[b] && cok[c]) f[j].take(v[b][c], base[b] + c);
+            } else if (WHOLE && b == 0 && k == 0) {
+              f[j].first(v[b][c]);
+            } else {
+              f[j].take(v[b][c], base[b] + c);
+            }
+          }
         }
       }
-    }
+    });
   }
 
   // sum[j], count[j]: the separable sums of windows j < G (those of sum_separable: per W tap
@@ -697,17 +719,18 @@ struct RowTaps {
     typename F::value v[KH][span];
     bool rok[KH], cok[span];
     int base[KH];
-    load(o[0], term, v, rok, cok, base);
     A col[span];
     int rows = 0;
+    load<false>(o[0], term, v, rok, cok, base, 0, [&] {
 #pragma unroll
-    for (int c = 0; c < span; ++c) col[c] = zero;
+      for (int c = 0; c < span; ++c) col[c] = zero;
 #pragma unroll
-    for (int b = 0; b < KH; ++b) {
-      rows += rok[b] ? 1 : 0;
+      for (int b = 0; b < KH; ++b) {
+        rows += rok[b] ? 1 : 0;
 #pragma unroll
-      for (int c = 0; c < span; ++c) col[c] += term.apply(v[b][c]);
-    }
+        for (int c = 0; c < span; ++c) col[c] += term.apply(v[b][c]);
+      }
+    });
     // the tile's columns inside the row: [first, end)
     const int first = g.pw - o[0].o_w * SW, end = first + g.iw;
 #pragma unroll
@@ -737,7 +760,7 @@ struct DepthRowTaps : RowTaps<KH, KW, SW, VEC, LEAD> {
 #pragma unroll 1
     for (int a = 0; a < g.kd; ++a) {
       const int slice = d0 + a * g.dd;
-      if ((unsigned)slice < (unsigned)g.id) Rows::template batched<G>(o, n, f, slice);
+      if ((unsigned)slice < (unsigned)g.id) Rows::template batched<G, false>(o, n, f, slice);
     }
   }
 
@@ -775,17 +798,18 @@ struct DepthRowTaps : RowTaps<KH, KW, SW, VEC, LEAD> {
         in[u] = a + u < g.kd && (unsigned)slice < (unsigned)g.id;
         at[u] = slice < 0 ? 0 : slice < g.id ? slice : g.id - 1;
       }
-      this->template load_slices<B>(o[0], term, v, rok, cok, base, at);
+      this->template load_slices<B, false>(o[0], term, v, rok, cok, base, at, [&] {
 #pragma unroll
-      for (int u = 0; u < B; ++u) {
-        if (!in[u]) continue;
-        ++slices;
+        for (int u = 0; u < B; ++u) {
+          if (!in[u]) continue;
+          ++slices;
 #pragma unroll
-        for (int b = 0; b < KH; ++b) {
+          for (int b = 0; b < KH; ++b) {
 #pragma unroll
-          for (int c = 0; c < span; ++c) dsum[b][c] += term.apply(v[u * KH + b][c]);
+            for (int c = 0; c < span; ++c) dsum[b][c] += term.apply(v[u * KH + b][c]);
+          }
         }
-      }
+      });
     }
     int rows = 0;
 #pragma unroll
