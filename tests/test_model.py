@@ -425,12 +425,12 @@ def test_strided_reads_cost_dram_time_in_proportion(lib):
 #: Raise a floor when a change gains.
 FLOORS = {
     "resnet stem max 3x3 s2 p1": 93.0,
-    "resnet stem max f16": 70.5,
+    "resnet stem max f16": 84.6,
     "resnet stem max + indices": 94.1,
     "resnet stem max NHWC": 93.0,
     "vgg max 2x2 s2": 93.0,
     "densenet avg 2x2 s2": 93.0,
-    "inception avg 3x3 s1 p1": 24.7,
+    "inception avg 3x3 s1 p1": 27.7,
     "inception avg NHWC": 49.0,
     "resnet50 head global avg": 92.1,
     "resnet50 head global avg f16": 92.1,
