@@ -340,7 +340,8 @@ def test_nan_indices_in_windows_cut_by_padding(backend, dtype):
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 def test_max_with_indices_returns_the_element_at_its_index_bit_for_bit(backend, dtype):
     # signed zeros tie (the first wins, whatever its sign) and NaNs of several payloads (the
-    # last wins): the value must be the element at the index, not an equal one
+    # last wins): the value must be the element at the index, not an equal one; a float16 NaN
+    # comes back as 0x7FFF (an H100 narrows every NaN to float16 so)
     unsigned = f"u{np.dtype(dtype).itemsize}"
     x = np.array([[[-0.0, 0.0, 0.0, -0.0, np.nan, np.nan, 1.0, np.nan, -0.0]]], dtype)
     bits = x.view(unsigned)
@@ -350,11 +351,43 @@ def test_max_with_indices_returns_the_element_at_its_index_bit_for_bit(backend, 
                  gpupool.adaptive_max_pool(backend.to_backend(x), (4,), return_indices=True)):
         y, i = backend.to_numpy(y), backend.to_numpy(i)
         assert (i >= 0).all()
-        assert_array_equal(y.view(unsigned), np.take_along_axis(bits, i, axis=-1))
+        want = np.take_along_axis(bits, i, axis=-1)
+        if dtype == "float16":
+            want = np.where(np.isnan(np.take_along_axis(x, i, axis=-1)), 0x7FFF, want)
+        assert_array_equal(y.view(unsigned), want.astype(unsigned))
     # the reference's indices for the window op: first of tied taps, last NaN
     _, want_i = ref.max_pool(x.astype(np.float64), (3,), (1,), 1)
     y, i = gpupool.max_pool(backend.to_backend(x), (3,), (1,), 1, return_indices=True)
     check(backend, i, want_i, "int64")
+
+
+HALF_NAN_OPS = {
+    "max-idx": lambda x: gpupool.max_pool(x, (2,), return_indices=True)[0],
+    "amax-idx": lambda x: gpupool.adaptive_max_pool(x, (3,), return_indices=True)[0],
+    "global-max": lambda x: gpupool.global_max_pool(x, spatial_dims=1),
+    "avg": lambda x: gpupool.avg_pool(x, (2,)),
+    "lp": lambda x: gpupool.lp_pool(x, 2.0, (2,)),
+    "aavg": lambda x: gpupool.adaptive_avg_pool(x, (3,)),
+    "global-avg": lambda x: gpupool.global_avg_pool(x, spatial_dims=1),
+    "max-backward": lambda x: gpupool.max_pool_backward(x[..., :3], gpupool.max_pool(
+        abs(x), (2,), return_indices=True)[1], x.shape, (2,)),
+    "avg-backward": lambda x: gpupool.avg_pool_backward(x[..., :3], x.shape, (2,)),
+}
+
+
+@pytest.mark.parametrize("op", HALF_NAN_OPS)
+def test_every_float16_nan_result_is_0x7fff(backend, op):
+    # NaNs of other payloads and signs in every window: float16 results are narrowed from
+    # float32 on CUDA, where every NaN becomes 0x7FFF (seen on an H100), and NumPy's match
+    x = np.array([[[np.nan, 1.0, 2.0, np.nan, np.nan, -np.nan]]], np.float16)
+    bits = x.view(np.uint16)
+    bits[0, 0, 0] |= 1
+    bits[0, 0, 3] |= 0x8000
+    bits[0, 0, 4] |= 0x1ff
+    y = backend.to_numpy(HALF_NAN_OPS[op](backend.to_backend(x)))
+    nan = np.isnan(y)
+    assert y.dtype == np.float16 and nan.any()
+    assert (y.view(np.uint16)[nan] == 0x7FFF).all(), [hex(b) for b in y.view(np.uint16).ravel()]
 
 
 def test_window_of_minus_inf_gives_minus_inf_and_its_first_valid_index(backend):

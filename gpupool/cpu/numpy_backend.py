@@ -239,8 +239,34 @@ def _take_winners(xb, geom, indices, values, empty) -> None:
         values[empty] = lowest(values.dtype)
 
 
+HALF_NAN_BITS = np.int16(0x7FFF)
+
+
+def canonical_half_nans(out) -> None:
+    """Every NaN of the float16 ``out`` as 0x7FFF, sign and payload dropped: the NaN that
+    CUDA's narrowing to float16 gives (and bfloat16's rounding, :mod:`.bfloat16`), so a float16
+    result has the same bits on both backends."""
+    bits = out.view(np.int16)
+    nan = np.bitwise_and(bits, 0x7FFF) > 0x7C00
+    if nan.any():
+        np.copyto(bits, HALF_NAN_BITS, where=nan)
+
+
 @functools.lru_cache(maxsize=256)
 def prepare_window(spec: WindowSpec):
+    """The window op of ``spec`` as ``run(x, spec, out, indices)`` (:func:`_prepared_window`);
+    a float16 result's NaNs as :func:`canonical_half_nans` makes them."""
+    run = _prepared_window(spec)
+    if np.dtype(spec.geom.dtype) != np.float16 or (spec.op == "max" and not spec.return_indices):
+        return run  # (a float16 max of int16 keys gives every NaN as 0x7FFF itself)
+
+    def run_half(x, _spec, out, indices) -> None:
+        run(x, _spec, out, indices)
+        canonical_half_nans(out)
+    return run_half
+
+
+def _prepared_window(spec: WindowSpec):
     """The window op of ``spec`` as ``run(x, spec, out, indices)``, every decision that depends
     on the spec alone (the strategy, its plans, the divisor) made once. The strategies:
 
@@ -252,7 +278,7 @@ def prepare_window(spec: WindowSpec):
     * otherwise a separable max or sum in the working dtype, then the divisor or the root;
     * bfloat16: the float32 op, rounded once (:mod:`gpupool.cpu.bfloat16`)."""
     if bfloat16.is_bfloat16(spec.geom.dtype):
-        return bfloat16.through_float32(prepare_window(bfloat16.as_float32(spec)))
+        return bfloat16.through_float32(_prepared_window(bfloat16.as_float32(spec)))
     geom = spec.geom
     dtype = np.dtype(geom.dtype)
     plane_bytes = dtype.itemsize * math.prod(geom.spatial) * geom.channels
@@ -455,13 +481,21 @@ def _half_from_keys(keys, dest) -> None:
 
 
 def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
+    """Adaptive and global pooling (:func:`_adaptive`); a float16 result's NaNs as
+    :func:`canonical_half_nans` makes them."""
+    _adaptive(x, spec, out, indices)
+    if out.dtype == np.float16:
+        canonical_half_nans(out)
+
+
+def _adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
     """Adaptive and global pooling: uniform windows as ``window`` (an average to size 1 with
     a dim longer than :data:`TAP_CALLS_MAX` through ``add.accumulate``, in the same order);
     a global max a reduction, a global average a sum of values times weights; other windows
     through the gather of a small block or the shared tap loops, dividing by each window's
     count; bfloat16 through float32 (:mod:`gpupool.cpu.bfloat16`)."""
     if bfloat16.is_bfloat16(x.dtype):
-        bfloat16.through_float32(adaptive)(x, spec, out, indices)
+        bfloat16.through_float32(_adaptive)(x, spec, out, indices)
         return
     geom = spec.geom
     xc, oc = canonical(x, geom), canonical(out, geom)
