@@ -587,6 +587,37 @@ def test_profile_script_runs_each_case_once_inside_the_profiler_range(capsys):
         assert all(r["launches"] and not r["compiles"] for r in cases), cases
 
 
+def test_measure_script_sets_each_measured_case_beside_the_model_of_its_gpu(tmp_path, capsys):
+    """bench/measure.py --compare: the CUPTI time where there is one (else the events'), the
+    model's time and bound on the measured GPU's profile, their ratio, PyTorch's time; a
+    case that raised keeps its error."""
+    measured = {"gpu": "NVIDIA H100 80GB HBM3", "method": "median", "cases": [
+        {"case": "a", "gpupool": {"cupti": 2e-6, "events": 3e-6},
+         "torch": {"cupti": None, "events": 5e-6}, "sm_clock_mhz": 1500.0},
+        {"case": "b", "error": "RuntimeError: no", "sm_clock_mhz": None}]}
+    model = {"devices": ["H200 at 1500 MHz", "H100 SXM at 1500 MHz"], "cases": [
+        {"case": "a", "devices": {"H200 at 1500 MHz": {"seconds": 1e-6, "bound": "dram"},
+                                  "H100 SXM at 1500 MHz": {"seconds": 4e-6, "bound": "issue"}}}]}
+    paths = [tmp_path / "measured.json", tmp_path / "model.json"]
+    for path, data in zip(paths, (measured, model)):
+        path.write_text(json.dumps(data))
+    assert _bench_script("measure.py").main(["--compare", *map(str, paths)]) == 0
+    out = capsys.readouterr().out
+    assert "modeled: H100 SXM at 1500 MHz" in out
+    assert "| a | 2.0 | 1500 | 4.0 | instructions | 0.50 | 5.0 |" in out.splitlines()
+    assert "| b | RuntimeError: no | - | - | - | - | - |" in out.splitlines()
+
+
+def test_measure_script_refuses_to_run_without_a_gpu(capsys):
+    if subprocess.run([sys.executable, "-c", "import cupy; assert "
+                       "cupy.cuda.runtime.getDeviceCount() > 0"], capture_output=True).returncode == 0:
+        pytest.skip("CuPy sees a GPU here")
+    import pathlib
+    script = pathlib.Path(__file__).resolve().parents[1] / "bench" / "measure.py"
+    done = subprocess.run([sys.executable, str(script), "--compile-workers", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "no usable GPU" in done.stderr, done.stderr
+
 def test_gpu_job_checks_its_stages_first_and_refuses_a_machine_without_a_gpu(tmp_path):
     """.ci/gpu: an unknown stage stops it before anything runs; the GPU stages refuse to run
     where CuPy sees no GPU (the gpu tests would silently fall back to the executor)."""
