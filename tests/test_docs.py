@@ -5,6 +5,7 @@ reference; the model tables in ``docs/performance.md`` are those their results f
 from __future__ import annotations
 
 import doctest
+import json
 import pathlib
 import re
 
@@ -134,6 +135,16 @@ def test_model_tables_are_rendered_from_their_results_file():
     assert match, "docs/performance.md: no rendered tables"
     assert match.group(2) == model.rendered_tables(str(ROOT / match.group(1)))
 
+
+def test_measured_tables_are_rendered_from_their_results_files():
+    from bench import measure
+    text = (ROOT / "docs" / "performance.md").read_text()
+    blocks = re.findall(r"<!-- measured: (\S+) (\S+) -->\n\n(.*?)\n<!-- end of measured -->",
+                        text, re.S)
+    assert len(blocks) == 2, "docs/performance.md: the measured tables"
+    for measured, model, table in blocks:
+        runs = [json.loads((ROOT / path).read_text()) for path in (measured, model)]
+        assert table == measure.compared(runs[0], runs[1:])
 
 @pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(path):
