@@ -74,9 +74,10 @@ __global__ void __launch_bounds__(GP_BLOCK_THREADS)
 }
 
 // max_pool_rows of 3-D NCHW planes, their windows' D taps at run time (gp::DepthRowTaps).
-// Geometry: gp::outputs_rows with DEPTH (grid y = groups of the output rows (d, h)).
+// Geometry: gp::outputs_rows with DEPTH (grid y = groups of the output rows (d, h)). Bound:
+// 256 threads, 2 blocks (ptxas's own choice spilled a 3 x 5 float16 window to local memory).
 template <typename T, int KH, int KW, int SW, int VEC, int LEAD>
-__global__ void __launch_bounds__(GP_BLOCK_THREADS)
+__global__ void __launch_bounds__(GP_BLOCK_THREADS, 2)
     max_pool_depth_rows(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(int)) {
   GP_GEO(int);
   gp::max_outputs<T, int, false, false>(x, out, nullptr,
