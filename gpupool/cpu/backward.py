@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import bfloat16, numpy_backend
+from . import bfloat16, float16
 from .memo import array_memo
 from .reduce import window_taps
 from ..grad_spec import GradSpec
@@ -168,7 +168,7 @@ def backward(grad, spec: GradSpec, out, indices=None, x=None, y=None) -> None:
     ``grad``): from ``indices`` for a max, from ``x`` and the forward output ``y`` for Lp.
     bfloat16: the float32 gradient of the widened operands, rounded once
     (:mod:`gpupool.cpu.bfloat16`); float16: every NaN as 0x7FFF
-    (:func:`.numpy_backend.canonical_half_nans`)."""
+    (:func:`.float16.canonical_nans`)."""
     if bfloat16.is_bfloat16(grad.dtype):
         gradient = np.empty(out.shape, np.float32)
         backward(bfloat16.widened(grad), bfloat16.as_float32(spec), gradient, indices,
@@ -180,4 +180,4 @@ def backward(grad, spec: GradSpec, out, indices=None, x=None, y=None) -> None:
     else:
         _average(spec, grad, out, x, y)
     if out.dtype == np.float16:
-        numpy_backend.canonical_half_nans(out)
+        float16.canonical_nans(out)

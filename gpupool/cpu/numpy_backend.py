@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import bfloat16, threads
+from . import bfloat16, float16, threads
 from .memo import array_memo
 from .reduce import (DIRECT_BYTES, LITTLE_ENDIAN, canonical, expand, fits_one_gather,
                      gather_plan, gather_reduce, half_as_float32, in_blocks, reduce_taps,
@@ -160,8 +160,8 @@ def _order_keys(xb):
         np.copyto(keys, xb)
         return keys
     if xb.dtype == np.float16:
-        np.copyto(keys, _half_keys(xb))  # NaN already the top int16 key
-        np.copyto(keys, TOP_KEY, where=keys == HALF_NAN_KEY)
+        np.copyto(keys, float16.keys(xb))  # NaN already the top int16 key
+        np.copyto(keys, TOP_KEY, where=keys == float16.NAN_KEY)
     else:
         bits = xb.view(np.int32)
         np.right_shift(bits, 31, out=keys)
@@ -239,30 +239,17 @@ def _take_winners(xb, geom, indices, values, empty) -> None:
         values[empty] = lowest(values.dtype)
 
 
-HALF_NAN_BITS = np.int16(0x7FFF)
-
-
-def canonical_half_nans(out) -> None:
-    """Every NaN of the float16 ``out`` as 0x7FFF, sign and payload dropped: the NaN that
-    CUDA's narrowing to float16 gives (and bfloat16's rounding, :mod:`.bfloat16`), so a float16
-    result has the same bits on both backends."""
-    bits = out.view(np.int16)
-    nan = np.bitwise_and(bits, 0x7FFF) > 0x7C00
-    if nan.any():
-        np.copyto(bits, HALF_NAN_BITS, where=nan)
-
-
 @functools.lru_cache(maxsize=256)
 def prepare_window(spec: WindowSpec):
     """The window op of ``spec`` as ``run(x, spec, out, indices)`` (:func:`_prepared_window`);
-    a float16 result's NaNs as :func:`canonical_half_nans` makes them."""
+    a float16 result's NaNs as :func:`.float16.canonical_nans` makes them."""
     run = _prepared_window(spec)
     if np.dtype(spec.geom.dtype) != np.float16 or (spec.op == "max" and not spec.return_indices):
         return run  # (a float16 max of int16 keys gives every NaN as 0x7FFF itself)
 
     def run_half(x, _spec, out, indices) -> None:
         run(x, _spec, out, indices)
-        canonical_half_nans(out)
+        float16.canonical_nans(out)
     return run_half
 
 
@@ -274,7 +261,7 @@ def _prepared_window(spec: WindowSpec):
       the value's order and the tap's position (:func:`_keyed_max_indices`);
     * max with indices, 8-byte dtypes: the separable max, then the first tap equal to it
       (:func:`_argmax_taps`) and the values gathered at the indices;
-    * float16 max: a separable max of order-preserving int16 keys (:func:`_half_keys`);
+    * float16 max: a separable max of order-preserving int16 keys (:func:`.float16.keys`);
     * otherwise a separable max or sum in the working dtype, then the divisor or the root;
     * bfloat16: the float32 op, rounded once (:mod:`gpupool.cpu.bfloat16`)."""
     if bfloat16.is_bfloat16(spec.geom.dtype):
@@ -309,8 +296,8 @@ def _prepared_window(spec: WindowSpec):
     elif spec.op == "max" and dtype == np.float16:
         def blocks(xc, oc, ic):
             def block(b0, b1):
-                keys = separable_window(_half_keys(xc[b0:b1]), spec, np.dtype(np.int16))
-                _half_from_keys(keys, oc[b0:b1])
+                keys = separable_window(float16.keys(xc[b0:b1]), spec, np.dtype(np.int16))
+                float16.from_keys(keys, oc[b0:b1])
             return block
     elif spec.op != "lp" and accumulator(dtype) == dtype and small:
         return _small_run(spec, in_shape, out_shape)
@@ -452,40 +439,12 @@ def _plane_means(flat, weights, nhwc: bool, target, owned: bool) -> None:
     np.copyto(target, scaled[:, 0])
 
 
-HALF_NAN_KEY, HALF_NEG_INF_KEY = np.int16(0x7FFF), np.int16(-0x7C01)
-
-
-def _half_keys(xb):
-    """float16 values as int16 keys in the same order (NumPy has no fast float16 loops; the
-    keys cost a quarter of a float32 conversion and int16 maxima are exact): non-negative bit
-    patterns as they are, negative ones with the magnitude bits flipped (``key = a ^ (bits >>
-    15)``, ``a = bits & 0x7FFF``), every NaN as the top key so it propagates."""
-    bits = xb.view(np.int16)
-    keys, sign = scratch("input", xb.shape, np.int16), scratch("keys", xb.shape, np.int16)
-    np.bitwise_and(bits, 0x7FFF, out=keys)
-    nan = np.greater(keys, 0x7C00, out=scratch("mask", xb.shape, np.bool_))
-    np.right_shift(bits, 15, out=sign)
-    np.bitwise_xor(keys, sign, out=keys)
-    np.copyto(keys, HALF_NAN_KEY, where=nan)
-    return keys
-
-
-def _half_from_keys(keys, dest) -> None:
-    """Inverse of :func:`_half_keys` into the float16 ``dest``; keys below that of -inf (the
-    empty-window fill) become -inf."""
-    np.maximum(keys, HALF_NEG_INF_KEY, out=keys)
-    sign = scratch("keys", keys.shape, np.int16)
-    np.right_shift(keys, 15, out=sign)
-    np.bitwise_and(sign, 0x7FFF, out=sign)
-    np.bitwise_xor(keys, sign, out=dest.view(np.int16))
-
-
 def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
     """Adaptive and global pooling (:func:`_adaptive`); a float16 result's NaNs as
-    :func:`canonical_half_nans` makes them."""
+    :func:`.float16.canonical_nans` makes them."""
     _adaptive(x, spec, out, indices)
     if out.dtype == np.float16:
-        canonical_half_nans(out)
+        float16.canonical_nans(out)
 
 
 def _adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
