@@ -764,23 +764,13 @@ struct DepthRowTaps : RowTaps<KH, KW, SW, VEC, LEAD> {
   static constexpr int kd = 0;  // D taps at run time
   template <int G, typename F>
   __device__ __forceinline__ void batched(const Output<int>* o, int, F* f) const {
-    if (this->tiles_inside()) {
-      slices<G, true>(o, f);
-    } else {
-      slices<G, false>(o, f);
-    }
-  }
-
-  // RowTaps::batched of each D slice of the windows inside the plane (INSIDE: tiles_inside(),
-  // a loop of its own for each, where a flag kept through the loop spilled)
-  template <int G, bool INSIDE, typename F>
-  __device__ __forceinline__ void slices(const Output<int>* o, F* f) const {
     const Geo<int>& g = this->g;
     const int d0 = o[0].o_d * g.sd - g.pd;
+    const bool inside = this->tiles_inside();
 #pragma unroll 1
     for (int a = 0; a < g.kd; ++a) {
       const int slice = d0 + a * g.dd;
-      if ((unsigned)slice < (unsigned)g.id) Rows::template batched<G, false>(o, f, slice, INSIDE);
+      if ((unsigned)slice < (unsigned)g.id) Rows::template batched<G, false>(o, f, slice, inside);
     }
   }
 
