@@ -201,14 +201,21 @@ def sm_clock_mhz() -> float | None:
         return None
 
 
+def gpu_name() -> str:
+    """The name of the current GPU, as its driver gives it (e.g. "NVIDIA H200")."""
+    import cupy
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+    return name.decode() if isinstance(name, bytes) else name
+
+
 def measure(beyond: bool, reps: int, ops) -> dict:
     import cupy
+    from bench.model import selected
     from gpumodel import benchmodel
-    props = cupy.cuda.runtime.getDeviceProperties(0)
     timer = Timer(reps)
     rows = []
     for case in cases(beyond):
-        if ops and not any(o in case.name or o == case.op for o in ops):
+        if not selected(case, ops):
             continue
         row = {"case": case.name}
         try:
@@ -226,8 +233,9 @@ def measure(beyond: bool, reps: int, ops) -> dict:
         x = f = baseline = None
         cupy.get_default_memory_pool().free_all_blocks()
     return {"date": datetime.date.today().isoformat(),
-            "gpu": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
-            "sm_count": props["multiProcessorCount"], "reps": reps,
+            "gpu": gpu_name(),
+            "sm_count": cupy.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"],
+            "reps": reps,
             "method": f"median of {reps} calls, {FLUSH_BYTES >> 20} MiB written before each; "
                       "cupti: first kernel start to last kernel end of the call; events: CUDA "
                       "events around the call",
@@ -300,10 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     if not usable:
         print(f"bench/measure.py: no usable GPU: {why}", file=sys.stderr)
         return 1
-    import cupy
-    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
-    name = name.decode() if isinstance(name, bytes) else name
-    words = name.split()
+    words = gpu_name().split()
     stem = os.path.join(args.results_dir,
                         f"measured-{(words[1] if len(words) > 1 else 'gpu').lower()}-"
                         f"{datetime.date.today().isoformat()}"
