@@ -217,20 +217,6 @@ def run_case(case, x):
     return prepared_call(case, x)[0]()
 
 
-@contextlib.contextmanager
-def _unchecked_indices():
-    """While inside, the backward ops and max_unpool take a max's indices unchecked (max_unpool
-    as lying in the plane and in their windows): a dry run's forward writes none."""
-    from gpupool import gradients, ops
-    saved = gradients._check_indices, ops.index_span
-    gradients._check_indices = lambda *args: None
-    ops.index_span = lambda indices, xp, pooling=None: (0, 0, True)
-    try:
-        yield
-    finally:
-        gradients._check_indices, ops.index_span = saved
-
-
 def planned_with_setup(case, shape, sms: int = devices.SM_COUNT
                        ) -> tuple[list[PlannedLaunch], list[PlannedLaunch]]:
     """(the launches that set up the call, those of the call) that gpupool makes for ``case``
@@ -252,7 +238,7 @@ def planned_with_setup(case, shape, sms: int = devices.SM_COUNT
     real = cuda_kernels.kernel
     cuda_kernels.kernel = kernel
     try:
-        with sm_count(sms), _unchecked_indices():
+        with sm_count(sms):
             f, _ = prepared_call(case, cupy.empty(shape, case.dtype))
             setup = list(launches)
             f()
@@ -389,6 +375,7 @@ class CaseModel:
     ideal_bytes: float  # full size: input read once, output written once
     outputs: int  # full size: elements of the result
     launches: list[LaunchModel]
+    checked_bytes: float = 0.0  # full size: a max's indices the call checks first (read twice)
 
     @property
     def dram_bytes(self) -> float:
@@ -517,8 +504,11 @@ def model_suite(cases, nvrtc, sites: bool = False,
                 launches.append(LaunchModel(la.name, plan.grid, la.block, counts,
                                             batching[la.name], lines))
             outputs = round(scale * bench_cases.values(result).size)
+            checked = scale * sum(a.nbytes for a in getattr(f, "operands", ())
+                                  if a.dtype.kind in "iu") if any(
+                la.name.startswith("max_index_check<") for la in launches) else 0.0
             models.append(CaseModel(case, full_shape(case), shape, sms, scale, ideal, outputs,
-                                    launches))
+                                    launches, checked))
     return models
 
 

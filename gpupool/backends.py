@@ -74,6 +74,13 @@ class Backend(Protocol):
     def unpool_gathers(self, spec: UnpoolSpec) -> bool:
         """Whether :meth:`unpool` would use ``in_windows`` for ``spec``."""
 
+    def index_rule(self, indices: Array, pooling: WindowSpec | AdaptiveSpec, windows: bool
+                   ) -> tuple[bool, bool | None]:
+        """``(in_plane, in_windows)`` of a max's non-empty ``indices`` over ``pooling``: whether
+        each lies in ``[-1, plane)`` of its input plane and, where ``windows`` (else None),
+        whether each of those is also -1 or a tap of its own window
+        (:func:`gpupool.windows.index_rule`); one host sync on a GPU."""
+
     def backward(self, grad: Array, spec: GradSpec, out: Array, indices: Array | None = None,
                  x: Array | None = None, y: Array | None = None) -> None:
         """The gradient of a float pooling's input from its output's: from the forward max's

@@ -17,7 +17,7 @@ from .arrays import Array, ArrayLike, as_array, dtype_name
 from . import backends
 from .backends import device_scope
 from .ops import Padding, Size, accepts_foreign, adaptive_max_pool, lp_pool, output_array
-from .windows import check_indices_in_windows
+from .windows import fail_outside_windows
 
 
 def _operand(func: str, name: str, a, grad, backend: str):
@@ -32,13 +32,16 @@ def _operand(func: str, name: str, a, grad, backend: str):
     return a
 
 
-def _check_indices(func: str, indices, spec: G.GradSpec, xp) -> None:
+def _check_indices(func: str, indices, spec: G.GradSpec, backend: str) -> None:
     """Indices in the input plane, each naming a tap of its own window (or -1); on the GPU
-    this costs host syncs."""
+    one pass and one host sync."""
     if not indices.size:
         return
-    G.check_index_range(func, int(indices.min()), int(indices.max()), spec)
-    check_indices_in_windows(func, indices, spec.forward, xp)
+    in_plane, in_windows = backends.load(backend).index_rule(indices, spec.forward, True)
+    if not in_plane:
+        G.check_index_range(func, int(indices.min()), int(indices.max()), spec)
+    if not in_windows:
+        fail_outside_windows(func)
 
 
 def _run(func: str, spec: G.GradSpec, grad, backend: str, xp, out, **operands):
@@ -88,7 +91,7 @@ def max_pool_backward(grad_output: ArrayLike, indices: ArrayLike, input_shape: S
                               padding, dilation, ceil_mode, layout, index_shape=indices.shape,
                               index_dtype=dtype_name(indices.dtype))
     with device_scope(grad, backend):
-        _check_indices(func, indices, spec, xp)
+        _check_indices(func, indices, spec, backend)
     return _run(func, spec, grad, backend, xp, out, indices=indices)
 
 
@@ -207,5 +210,5 @@ def adaptive_max_pool_backward(grad_output: ArrayLike, indices: ArrayLike,
                                 layout, index_shape=indices.shape,
                                 index_dtype=dtype_name(indices.dtype))
     with device_scope(grad, backend):
-        _check_indices(func, indices, spec, xp)
+        _check_indices(func, indices, spec, backend)
     return _run(func, spec, grad, backend, xp, out, indices=indices)

@@ -12,7 +12,6 @@ from . import spec as S
 from .arrays import Array, ArrayLike, as_array, backend_of, dtype_name
 from . import backends
 from .backends import device_scope, foreign_handler, on_current_device
-from .windows import index_span
 
 Size = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int], Sequence[Sequence[int]], str]
@@ -292,16 +291,17 @@ def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_size: Size, stride: Size
     computing = backends.load(backend)
     # a backend that can gather where every index lies in its own window learns whether they
     # do from the same host transfer as the range check
-    pooling = spec.pooling if computing.unpool_gathers(spec) else None
+    gathers = computing.unpool_gathers(spec)
     with device_scope(x, backend):
         inside: bool | None = True
         if indices.size:
-            low, high, inside = index_span(indices, xp, pooling)
-            S.check_unpool_indices(func, low, high, spec)
+            in_plane, inside = computing.index_rule(indices, spec.pooling, gathers)
+            if not in_plane:
+                S.check_unpool_indices(func, int(indices.min()), int(indices.max()), spec)
         result = output_array(func, out, spec.out_shape, x.dtype, x, backend, xp)
         if out is not None and xp.may_share_memory(out, indices):
             raise ValueError(f"gpupool.{func}: out must not overlap indices")
         if result.size:
             computing.unpool(x, spec, result, indices,
-                             in_windows=pooling is not None and bool(inside))
+                             in_windows=gathers and bool(inside))
     return result if out is None else out

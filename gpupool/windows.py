@@ -186,6 +186,14 @@ def adaptive_argmax(x, first: int, taps_per_dim, plane, values, indices):
                   where=take)
 
 
+def fail_outside_windows(func: str) -> None:
+    """The ``ValueError`` of an index that breaks the rule of
+    :func:`check_indices_in_windows`."""
+    S.fail(func, "an index lies outside the pooling window of its position (on none of its "
+                 "window's taps): indices must be those the max pooling returned with the "
+                 "same parameters")
+
+
 def check_indices_in_windows(func: str, indices, pooling, xp=np, first_outputs=None) -> None:
     """The rule of a max's indices: each (a flat position in an input plane of ``pooling``, a
     WindowSpec or AdaptiveSpec, already checked to lie in ``[-1, plane)``) names a tap of the
@@ -194,21 +202,20 @@ def check_indices_in_windows(func: str, indices, pooling, xp=np, first_outputs=N
     (NumPy or CuPy, ``xp``; one host sync on CuPy) holds the outputs from ``first_outputs``
     on (per spatial dim; the whole output when None), as a block of a Dask array does."""
     if not bool(_in_windows(indices, pooling, xp, first_outputs).all()):
-        S.fail(func, "an index lies outside the pooling window of its position (on none of "
-                     "its window's taps): indices must be those the max pooling returned "
-                     "with the same parameters")
+        fail_outside_windows(func)
 
 
-def index_span(indices, xp=np, pooling=None) -> tuple[int, int, bool | None]:
-    """``(smallest, largest, inside)`` of non-empty ``indices`` (NumPy or CuPy, ``xp``) in
-    one host transfer: ``inside`` says whether every index follows the rule of
-    :func:`check_indices_in_windows` for ``pooling`` (a WindowSpec or AdaptiveSpec;
-    meaningful only where the span lies in ``[-1, plane)``), None without one."""
+def index_rule(indices, pooling, windows: bool, xp=np) -> tuple[bool, bool | None]:
+    """``(in_plane, in_windows)`` of a max's non-empty ``indices`` (NumPy or CuPy, ``xp``; of
+    ``pooling``'s output shape), in one host transfer: whether every index lies in
+    ``[-1, plane)`` of ``pooling``'s input plane and, where ``windows`` (else None), whether
+    every index in that range also follows the rule of :func:`check_indices_in_windows`."""
     parts = [indices.min().astype(np.int64), indices.max().astype(np.int64)]
-    if pooling is not None:
+    if windows:
         parts.append(_in_windows(indices, pooling, xp).all().astype(np.int64))
     low, high, *inside = (int(v) for v in xp.stack(parts).tolist())
-    return low, high, bool(inside[0]) if inside else None
+    in_plane = low >= -1 and high < math.prod(pooling.geom.spatial)
+    return in_plane, bool(inside[0]) if inside else None
 
 
 def _in_windows(indices, spec, xp, first_outputs=None):

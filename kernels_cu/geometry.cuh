@@ -46,6 +46,16 @@ struct TapLine {
   I first, n, step, size;
 };
 
+// Whether position i is one of the taps of `line` (valid or in the padding): a position
+// between two taps of a dilated line is not.
+template <typename I>
+__device__ __forceinline__ bool is_tap(const TapLine<I>& line, I i) {
+  const I off = i - line.first;
+  if (off < (I)0) return false;
+  if (line.step == (I)1) return off < line.n;
+  return off % line.step == (I)0 && off / line.step < line.n;
+}
+
 }  // namespace gp
 
 // Kernel parameters spelling out a Geo<I>, and the statement that builds it.

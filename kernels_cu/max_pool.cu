@@ -1,5 +1,6 @@
-// Max pooling (values only, and values + int64 indices) and max unpooling (a gather, or a
-// scatter after a zero fill).
+// Max pooling (values only, and values + int64 indices), max unpooling (a gather, or a
+// scatter after a zero fill) and the check of a max's indices that the backward ops and max
+// unpooling run first.
 //
 // Template parameters: T element type; I index type (int when every offset fits in 32 bits,
 // long long otherwise: chosen on the host); K the window size along H and W when both equal K
@@ -209,4 +210,43 @@ __global__ void max_unpool(const V* __restrict__ x, const J* __restrict__ indice
     const I c = chans == 1 ? (I)0 : e % chans;
     out[(b * sout + (I)j) * chans + c] = x[e];
   }
+}
+
+// The rule of a max's indices (J the dtype of `indices`, of the pooling's output shape, the
+// pooling's geometry GP_GEO_PARAMS): each lies in [-1, plane) of the input plane, else
+// flags[0] is set; each in that range is -1 or a tap of its own window (ADAPTIVE:
+// gp::AdaptiveTaps, else gp::WindowTaps), else flags[1] is set. The host clears both flags
+// first and reads them after, one transfer; a thread that finds a fault stores 1. Grid, block,
+// thread: the adaptive launches' (gp::output_groups), the loads of 4 outputs started together.
+template <typename J, typename I, bool NHWC, bool ADAPTIVE>
+__global__ void max_index_check(const J* __restrict__ indices, int* __restrict__ flags,
+                                GP_GEO_PARAMS(I)) {
+  GP_GEO(I);
+  constexpr int G = 4;
+  const long long plane = (long long)g.id * (long long)g.ih * (long long)g.iw;
+  gp::output_groups<G, NHWC>(g, indices, [&](const J* __restrict__, I, const gp::Output<I>* o,
+                                             int n) {
+    long long j[G];  // signed for every J; o[n..G) repeat o[0]
+#pragma unroll
+    for (int k = 0; k < G; ++k) j[k] = (long long)indices[o[k].oi];
+#pragma unroll
+    for (int k = 0; k < G; ++k) {
+      if (k >= n || j[k] == -1) continue;
+      if (j[k] < -1 || j[k] >= plane) {
+        flags[0] = 1;
+        continue;
+      }
+      gp::TapLine<I> d, h, w;
+      if constexpr (ADAPTIVE) {
+        gp::AdaptiveTaps<I>{g}.lines(o[k].o_d, o[k].o_h, o[k].o_w, d, h, w);
+      } else {
+        gp::WindowTaps<0, I>{g}.lines(o[k].o_d, o[k].o_h, o[k].o_w, d, h, w);
+      }
+      const I p = (I)j[k];
+      const I row = p / g.iw;
+      const bool tap = gp::is_tap(w, p - row * g.iw) && gp::is_tap(h, row % g.ih) &&
+                       gp::is_tap(d, row / g.ih);
+      if (!tap) flags[1] = 1;
+    }
+  });
 }

@@ -5,6 +5,8 @@ and errors that name the function and the parameter."""
 from __future__ import annotations
 
 
+import math
+
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
@@ -388,3 +390,62 @@ def test_errors_name_the_function_and_the_parameter(backend, case):
     call, exc, message = ERRORS[case]
     with pytest.raises(exc, match=message):
         call(backend)
+
+
+def _index_rule_trials(backend, tap_sets, plane, lead, out_spatial, layout, call, seed):
+    """Indices of each output's own window (a random valid tap, -1 where none) pass; then one
+    index at a time changed to a tap of its own window, -1, any position of the plane (on
+    another window's tap, between two dilated taps, in no window) or just outside the plane:
+    ``call(indices)`` must raise exactly where the reference's taps (``tap_sets``, per plane
+    and output in row-major order) do not hold it, with the message of the fault."""
+    rng = np.random.default_rng(seed)
+    chosen = [int(rng.choice(sorted(s))) if s else -1 for s in tap_sets]
+    for trial in range(13):
+        values = list(chosen)
+        if trial:
+            k = int(rng.integers(len(values)))
+            options = [-2, -1, plane, int(rng.integers(plane)), int(rng.integers(plane))]
+            if tap_sets[k]:
+                options.append(int(rng.choice(sorted(tap_sets[k]))))
+            values[k] = options[trial % len(options)]
+        dtype = (np.int64, np.int32)[trial % 2]
+        indices = backend.to_backend(ref._unplanes(values, lead, out_spatial, layout, dtype))
+        faults = [v for k, v in enumerate(values) if v != -1 and v not in tap_sets[k]]
+        if not faults:
+            call(indices)
+        elif any(v < -1 or v >= plane for v in faults):
+            with pytest.raises(ValueError, match=r"indices span \[.*\], outside the input plane"):
+                call(indices)
+        else:
+            with pytest.raises(ValueError, match="an index lies outside the pooling window"):
+                call(indices)
+
+
+@pytest.mark.parametrize("case", WINDOW_CASES)
+def test_max_pool_backward_takes_exactly_the_indices_of_their_windows(backend, case):
+    shape, kernel, stride, padding, dilation, ceil_mode, layout = case
+    windows, lead, out_spatial = ref._windows(np.zeros(shape), kernel, stride, padding,
+                                              dilation, ceil_mode, layout)
+    tap_sets = [{f for _, f in taps} for taps, _ in windows]
+    plane = math.prod(ref._planes(np.zeros(shape), len(out_spatial), layout)[2])
+    grad = backend.to_backend(np.ones(ref._unplanes([0.0] * len(tap_sets), lead, out_spatial,
+                                                    layout, np.float32).shape, np.float32))
+    _index_rule_trials(backend, tap_sets, plane, lead, out_spatial, layout,
+                       lambda i: gp.max_pool_backward(grad, i, shape, kernel, stride, padding,
+                                                      dilation, ceil_mode, layout=layout),
+                       len(str(case)))
+
+
+@pytest.mark.parametrize("shape,output_size,layout", ADAPTIVE_CASES)
+def test_adaptive_max_pool_backward_takes_exactly_the_indices_of_their_windows(
+        backend, shape, output_size, layout):
+    nd = len(output_size)
+    tap_sets = [{f for _, f in taps}
+                for taps, _ in ref._adaptive_windows(np.zeros(shape), output_size, layout)]
+    _, lead, spatial = ref._planes(np.zeros(shape), nd, layout)
+    grad = backend.to_backend(np.ones(ref._unplanes([0.0] * len(tap_sets), lead, output_size,
+                                                    layout, np.float64).shape))
+    _index_rule_trials(backend, tap_sets, math.prod(spatial), lead, output_size, layout,
+                       lambda i: gp.adaptive_max_pool_backward(grad, i, shape, output_size,
+                                                               layout=layout),
+                       len(str(shape)))

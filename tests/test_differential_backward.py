@@ -160,9 +160,11 @@ def by_cells(w: Window, layout: str) -> bool:
         for k, s, d, (pb, _) in zip(spec.kernel, spec.stride, spec.dilation, spec.pads))
 
 
-def max_kernel(w: Window, layout: str) -> str:
-    """The kernel of a max's backward over window ``w``."""
-    return "max_cells_backward" if by_cells(w, layout) else "max_window_backward"
+def max_kernels(w: Window, layout: str) -> tuple[str, str]:
+    """The kernels of a max's backward over window ``w``: the check of its indices, then the
+    gradient's."""
+    return ("max_index_check",
+            "max_cells_backward" if by_cells(w, layout) else "max_window_backward")
 
 
 def window_cases():
@@ -172,7 +174,7 @@ def window_cases():
                                WINDOW_OPS.items())
     for n, (w, layout, (op, (build, kw, exact, kernels))) in enumerate(combos):
         if op == "max":
-            kernels = (max_kernel(w, layout),)
+            kernels = max_kernels(w, layout)
         for dtype in (FLOATS[n % len(FLOATS)],) if w.id.startswith("rand") else FLOATS:
             shape = shaped(w.lead, w.spatial, layout)
             inputs, run = build(w, layout, dtype, shape, **kw)
@@ -219,7 +221,7 @@ def cell_cases():
                 g, idx = plain(rng)
                 return special_grad(rng, g.shape, dtype), idx
         yield Case(f"bw-max-{dtype}-NCHW-{w.id}{'-nan-inf' if special else ''}", inputs, run,
-                   True, requests=("max_cells_backward",))
+                   True, requests=("max_index_check", "max_cells_backward"))
 
 
 #: Windows that tile their input exactly: NCHW averages 2 wide along W take the tile kernel
@@ -273,19 +275,19 @@ def _aavg(lead, spatial, out, layout, dtype):
     return inputs, run
 
 
-ADAPTIVE_OPS = {"amax": (_amax, "max_adaptive_backward"),
-                "aavg": (_aavg, "avg_adaptive_backward")}
+ADAPTIVE_OPS = {"amax": (_amax, ("max_index_check", "max_adaptive_backward")),
+                "aavg": (_aavg, ("avg_adaptive_backward",))}
 
 
 def adaptive_cases():
     table = ADAPTIVES + [("4d-host-fallback", (2,), (3, 3, 4, 4), (2, 2, 1, 3))]
-    for (gid, lead, spatial, out), layout, (op, (build, kernel)), dtype in itertools.product(
+    for (gid, lead, spatial, out), layout, (op, (build, kernels)), dtype in itertools.product(
             table + random_adaptives(9), ("NCHW", "NHWC"), ADAPTIVE_OPS.items(), FLOATS):
         inputs, run = build(lead, spatial, out, layout, dtype)
         if op == "aavg" and all(o == 1 for o in out):
-            kernel = "avg_global_backward"  # an average to size 1 is a global one
+            kernels = ("avg_global_backward",)  # an average to size 1 is a global one
         yield Case(f"bw-{op}-{dtype}-{layout}-{gid}", inputs, run, True,
-                   requests=() if len(spatial) > 3 else (kernel,),
+                   requests=() if len(spatial) > 3 else kernels,
                    tags=frozenset({"idx64"} if gid in IDX64_ADAPTIVES else ()))
 
 
@@ -338,15 +340,15 @@ def operand_cases():
         shape = shaped(w.lead, w.spatial, layout)
         inputs, run = _max_case(w, layout, "float32", shape, idt)
         yield Case(f"bw-max-float32-idx_{idt}-{layout}-2d-k2", inputs, run, True,
-                   requests=(max_kernel(w, layout),))
+                   requests=max_kernels(w, layout))
         inputs, run = _amax((2, 3), (7, 9), (3, 4), layout, "float16", idt)
         yield Case(f"bw-amax-float16-idx_{idt}-{layout}-7x9to3x4", inputs, run, True,
-                   requests=("max_adaptive_backward",))
+                   requests=("max_index_check", "max_adaptive_backward"))
     for layout, dtype in itertools.product(("NCHW", "NHWC"), FLOATS):
         shape = shaped(w3.lead, w3.spatial, layout)
         inputs, run = _max_case(w3, layout, dtype, shape, view=strided)
         yield Case(f"bw-max-{dtype}-{layout}-strided-grad-and-indices", inputs, run, True,
-                   view=strided, requests=(max_kernel(w3, layout),))
+                   view=strided, requests=max_kernels(w3, layout))
         inputs, run = _lp_case(w3, layout, dtype, shape, 2, view=strided)
         yield Case(f"bw-lp2-{dtype}-{layout}-strided-grad-and-x", inputs, run, True,
                    view=strided, requests=("lp_pool", "lp_window_backward"))
@@ -404,9 +406,9 @@ CASES = (list(window_cases()) + list(cell_cases()) + list(tile_cases()) + list(a
          + list(global_cases()) + list(operand_cases()))
 def with_wide_offsets(case: Case) -> Case:
     """``case`` as the ``idx64`` hook runs it: the cell kernel takes 32-bit offsets only."""
-    if case.requests != ("max_cells_backward",):
+    if case.requests != ("max_index_check", "max_cells_backward"):
         return case
-    return dataclasses.replace(case, requests=("max_window_backward",))
+    return dataclasses.replace(case, requests=("max_index_check", "max_window_backward"))
 
 
 HOOKED = ([("idx64", with_wide_offsets(c)) for c in CASES if "idx64" in c.tags]

@@ -4,12 +4,18 @@ backward ops (:mod:`.backward`) and the quantized ops (:mod:`.quantized`)."""
 from __future__ import annotations
 
 from . import backward, numpy_backend, quantized
+from .. import windows as window_rules
 from ..spec import UnpoolSpec, WindowSpec
 
 
 def _unpool_gathers(spec: UnpoolSpec) -> bool:
     """Never: the NumPy backend's unpool is one scatter."""
     return False
+
+
+def _index_rule(indices, pooling, windows: bool):
+    """:func:`gpupool.windows.index_rule` on NumPy arrays."""
+    return window_rules.index_rule(indices, pooling, windows)
 
 
 def _itself(entry):
@@ -26,6 +32,7 @@ class NumpyBackend:
     adaptive = staticmethod(numpy_backend.adaptive)
     unpool = staticmethod(numpy_backend.unpool)
     unpool_gathers = staticmethod(_unpool_gathers)
+    index_rule = staticmethod(_index_rule)
     backward = staticmethod(backward.backward)
     qmax_window = staticmethod(quantized.qmax_window)
     prepare_qmax_window = staticmethod(_itself(quantized.qmax_window))

@@ -1,10 +1,10 @@
 """The CUDA backend as one object, :data:`BACKEND`: the entry points of
 :class:`gpupool.backends.Backend`, implemented by the float forward ops (:mod:`.forward`), the
-backward ops (:mod:`.backward`) and the quantized ops (:mod:`.quantized`), each launching
-kernels on CuPy's current stream."""
+backward ops (:mod:`.backward`), the check of a max's indices (:mod:`.index_check`) and the
+quantized ops (:mod:`.quantized`), each launching kernels on CuPy's current stream."""
 from __future__ import annotations
 
-from . import backward, forward, planner, quantized
+from . import backward, forward, index_check, planner, quantized
 from ..spec import WindowSpec
 
 
@@ -21,6 +21,7 @@ class CudaBackend:
     adaptive = staticmethod(forward.adaptive)
     unpool = staticmethod(forward.unpool)
     unpool_gathers = staticmethod(planner.unpool_gathers)
+    index_rule = staticmethod(index_check.index_rule)
     backward = staticmethod(backward.backward)
     qmax_window = staticmethod(quantized.qmax_window)
     prepare_qmax_window = staticmethod(quantized.prepare_qmax_window)

@@ -26,7 +26,8 @@ QUANTIZED_ACC_DTYPES = ("int32", "int64")
 FAMILY_FILES = {
     **dict.fromkeys(("max_pool", "max_pool_indices", "max_pool_rows", "max_pool_depth_rows",
                      "max_pool_indices_rows", "max_pool_indices_depth_rows", "max_pool_packs",
-                     "max_unpool", "max_unpool_gather", "max_unpool_tiles"), "max_pool.cu"),
+                     "max_unpool", "max_unpool_gather", "max_unpool_tiles", "max_index_check"),
+                    "max_pool.cu"),
     **dict.fromkeys(("avg_pool", "avg_pool_rows", "avg_pool_depth_rows", "avg_pool_packs",
                      "lp_pool"), "avg_pool.cu"),
     **dict.fromkeys(("adaptive_max", "adaptive_max_indices", "adaptive_avg",
@@ -146,6 +147,12 @@ def unpool_name(itemsize: int, indices_dtype: str, itype: str, nhwc: bool | None
             f"{cbool(nhwc)}>")
 
 
+def index_check_name(indices_dtype: str, itype: str, nhwc: bool, adaptive: bool) -> str:
+    """The name expression of the check of a max's indices (``max_index_check``)."""
+    return (f"max_index_check<{ctype(indices_dtype)}, {itype}, {cbool(nhwc)}, "
+            f"{cbool(adaptive)}>")
+
+
 # ----------------------------------------------------------------- backward kernels
 def backward_name(kernel_base: str, dtype: str, itype: str, nhwc: bool, covers: int = 0) -> str:
     tail = f", {covers}" if kernel_base in BACKWARD_WINDOW_KERNELS else ""
@@ -237,6 +244,8 @@ def _forward_names(itype: str) -> list[str]:
         for idt in INT_DTYPES:
             out += [unpool_name(size, idt, itype, nhwc) for nhwc in (None, False, True)]
         out.append(unpool_name(size, "int64", itype, tiles=True))
+    out += [index_check_name(idt, itype, nhwc, adaptive) for idt in INT_DTYPES
+            for nhwc in (False, True) for adaptive in (False, True)]
     return out
 
 

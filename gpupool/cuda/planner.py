@@ -375,6 +375,15 @@ def _unpool(spec: S.UnpoolSpec, device: DeviceInfo, words: list, scatter: bool) 
                 (Launch("max_unpool", (blocks, 1, 1), (BLOCK_THREADS, 1, 1)),), tuple(words))
 
 
+def index_check_plan(pooling, device: DeviceInfo | None = None) -> Plan:
+    """The launch of the check of a max's indices (``max_index_check``) over ``pooling``'s
+    outputs (a WindowSpec or AdaptiveSpec): the adaptive kernels' tiling, one index at a
+    time (built once per spec and device by :func:`gpupool.cuda.index_check.check_step`)."""
+    words = [f"check of indices of shape {pooling.out_shape}: each in the input plane, and "
+             f"-1 or a tap of its own window"]
+    return _tiled(pooling, device or H100, "index_check", "max_index_check", words)
+
+
 @functools.lru_cache(maxsize=1024)
 def gather_view(spec: GradSpec):
     """The forward spec whose geometry the backward kernels of ``spec`` take: a pooling to
