@@ -306,6 +306,33 @@ struct CellCovers {
   static constexpr int hi(int K, int P, int u) { return K ? floor2(u + P) : (u + 1) / 2; }
 };
 
+// The window slots of a cell of V = GP_CELL_COLUMNS columns (windows of KH x KW taps, pads PH,
+// PW as CellCovers): SH x SW windows from (r + H0, c + W0) hold every one that may cover it.
+template <int KH, int PH, int KW, int PW>
+struct CellSlots {
+  static constexpr int V = GP_CELL_COLUMNS;
+  static constexpr int H0 = CellCovers::lo(KH, PH, 0), W0 = CellCovers::lo(KW, PW, 0);
+  static constexpr int SH = CellCovers::hi(KH, PH, 1) - H0 + 1;
+  static constexpr int SW = CellCovers::hi(KW, PW, V - 1) - W0 + 1;
+};
+
+// The gradients of a cell, position (2r + uh, 2c + uw) given by at(uh, uw, row, col), each of
+// its 2 rows stored as a row tile (gp::store_row_tile); nothing past the input's last row.
+template <int V, typename T, typename At>
+__device__ __forceinline__ void store_cell(T* __restrict__ out, int plane, int r, int c, int ih,
+                                           int iw, const At& at) {
+#pragma unroll
+  for (int uh = 0; uh < 2; ++uh) {
+    const int row = 2 * r + uh;
+    T v[V];
+#pragma unroll
+    for (int uw = 0; uw < V; ++uw) v[uw] = at(uh, uw, row, 2 * c + uw);
+    if (row >= ih) continue;
+    const Output<int> o{0, row, 2 * c, (plane * ih + row) * iw + 2 * c};
+    store_row_tile<V>(out, &o, iw - 2 * c < V ? iw - 2 * c : V, v);
+  }
+}
+
 // The max gradients of one cell of max_cells_backward, windows of KH x KW taps and pads PH,
 // PW (0 taps: any of 2 or 3 taps and pad 0 or 1, taken from kh, kw, ph, pw).
 template <int KH, int PH, int KW, int PW, typename T>
@@ -316,10 +343,8 @@ __device__ __forceinline__ void max_cell(const T* __restrict__ grad,
                                          int pw) {
   typedef typename Num<T>::acc A;
   typedef CellCovers CC;
-  constexpr int V = GP_CELL_COLUMNS;
-  constexpr int H0 = CC::lo(KH, PH, 0), H1 = CC::hi(KH, PH, 1);
-  constexpr int W0 = CC::lo(KW, PW, 0), W1 = CC::hi(KW, PW, V - 1);
-  constexpr int SH = H1 - H0 + 1, SW = W1 - W0 + 1;
+  typedef CellSlots<KH, PH, KW, PW> S;
+  constexpr int V = S::V, H0 = S::H0, W0 = S::W0, SH = S::SH, SW = S::SW;
   // run-time taps: the first slot covers a position only with 3 taps and pad 0, the last
   // only with pad 1
   const bool first_h = KH || (kh == 3 && ph == 0), last_h = KH || ph == 1;
@@ -349,27 +374,76 @@ __device__ __forceinline__ void max_cell(const T* __restrict__ grad,
       }
     }
   }
+  store_cell<V>(out, plane, r, c, ih, iw, [&](int uh, int uw, int row, int col) {
+    const int pos = row * iw + col;
+    A acc = (A)0;
 #pragma unroll
-  for (int uh = 0; uh < 2; ++uh) {
-    const int row = 2 * r + uh;
-    T v[V];
+    for (int a = CC::lo(KH, PH, uh) - H0; a <= CC::hi(KH, PH, uh) - H0; ++a) {
 #pragma unroll
-    for (int uw = 0; uw < V; ++uw) {
-      const int pos = row * iw + 2 * c + uw;
-      A acc = (A)0;
-#pragma unroll
-      for (int a = CC::lo(KH, PH, uh) - H0; a <= CC::hi(KH, PH, uh) - H0; ++a) {
-#pragma unroll
-        for (int b = CC::lo(KW, PW, uw) - W0; b <= CC::hi(KW, PW, uw) - W0; ++b) {
-          if (idx[a][b] == pos) acc += Num<T>::load(gv[a][b]);
-        }
+      for (int b = CC::lo(KW, PW, uw) - W0; b <= CC::hi(KW, PW, uw) - W0; ++b) {
+        if (idx[a][b] == pos) acc += Num<T>::load(gv[a][b]);
       }
-      v[uw] = Num<T>::store(acc);
     }
-    if (row >= ih) continue;
-    const Output<int> o{0, row, 2 * c, (plane * ih + row) * iw + 2 * c};
-    store_row_tile<V>(out, &o, iw - 2 * c < V ? iw - 2 * c : V, v);
+    return Num<T>::store(acc);
+  });
+}
+
+// The average gradients of one cell of avg_cells_backward, windows of KH x KW taps and pads
+// PH, PW (0 taps: any of 2 or 3 taps and pad 0 or 1, taken from kh, kw, ph, pw, each window
+// then tested for covering a position). q = grad / divisor once per window (as
+// avg_window_backward's); an input's gradient is, along H in ascending order, the sum from +0
+// of the sums from +0, along W in ascending order, of the q of the windows that cover it (the
+// NumPy backend's spread, W first).
+template <int KH, int PH, int KW, int PW, typename T>
+__device__ __forceinline__ void avg_cell(const T* __restrict__ grad, T* __restrict__ out,
+                                         int plane, int r, int c, int ih, int iw, int oh,
+                                         int ow, int kh, int kw, int ph, int pw, int lo_h,
+                                         int hi_h, int lo_w, int hi_w, int divisor_override) {
+  typedef typename Num<T>::acc A;
+  typedef CellCovers CC;
+  typedef CellSlots<KH, PH, KW, PW> S;
+  constexpr int V = S::V, H0 = S::H0, W0 = S::W0, SH = S::SH, SW = S::SW;
+  const int k_h = KH ? KH : kh, k_w = KW ? KW : kw, p_h = KH ? PH : ph, p_w = KW ? PW : pw;
+  bool col_ok[SW];
+  int count_w[SW];
+#pragma unroll
+  for (int b = 0; b < SW; ++b) {
+    col_ok[b] = (unsigned)(c + W0 + b) < (unsigned)ow;
+    count_w[b] = count_taps<int, KW>(c + W0 + b, 2, p_w, k_w, 1, lo_w, hi_w);
   }
+  A q[SH][SW];
+  bool row_ok[SH];
+#pragma unroll
+  for (int a = 0; a < SH; ++a) {
+    const int wr = r + H0 + a;
+    row_ok[a] = (unsigned)wr < (unsigned)oh;
+    const int count_h = count_taps<int, KH>(wr, 2, p_h, k_h, 1, lo_h, hi_h);
+    const T* __restrict__ grow = grad + (plane * oh + wr) * ow + c + W0;
+#pragma unroll
+    for (int b = 0; b < SW; ++b) {
+      q[a][b] = (A)0;
+      if (row_ok[a] && col_ok[b]) {
+        const int divisor = divisor_override > 0 ? divisor_override : count_h * count_w[b];
+        q[a][b] = Num<T>::load(grow[b]) / (A)divisor;
+      }
+    }
+  }
+  store_cell<V>(out, plane, r, c, ih, iw, [&](int uh, int uw, int row, int col) {
+    A acc = (A)0;
+#pragma unroll
+    for (int a = CC::lo(KH, PH, uh) - H0; a <= CC::hi(KH, PH, uh) - H0; ++a) {
+      // window r + H0 + a covers the row when its taps reach it
+      if (!row_ok[a] || (unsigned)(row + p_h - 2 * (r + H0 + a)) >= (unsigned)k_h) continue;
+      A along_w = (A)0;
+#pragma unroll
+      for (int b = CC::lo(KW, PW, uw) - W0; b <= CC::hi(KW, PW, uw) - W0; ++b) {
+        if (col_ok[b] && (unsigned)(col + p_w - 2 * (c + W0 + b)) < (unsigned)k_w)
+          along_w += q[a][b];
+      }
+      acc += along_w;
+    }
+    return Num<T>::store(acc);
+  });
 }
 
 }  // namespace gp
@@ -404,6 +478,33 @@ __global__ void __launch_bounds__(GP_BLOCK_THREADS)
     gp::max_cell<2, 0, 2, 0>(grad, indices, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw);
   } else {
     gp::max_cell<0, 0, 0, 0>(grad, indices, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw);
+  }
+}
+
+// avg_pool's backward by cells, the geometry of max_cells_backward (2-D NCHW, 32-bit offsets,
+// stride 2, 2 or 3 taps, no dilation, pads 0 or 1 before; grid and block alike): each window
+// that may cover a position of a thread's cell loads its gradient once and divides it by its
+// divisor once (gp::avg_cell); divisors as avg_window_backward's (peh, pew the end pads).
+template <typename T>
+__global__ void __launch_bounds__(GP_BLOCK_THREADS)
+    avg_cells_backward(const T* __restrict__ grad, T* __restrict__ out, int ih, int iw, int oh,
+                       int ow, int kh, int kw, int ph, int pw, int peh, int pew,
+                       int include_pad, int divisor_override) {
+  const int plane = (int)blockIdx.z;
+  const int r = (int)blockIdx.y * (int)blockDim.y + (int)threadIdx.y;
+  const int c = ((int)blockIdx.x * (int)blockDim.x + (int)threadIdx.x) * (GP_CELL_COLUMNS / 2);
+  if (2 * r >= ih || 2 * c >= iw) return;
+  const int lo_h = include_pad ? -ph : 0, hi_h = include_pad ? ih + peh : ih;
+  const int lo_w = include_pad ? -pw : 0, hi_w = include_pad ? iw + pew : iw;
+  if (kh == 3 && kw == 3 && ph == 1 && pw == 1) {
+    gp::avg_cell<3, 1, 3, 1>(grad, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw, lo_h, hi_h,
+                             lo_w, hi_w, divisor_override);
+  } else if (kh == 2 && kw == 2 && ph == 0 && pw == 0) {
+    gp::avg_cell<2, 0, 2, 0>(grad, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw, lo_h, hi_h,
+                             lo_w, hi_w, divisor_override);
+  } else {
+    gp::avg_cell<0, 0, 0, 0>(grad, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw, lo_h, hi_h,
+                             lo_w, hi_w, divisor_override);
   }
 }
 

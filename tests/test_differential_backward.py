@@ -160,6 +160,11 @@ def by_cells(w: Window, layout: str) -> bool:
         for k, s, d, (pb, _) in zip(spec.kernel, spec.stride, spec.dilation, spec.pads))
 
 
+def avg_kernels(w: Window, layout: str) -> tuple[str]:
+    """The kernel of an average's backward over window ``w`` (tiles apart)."""
+    return ("avg_cells_backward" if by_cells(w, layout) else "avg_window_backward",)
+
+
 def max_kernels(w: Window, layout: str) -> tuple[str, str]:
     """The kernels of a max's backward over window ``w``: the check of its indices, then the
     gradient's."""
@@ -175,6 +180,8 @@ def window_cases():
     for n, (w, layout, (op, (build, kw, exact, kernels))) in enumerate(combos):
         if op == "max":
             kernels = max_kernels(w, layout)
+        elif op.startswith("avg"):
+            kernels = avg_kernels(w, layout)
         for dtype in (FLOATS[n % len(FLOATS)],) if w.id.startswith("rand") else FLOATS:
             shape = shaped(w.lead, w.spatial, layout)
             inputs, run = build(w, layout, dtype, shape, **kw)
@@ -206,8 +213,8 @@ def special_grad(rng, shape, dtype):
 
 
 def cell_cases():
-    """The cell kernel's windows in every dtype, with normal gradients and with NaN, inf and
-    -0 among them (each input's sum in the order of np.add.at)."""
+    """The cell kernels' windows in every dtype, with normal gradients and with NaN, inf and
+    -0 among them (a max's sum in the order of np.add.at); averages of every divisor form."""
     table = CELL_WINDOWS + [w for w in WINDOWS if w.id in ("2d-k2", "2d-k3-s2-p1")]
     for w, dtype, special in itertools.product(table, FLOATS, (False, True)):
         if not special and w in WINDOWS:
@@ -222,6 +229,17 @@ def cell_cases():
                 return special_grad(rng, g.shape, dtype), idx
         yield Case(f"bw-max-{dtype}-NCHW-{w.id}{'-nan-inf' if special else ''}", inputs, run,
                    True, requests=("max_index_check", "max_cells_backward"))
+    for w, dtype, (op, kw) in itertools.product(
+            CELL_WINDOWS, FLOATS, (("avg", {}), ("avg-cip", {"cip": True}),
+                                   ("avg-div3", {"div": 3}))):
+        inputs, run = _avg_case(w, "NCHW", dtype, shaped(w.lead, w.spatial, "NCHW"), **kw)
+        plain = inputs
+
+        def inputs(rng, plain=plain, dtype=dtype):
+            (g,) = plain(rng)
+            return (special_grad(rng, g.shape, dtype),)
+        yield Case(f"bw-{op}-{dtype}-NCHW-{w.id}-nan-inf", inputs, run, True,
+                   requests=("avg_cells_backward",))
 
 
 #: Windows that tile their input exactly: NCHW averages 2 wide along W take the tile kernel
@@ -355,7 +373,7 @@ def operand_cases():
         inputs, run = _avg_case(w3, layout, dtype, shape, cip=True)
         yield Case(f"bw-avg-cip-{dtype}-{layout}-transposed-grad", inputs, run, True,
                    view=lambda a: a.swapaxes(-1, -2).copy().swapaxes(-1, -2),
-                   requests=("avg_window_backward",))
+                   requests=avg_kernels(w3, layout))
         inputs, run = _aavg((2, 3), (5, 5), (7, 6), layout, dtype)
         yield Case(f"bw-aavg-{dtype}-{layout}-reversed-grad", inputs, run, True,
                    view=lambda a: a[::-1].copy()[::-1], requests=("avg_adaptive_backward",))
@@ -391,7 +409,7 @@ def small_device_cases():
     cases = [
         ("max", (8, 8, 100), "NCHW", _max_case(Window("k3", (8,), (8, 100), 3, 1, 1), "NCHW",
                                                 "float32", (8, 8, 100))),
-        ("avg", (8, 9, 300), "NCHW", _avg_case(Window("k3", (8,), (9, 300), 3, 2, 1, 1, True),
+        ("avg", (8, 9, 300), "NCHW", _avg_case(Window("k3", (8,), (9, 300), 3, 2, 1, 2, True),
                                                 "NCHW", "float32", (8, 9, 300), cip=True)),
         ("lp2", (8, 4, 4, 64), "NHWC", _lp_case(Window("k2", (8, 64), (4, 4), 2, 1), "NHWC",
                                                  "float64", (8, 4, 4, 64), 2)),
@@ -405,10 +423,10 @@ def small_device_cases():
 CASES = (list(window_cases()) + list(cell_cases()) + list(tile_cases()) + list(adaptive_cases())
          + list(global_cases()) + list(operand_cases()))
 def with_wide_offsets(case: Case) -> Case:
-    """``case`` as the ``idx64`` hook runs it: the cell kernel takes 32-bit offsets only."""
-    if case.requests != ("max_index_check", "max_cells_backward"):
-        return case
-    return dataclasses.replace(case, requests=("max_index_check", "max_window_backward"))
+    """``case`` as the ``idx64`` hook runs it: the cell kernels take 32-bit offsets only."""
+    wide = {"max_cells_backward": "max_window_backward",
+            "avg_cells_backward": "avg_window_backward"}
+    return dataclasses.replace(case, requests=tuple(wide.get(k, k) for k in case.requests))
 
 
 HOOKED = ([("idx64", with_wide_offsets(c)) for c in CASES if "idx64" in c.tags]

@@ -10,8 +10,10 @@ thread per input element. The kernels gather in the order of the NumPy backend
 ``pow``'s rounding).
 
 * max (window, adaptive, global): int64 indices; other index dtypes are widened first. A 2-D
-  NCHW window max of stride 2 with 2 or 3 taps (:func:`gpupool.cuda.tiled_gathers.cells`) takes a
-  cell of 2 rows per thread, each covering window loaded once (``max_cells_backward``).
+  NCHW window max or average of stride 2 with 2 or 3 taps
+  (:func:`gpupool.cuda.tiled_gathers.cells`) takes a cell of 2 rows per thread, each covering
+  window loaded once (``max_cells_backward``, ``avg_cells_backward``: its divisor computed
+  once too).
 * avg (window, adaptive, global) and Lp: the nested sums of the NumPy backend, in float for
   float16 and bfloat16. A global average (an adaptive one to size 1) is a broadcast: threads
   store 16-byte packs of a plane's gradient over its size (``avg_global_backward``); so do
@@ -72,10 +74,14 @@ def backward_steps(spec: GradSpec, device_id: int) -> tuple:
         args = (it(la.get("rows")), it(oh), it(ow), it(g.channels), np.int32(kd), np.int32(kh),
                 np.int32(kw), np.int32(view.divisor_override or math.prod(view.kernel)))
         return (Step(fn, la.grid, la.block, OPERANDS[spec.op], args),), None
-    if la.kernel == "max_cells_backward":
+    if la.kernel in ("max_cells_backward", "avg_cells_backward"):
         (ih, iw), (oh, ow) = g.spatial, view.out_spatial
         args = tuple(np.int32(v) for v in (ih, iw, oh, ow, *view.kernel,
                                            *(pb for pb, _ in view.pads)))
+        if spec.op == "avg":
+            args += tuple(np.int32(v) for v in (*(pe for _, pe in view.pads),
+                                                view.count_include_pad,
+                                                view.divisor_override or 0))
         return (Step(fn, la.grid, la.block, OPERANDS[spec.op], args),), None
     windowed = isinstance(view, WindowSpec)
     args = geo_args(view, itype_scalar(pl.index_type), windowed) + (np.int32(la.rows),)

@@ -417,8 +417,8 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
         return plan_tiles(view, words)
     if spec.op == "avg" and isinstance(view, S.WindowSpec) and channel_tiles(view):
         return plan_channel_tiles(view, words)
-    if spec.op == "max" and isinstance(view, S.WindowSpec) and cells(view):
-        return plan_cells(view, words)
+    if spec.op in ("max", "avg") and isinstance(view, S.WindowSpec) and cells(view):
+        return plan_cells(view, words, spec.op)
     kind = "window" if isinstance(view, S.WindowSpec) else "adaptive"
     words.append(f"gather: one thread per input element sums the gradients of the {kind} "
                  f"windows that cover it (output {view.out_spatial}; no atomics)")

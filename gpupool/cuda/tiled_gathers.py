@@ -34,7 +34,8 @@ def tiles(spec: S.WindowSpec) -> bool:
 
 
 def cells(spec: S.WindowSpec) -> bool:
-    """Whether the max gradients of ``spec`` run by cells (``max_cells_backward``): 2-D NCHW
+    """Whether the max or average gradients of ``spec`` run by cells (``max_cells_backward``,
+    ``avg_cells_backward``): 2-D NCHW
     with 32-bit offsets, stride 2, 2 or 3 taps, no dilation and pad 0 or 1 before, along H
     and W, planes and row-pair groups within the grid; at most 2 windows then cover a
     position per dim, known from the pad and the taps."""
@@ -46,9 +47,9 @@ def cells(spec: S.WindowSpec) -> bool:
                     in zip(spec.kernel, spec.stride, spec.dilation, spec.pads)))
 
 
-def plan_cells(view: S.WindowSpec, words: list) -> Plan:
-    """The max gradients by cells (:func:`cells`): a thread per 2 input rows by CELL_COLUMNS
-    columns loads each window that may cover them once. Blocks of up to
+def plan_cells(view: S.WindowSpec, words: list, op: str) -> Plan:
+    """The gradients of ``op`` ("max" or "avg") by cells (:func:`cells`): a thread per 2
+    input rows by CELL_COLUMNS columns loads each window that may cover them once. Blocks of up to
     BLOCK_THREADS threads: TX threads along W (a row's, or CELLS_TX of them) by TY row pairs;
     row-pair groups on grid y, planes on z."""
     ih, iw = view.geom.spatial
@@ -61,7 +62,7 @@ def plan_cells(view: S.WindowSpec, words: list) -> Plan:
     words.append(f"cells: stride 2, 2 or 3 taps; a thread per 2 rows by {CELL_COLUMNS} "
                  f"columns loads each window that may cover them once; blocks of {tx} by {ty} "
                  f"row pairs, {groups} groups of row pairs per plane")
-    return Plan("gather", "int", (Launch("max_cells_backward", (cdiv(across, tx), groups,
+    return Plan("gather", "int", (Launch(f"{op}_cells_backward", (cdiv(across, tx), groups,
                                                                 view.geom.planes),
                                          (tx, ty, 1)),), tuple(words))
 
