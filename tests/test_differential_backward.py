@@ -10,8 +10,9 @@ dilation, empty windows, overlapping and disjoint windows, 1-4 spatial dims) and
 each with every backward op; adaptive sizes growing and shrinking; global poolings of 1-4
 spatial dims. Hooks (``test_differential.apply_hooks``): ``idx64``, ``grid64`` and
 ``small-device``. ``test_every_backward_instantiation_is_requested`` replays every case with
-no-op kernels and checks that together they ask for each name of
-``gpupool.cuda.backward.instantiations()``.
+no-op kernels and checks that together they ask for each instantiation of
+``pool_backward.cu`` and of the check of an adaptive max's indices
+(``gpupool.cuda.names.instantiations()``).
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from gpupool import spec as S
 from gpupool.cuda import names
 from dtypes import numpy_dtype
 from test_differential import (ADAPTIVES, FLOATS, GLOBALS, WINDOWS, Case, Window, apply_hooks,
-                               check_paths, clear_plans, make_input, record, run_case, shaped)
+                               check_paths, checked_by_backward_ops, clear_plans, make_input,
+                               record, run_case, shaped)
 
 pytestmark = pytest.mark.gpu
 
@@ -361,7 +363,8 @@ def operand_cases():
                    requests=max_kernels(w, layout))
         inputs, run = _amax((2, 3), (7, 9), (3, 4), layout, "float16", idt)
         yield Case(f"bw-amax-float16-idx_{idt}-{layout}-7x9to3x4", inputs, run, True,
-                   requests=("max_index_check", "max_adaptive_backward"))
+                   requests=("max_index_check", "max_adaptive_backward"),
+                   tags=frozenset({"idx64"}))
     for layout, dtype in itertools.product(("NCHW", "NHWC"), FLOATS):
         shape = shaped(w3.lead, w3.spatial, layout)
         inputs, run = _max_case(w3, layout, dtype, shape, view=strided)
@@ -528,8 +531,10 @@ def test_every_backward_instantiation_is_requested(cupy):
             for case in cases:
                 host = case.inputs(np.random.default_rng(0))
                 case.run(*[cupy.asarray(a) for a in host])
-            requested |= {n for n in rec.names if n[0] == "pool_backward.cu"}
+            requested |= {n for n in rec.names
+                          if n[0] == "pool_backward.cu" or checked_by_backward_ops(n[1])}
         clear_plans()
-    listed = {n for n in names.instantiations() if n[0] == "pool_backward.cu"}
+    listed = {n for n in names.instantiations()
+              if n[0] == "pool_backward.cu" or checked_by_backward_ops(n[1])}
     assert requested == listed, sorted(listed ^ requested)
 
