@@ -504,9 +504,9 @@ def model_suite(cases, nvrtc, sites: bool = False,
                 launches.append(LaunchModel(la.name, plan.grid, la.block, counts,
                                             batching[la.name], lines))
             outputs = round(scale * bench_cases.values(result).size)
-            checked = scale * sum(a.nbytes for a in getattr(f, "operands", ())
-                                  if a.dtype.kind in "iu") if any(
-                la.name.startswith("max_index_check<") for la in launches) else 0.0
+            checked = 0.0  # the indices among the operands, where a launch checks them
+            if any(la.name.startswith("max_index_check<") for la in launches):
+                checked = scale * sum(a.nbytes for a in f.operands if a.dtype.kind in "iu")
             models.append(CaseModel(case, full_shape(case), shape, sms, scale, ideal, outputs,
                                     launches, checked))
     return models

@@ -210,10 +210,12 @@ def index_rule(indices, pooling, windows: bool, xp=np) -> tuple[bool, bool | Non
     ``pooling``'s output shape), in one host transfer: whether every index lies in
     ``[-1, plane)`` of ``pooling``'s input plane and, where ``windows`` (else None), whether
     every index in that range also follows the rule of :func:`check_indices_in_windows`."""
-    parts = [indices.min().astype(np.int64), indices.max().astype(np.int64)]
+    parts = [indices.min(), indices.max()]
     if windows:
-        parts.append(_in_windows(indices, pooling, xp).all().astype(np.int64))
-    low, high, *inside = (int(v) for v in xp.stack(parts).tolist())
+        parts.append(_in_windows(indices, pooling, xp).all())
+    if xp is not np:  # one transfer for all three
+        parts = xp.stack([v.astype(np.int64) for v in parts]).tolist()
+    low, high, *inside = (int(v) for v in parts)
     in_plane = low >= -1 and high < math.prod(pooling.geom.spatial)
     return in_plane, bool(inside[0]) if inside else None
 
