@@ -8,11 +8,13 @@
 // a block at most (GP_BLOCK_THREADS), the outputs of a row tile (GP_ROW_TILE), the positions
 // of a max unpooling gather (GP_NAMED_GROUP, 32-bit offsets), the positions of a max
 // gradient's pack (GP_MAX_PACK), the 16-byte packs of a thread of a global average's
-// backward (GP_BROADCAST_PACKS) and the slots of a backward gather by its compiled-in bound C
-// (GP_GATHER_GROUP_C).
+// backward (GP_BROADCAST_PACKS), the slots of a backward gather by its compiled-in bound C
+// (GP_GATHER_GROUP_C) and the cells of the backward by cells (GP_CELL_COLUMNS of stride 2;
+// GP_CELL1_ROWS by GP_CELL1_COLUMNS of stride 1).
 #if !defined(GP_BLOCK_THREADS) || !defined(GP_ROW_TILE) || !defined(GP_NAMED_GROUP) || \
     !defined(GP_MAX_PACK) || !defined(GP_GATHER_GROUP_0) || !defined(GP_GATHER_GROUP_1) || \
-    !defined(GP_GATHER_GROUP_2) || !defined(GP_GATHER_GROUP_3) || !defined(GP_BROADCAST_PACKS)
+    !defined(GP_GATHER_GROUP_2) || !defined(GP_GATHER_GROUP_3) || !defined(GP_BROADCAST_PACKS) || \
+    !defined(GP_CELL_COLUMNS) || !defined(GP_CELL1_ROWS) || !defined(GP_CELL1_COLUMNS)
 #error "the planner's constants are set by the host (gpupool.cuda.kernels.DEFINES)"
 #endif
 

@@ -20,8 +20,9 @@
 // the loads of their covering windows started in joint batches (gp::walk_lines_batched); an
 // average whose windows tile the input (avg_tiles_backward) and the global average's backward
 // (avg_global_backward) store 16-byte packs from the gradients instead, with no walk, and
-// the max gradients of 2-D windows of stride 2 take a cell of 2 rows per thread, each window
-// that may cover it loaded once (max_cells_backward).
+// the max and average gradients of 2-D windows of stride 2 (averages: also 1) take a cell of
+// rows per thread, each window that may cover it loaded once (max_cells_backward,
+// avg_cells_backward).
 #include "accumulate.cuh"
 #include "gather.cuh"
 #include "traits.cuh"
@@ -294,47 +295,52 @@ __global__ void GP_GATHER_BOUNDS(T, I, C)
 
 namespace gp {
 
-// The windows of one dim that may cover position u of a cell (max_cells_backward), relative
-// to the cell's c: with K taps and pad P (K > 0) exactly those covering it, windows
-// ceil((u + P - K + 1) / 2) .. floor((u + P) / 2); K == 0 (any of 2 or 3 taps and pad 0 or 1)
-// the two windows (u + 1) / 2 - 1 and (u + 1) / 2, which hold those of every such K and P.
+// The windows of one dim of stride S (1 or 2) that may cover position u of a cell, relative to
+// the cell's window c (its first position S * c): with K taps and pad P (K > 0) exactly those
+// covering it, windows ceil((u + P - K + 1) / S) .. floor((u + P) / S); K == 0 (any of 2 or 3
+// taps and pad 0 or 1) the windows that hold those of every such K and P: (u + 1) / 2 - 1 and
+// (u + 1) / 2 (S == 2), u - 2 .. u + 1 (S == 1).
 struct CellCovers {
-  static constexpr int floor2(int x) { return x >= 0 ? x / 2 : -((1 - x) / 2); }
-  static constexpr int lo(int K, int P, int u) {
-    return K ? -floor2(K - 1 - u - P) : (u + 1) / 2 - 1;
+  static constexpr int floor_div(int x, int s) { return x >= 0 ? x / s : -((s - 1 - x) / s); }
+  static constexpr int lo(int S, int K, int P, int u) {
+    return K ? -floor_div(K - 1 - u - P, S) : S == 2 ? (u + 1) / 2 - 1 : u - 2;
   }
-  static constexpr int hi(int K, int P, int u) { return K ? floor2(u + P) : (u + 1) / 2; }
+  static constexpr int hi(int S, int K, int P, int u) {
+    return K ? floor_div(u + P, S) : S == 2 ? (u + 1) / 2 : u + 1;
+  }
 };
 
-// The window slots of a cell of V = GP_CELL_COLUMNS columns (windows of KH x KW taps, pads PH,
-// PW as CellCovers): SH x SW windows from (r + H0, c + W0) hold every one that may cover it.
-template <int KH, int PH, int KW, int PW>
+// The window slots of a cell of R rows by V columns, stride S (windows of KH x KW taps, pads
+// PH, PW as CellCovers): SH x SW windows from (r + H0, c + W0) hold every one that may cover
+// it.
+template <int S, int R, int V, int KH, int PH, int KW, int PW>
 struct CellSlots {
-  static constexpr int V = GP_CELL_COLUMNS;
-  static constexpr int H0 = CellCovers::lo(KH, PH, 0), W0 = CellCovers::lo(KW, PW, 0);
-  static constexpr int SH = CellCovers::hi(KH, PH, 1) - H0 + 1;
-  static constexpr int SW = CellCovers::hi(KW, PW, V - 1) - W0 + 1;
+  static constexpr int H0 = CellCovers::lo(S, KH, PH, 0), W0 = CellCovers::lo(S, KW, PW, 0);
+  static constexpr int SH = CellCovers::hi(S, KH, PH, R - 1) - H0 + 1;
+  static constexpr int SW = CellCovers::hi(S, KW, PW, V - 1) - W0 + 1;
 };
 
-// The gradients of a cell, position (2r + uh, 2c + uw) given by at(uh, uw, row, col), each of
-// its 2 rows stored as a row tile (gp::store_row_tile); nothing past the input's last row.
-template <int V, typename T, typename At>
+// The gradients of a cell of R rows by V columns from (S r, S c), position (S r + uh, S c + uw)
+// given by at(uh, uw, row, col), each row stored as a row tile (gp::store_row_tile); nothing
+// past the input's last row.
+template <int S, int R, int V, typename T, typename At>
 __device__ __forceinline__ void store_cell(T* __restrict__ out, int plane, int r, int c, int ih,
                                            int iw, const At& at) {
 #pragma unroll
-  for (int uh = 0; uh < 2; ++uh) {
-    const int row = 2 * r + uh;
+  for (int uh = 0; uh < R; ++uh) {
+    const int row = S * r + uh;
     T v[V];
 #pragma unroll
-    for (int uw = 0; uw < V; ++uw) v[uw] = at(uh, uw, row, 2 * c + uw);
+    for (int uw = 0; uw < V; ++uw) v[uw] = at(uh, uw, row, S * c + uw);
     if (row >= ih) continue;
-    const Output<int> o{0, row, 2 * c, (plane * ih + row) * iw + 2 * c};
-    store_row_tile<V>(out, &o, iw - 2 * c < V ? iw - 2 * c : V, v);
+    const Output<int> o{0, row, S * c, (plane * ih + row) * iw + S * c};
+    store_row_tile<V>(out, &o, iw - S * c < V ? iw - S * c : V, v);
   }
 }
 
-// The max gradients of one cell of max_cells_backward, windows of KH x KW taps and pads PH,
-// PW (0 taps: any of 2 or 3 taps and pad 0 or 1, taken from kh, kw, ph, pw).
+// The max gradients of one cell of max_cells_backward (stride 2, 2 rows by GP_CELL_COLUMNS),
+// windows of KH x KW taps and pads PH, PW (0 taps: any of 2 or 3 taps and pad 0 or 1, taken
+// from kh, kw, ph, pw).
 template <int KH, int PH, int KW, int PW, typename T>
 __device__ __forceinline__ void max_cell(const T* __restrict__ grad,
                                          const long long* __restrict__ indices,
@@ -343,8 +349,9 @@ __device__ __forceinline__ void max_cell(const T* __restrict__ grad,
                                          int pw) {
   typedef typename Num<T>::acc A;
   typedef CellCovers CC;
-  typedef CellSlots<KH, PH, KW, PW> S;
-  constexpr int V = S::V, H0 = S::H0, W0 = S::W0, SH = S::SH, SW = S::SW;
+  constexpr int V = GP_CELL_COLUMNS;
+  typedef CellSlots<2, 2, V, KH, PH, KW, PW> S;
+  constexpr int H0 = S::H0, W0 = S::W0, SH = S::SH, SW = S::SW;
   // run-time taps: the first slot covers a position only with 3 taps and pad 0, the last
   // only with pad 1
   const bool first_h = KH || (kh == 3 && ph == 0), last_h = KH || ph == 1;
@@ -374,13 +381,13 @@ __device__ __forceinline__ void max_cell(const T* __restrict__ grad,
       }
     }
   }
-  store_cell<V>(out, plane, r, c, ih, iw, [&](int uh, int uw, int row, int col) {
+  store_cell<2, 2, V>(out, plane, r, c, ih, iw, [&](int uh, int uw, int row, int col) {
     const int pos = row * iw + col;
     A acc = (A)0;
 #pragma unroll
-    for (int a = CC::lo(KH, PH, uh) - H0; a <= CC::hi(KH, PH, uh) - H0; ++a) {
+    for (int a = CC::lo(2, KH, PH, uh) - H0; a <= CC::hi(2, KH, PH, uh) - H0; ++a) {
 #pragma unroll
-      for (int b = CC::lo(KW, PW, uw) - W0; b <= CC::hi(KW, PW, uw) - W0; ++b) {
+      for (int b = CC::lo(2, KW, PW, uw) - W0; b <= CC::hi(2, KW, PW, uw) - W0; ++b) {
         if (idx[a][b] == pos) acc += Num<T>::load(gv[a][b]);
       }
     }
@@ -388,59 +395,82 @@ __device__ __forceinline__ void max_cell(const T* __restrict__ grad,
   });
 }
 
-// The average gradients of one cell of avg_cells_backward, windows of KH x KW taps and pads
-// PH, PW (0 taps: any of 2 or 3 taps and pad 0 or 1, taken from kh, kw, ph, pw, each window
-// then tested for covering a position). q = grad / divisor once per window (as
-// avg_window_backward's); an input's gradient is, along H in ascending order, the sum from +0
-// of the sums from +0, along W in ascending order, of the q of the windows that cover it (the
-// NumPy backend's spread, W first).
-template <int KH, int PH, int KW, int PW, typename T>
+// The average gradients of one cell of avg_cells_backward (stride S, R rows by V columns),
+// windows of KH x KW taps and pads PH, PW (0 taps: any of 2 or 3 taps and pad 0 or 1, taken
+// from kh, kw, ph, pw, each window then tested for covering a position). q = grad / divisor
+// once per window (as avg_window_backward's); an input's gradient is, along H in ascending
+// order, the sum from +0 of the sums from +0, along W in ascending order, of the q of the
+// windows that cover it (the NumPy backend's spread, W first). The sum along W of a window row
+// is the same for every row of the cell it covers: each is taken once.
+template <int S, int R, int V, int KH, int PH, int KW, int PW, typename T>
 __device__ __forceinline__ void avg_cell(const T* __restrict__ grad, T* __restrict__ out,
                                          int plane, int r, int c, int ih, int iw, int oh,
                                          int ow, int kh, int kw, int ph, int pw, int lo_h,
                                          int hi_h, int lo_w, int hi_w, int divisor_override) {
   typedef typename Num<T>::acc A;
   typedef CellCovers CC;
-  typedef CellSlots<KH, PH, KW, PW> S;
-  constexpr int V = S::V, H0 = S::H0, W0 = S::W0, SH = S::SH, SW = S::SW;
+  typedef CellSlots<S, R, V, KH, PH, KW, PW> Slots;
+  constexpr int H0 = Slots::H0, W0 = Slots::W0, SH = Slots::SH, SW = Slots::SW;
   const int k_h = KH ? KH : kh, k_w = KW ? KW : kw, p_h = KH ? PH : ph, p_w = KW ? PW : pw;
+  // the divisor of slot (a, b): div_h[a] * div_w[b], exact (a count of at most 3 taps per
+  // dim, or divisor_override times 1); 1 for a slot past the gradient's edge, whose gradient
+  // is +0, so that every quotient takes division's fast path with no branch
   bool col_ok[SW];
-  int count_w[SW];
+  A div_w[SW];
 #pragma unroll
   for (int b = 0; b < SW; ++b) {
     col_ok[b] = (unsigned)(c + W0 + b) < (unsigned)ow;
-    count_w[b] = count_taps<int, KW>(c + W0 + b, 2, p_w, k_w, 1, lo_w, hi_w);
+    div_w[b] = col_ok[b] && divisor_override <= 0
+                   ? (A)count_taps<int, KW>(c + W0 + b, S, p_w, k_w, 1, lo_w, hi_w)
+                   : (A)1;
   }
-  A q[SH][SW];
+  T gv[SH][SW];
   bool row_ok[SH];
 #pragma unroll
   for (int a = 0; a < SH; ++a) {
     const int wr = r + H0 + a;
     row_ok[a] = (unsigned)wr < (unsigned)oh;
-    const int count_h = count_taps<int, KH>(wr, 2, p_h, k_h, 1, lo_h, hi_h);
     const T* __restrict__ grow = grad + (plane * oh + wr) * ow + c + W0;
 #pragma unroll
-    for (int b = 0; b < SW; ++b) {
-      q[a][b] = (A)0;
-      if (row_ok[a] && col_ok[b]) {
-        const int divisor = divisor_override > 0 ? divisor_override : count_h * count_w[b];
-        q[a][b] = Num<T>::load(grow[b]) / (A)divisor;
+    for (int b = 0; b < SW; ++b) gv[a][b] = row_ok[a] && col_ok[b] ? grow[b] : T();
+  }
+  // Every load is started before any division (as avg_global_backward's): else the compiler
+  // moves each load next to its division, whose slow path is a branch it does not schedule
+  // loads across.
+  asm volatile("" ::: "memory");
+  A q[SH][SW];
+#pragma unroll
+  for (int a = 0; a < SH; ++a) {
+    const A div_h = !row_ok[a]              ? (A)1
+                    : divisor_override > 0 ? (A)divisor_override
+                                            : (A)count_taps<int, KH>(r + H0 + a, S, p_h, k_h, 1,
+                                                                     lo_h, hi_h);
+#pragma unroll
+    for (int b = 0; b < SW; ++b) q[a][b] = Num<T>::load(gv[a][b]) / (div_h * div_w[b]);
+  }
+  // along_w[a][uw]: the sum along W for column uw of the windows of slot row a, once for every
+  // row of the cell. A slot past the gradient's edge holds q = +0, which leaves a sum from +0
+  // as it is (such a sum is never -0): only whether a window's taps reach a position is tested.
+  A along_w[SH][V];
+#pragma unroll
+  for (int a = 0; a < SH; ++a) {
+#pragma unroll
+    for (int uw = 0; uw < V; ++uw) {
+      const int col = S * c + uw;
+      along_w[a][uw] = (A)0;
+#pragma unroll
+      for (int b = CC::lo(S, KW, PW, uw) - W0; b <= CC::hi(S, KW, PW, uw) - W0; ++b) {
+        if ((unsigned)(col + p_w - S * (c + W0 + b)) < (unsigned)k_w) along_w[a][uw] += q[a][b];
       }
     }
   }
-  store_cell<V>(out, plane, r, c, ih, iw, [&](int uh, int uw, int row, int col) {
+  store_cell<S, R, V>(out, plane, r, c, ih, iw, [&](int uh, int uw, int row, int) {
     A acc = (A)0;
 #pragma unroll
-    for (int a = CC::lo(KH, PH, uh) - H0; a <= CC::hi(KH, PH, uh) - H0; ++a) {
+    for (int a = CC::lo(S, KH, PH, uh) - H0; a <= CC::hi(S, KH, PH, uh) - H0; ++a) {
       // window r + H0 + a covers the row when its taps reach it
-      if (!row_ok[a] || (unsigned)(row + p_h - 2 * (r + H0 + a)) >= (unsigned)k_h) continue;
-      A along_w = (A)0;
-#pragma unroll
-      for (int b = CC::lo(KW, PW, uw) - W0; b <= CC::hi(KW, PW, uw) - W0; ++b) {
-        if (col_ok[b] && (unsigned)(col + p_w - 2 * (c + W0 + b)) < (unsigned)k_w)
-          along_w += q[a][b];
-      }
-      acc += along_w;
+      if ((unsigned)(row + p_h - S * (r + H0 + a)) < (unsigned)k_h)
+        acc += along_w[a][uw];
     }
     return Num<T>::store(acc);
   });
@@ -481,30 +511,37 @@ __global__ void __launch_bounds__(GP_BLOCK_THREADS)
   }
 }
 
-// avg_pool's backward by cells, the geometry of max_cells_backward (2-D NCHW, 32-bit offsets,
-// stride 2, 2 or 3 taps, no dilation, pads 0 or 1 before; grid and block alike): each window
-// that may cover a position of a thread's cell loads its gradient once and divides it by its
+// avg_pool's backward by cells (2-D NCHW, 32-bit offsets; the host checks the geometry): windows
+// of stride S along H and W, 2 or 3 taps, no dilation, pads 0 or 1 before. A thread takes a
+// cell of R rows by V columns from (S r, S c): stride 2, 2 rows (r a row pair) by
+// GP_CELL_COLUMNS, the grid and block of max_cells_backward; stride 1, GP_CELL1_ROWS by
+// GP_CELL1_COLUMNS (r, c multiples of them), grid y then groups of blockDim.y cell rows. Each
+// window that may cover one of its positions loads its gradient once and divides it by its
 // divisor once (gp::avg_cell); divisors as avg_window_backward's (peh, pew the end pads).
-template <typename T>
-__global__ void __launch_bounds__(GP_BLOCK_THREADS)
+// 3 x 3 taps with pads 1 (and 2 x 2 with pads 0 at stride 2) take their covering windows
+// compiled in, the others those of every such window.
+template <typename T, int S>
+__global__ void __launch_bounds__(GP_BLOCK_THREADS, 1)
     avg_cells_backward(const T* __restrict__ grad, T* __restrict__ out, int ih, int iw, int oh,
                        int ow, int kh, int kw, int ph, int pw, int peh, int pew,
                        int include_pad, int divisor_override) {
+  static_assert(S == 1 || S == 2, "cells of stride 1 or 2");
+  constexpr int R = S == 2 ? 2 : GP_CELL1_ROWS, V = S == 2 ? GP_CELL_COLUMNS : GP_CELL1_COLUMNS;
   const int plane = (int)blockIdx.z;
-  const int r = (int)blockIdx.y * (int)blockDim.y + (int)threadIdx.y;
-  const int c = ((int)blockIdx.x * (int)blockDim.x + (int)threadIdx.x) * (GP_CELL_COLUMNS / 2);
-  if (2 * r >= ih || 2 * c >= iw) return;
+  const int r = ((int)blockIdx.y * (int)blockDim.y + (int)threadIdx.y) * (R / S);
+  const int c = ((int)blockIdx.x * (int)blockDim.x + (int)threadIdx.x) * (V / S);
+  if (S * r >= ih || S * c >= iw) return;
   const int lo_h = include_pad ? -ph : 0, hi_h = include_pad ? ih + peh : ih;
   const int lo_w = include_pad ? -pw : 0, hi_w = include_pad ? iw + pew : iw;
   if (kh == 3 && kw == 3 && ph == 1 && pw == 1) {
-    gp::avg_cell<3, 1, 3, 1>(grad, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw, lo_h, hi_h,
-                             lo_w, hi_w, divisor_override);
-  } else if (kh == 2 && kw == 2 && ph == 0 && pw == 0) {
-    gp::avg_cell<2, 0, 2, 0>(grad, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw, lo_h, hi_h,
-                             lo_w, hi_w, divisor_override);
+    gp::avg_cell<S, R, V, 3, 1, 3, 1>(grad, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw,
+                                      lo_h, hi_h, lo_w, hi_w, divisor_override);
+  } else if (S == 2 && kh == 2 && kw == 2 && ph == 0 && pw == 0) {
+    gp::avg_cell<S, R, V, 2, 0, 2, 0>(grad, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw,
+                                      lo_h, hi_h, lo_w, hi_w, divisor_override);
   } else {
-    gp::avg_cell<0, 0, 0, 0>(grad, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw, lo_h, hi_h,
-                             lo_w, hi_w, divisor_override);
+    gp::avg_cell<S, R, V, 0, 0, 0, 0>(grad, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw,
+                                      lo_h, hi_h, lo_w, hi_w, divisor_override);
   }
 }
 

@@ -152,19 +152,21 @@ WINDOW_OPS = {
 }
 
 
-def by_cells(w: Window, layout: str) -> bool:
-    """Whether a max's backward takes the cell kernel: 2-D NCHW, stride 2, 2 or 3 taps, no
-    dilation and pad 0 or 1 before, along H and W."""
+def by_cells(w: Window, layout: str, strides=(2,)) -> bool:
+    """Whether a backward takes a cell kernel: 2-D NCHW, one stride along H and W, one of
+    ``strides`` (a max's 2, an average's 2 or 1), 2 or 3 taps, no dilation and pad 0 or 1
+    before, along H and W."""
     spec = S.window_spec("test", "max", w.lead + w.spatial, "float32", w.kernel, w.stride,
                          w.padding, w.dilation, w.ceil, "NCHW", return_indices=True)
-    return layout == "NCHW" and len(w.spatial) == 2 and all(
-        s == 2 and k in (2, 3) and d == 1 and pb in (0, 1)
-        for k, s, d, (pb, _) in zip(spec.kernel, spec.stride, spec.dilation, spec.pads))
+    return (layout == "NCHW" and len(w.spatial) == 2 and len(set(spec.stride)) == 1
+            and spec.stride[0] in strides and all(
+                k in (2, 3) and d == 1 and pb in (0, 1)
+                for k, d, (pb, _) in zip(spec.kernel, spec.dilation, spec.pads)))
 
 
 def avg_kernels(w: Window, layout: str) -> tuple[str]:
     """The kernel of an average's backward over window ``w`` (tiles apart)."""
-    return ("avg_cells_backward" if by_cells(w, layout) else "avg_window_backward",)
+    return ("avg_cells_backward" if by_cells(w, layout, (2, 1)) else "avg_window_backward",)
 
 
 def max_kernels(w: Window, layout: str) -> tuple[str, str]:
@@ -203,6 +205,19 @@ CELL_WINDOWS = [
 ]
 
 
+#: Windows of the average gradients by cells of stride 1 beyond WINDOWS: 3 x 3 taps with pads
+#: 1 (compiled in) on sizes that no cell divides, and on one row of 2; 2 taps with no pad and
+#: with SAME's pads (0, 1); 3 taps with no pad in ceil mode; 2 x 3 taps with pads (1, 0).
+CELL1_WINDOWS = [
+    Window("2d-k3-s1-p1-cells", (2, 3), (9, 13), 3, 1, 1),
+    Window("2d-k3-s1-p1-tiny", (2, 3), (1, 2), 3, 1, 1),
+    Window("2d-k2-s1-p0", (2, 3), (6, 10), 2, 1, 0),
+    Window("2d-k2-s1-same", (2, 3), (7, 9), 2, 1, "same"),
+    Window("2d-k3-s1-p0-ceil", (1, 3), (11, 7), 3, 1, 0, 1, True),
+    Window("2d-k23-s1-p10", (2, 3), (8, 11), (2, 3), 1, (1, 0)),
+]
+
+
 def special_grad(rng, shape, dtype):
     """Normal gradients with NaN, inf and -0 among them (no -inf: inf - inf would make the
     NumPy backend warn)."""
@@ -216,7 +231,8 @@ def special_grad(rng, shape, dtype):
 
 def cell_cases():
     """The cell kernels' windows in every dtype, with normal gradients and with NaN, inf and
-    -0 among them (a max's sum in the order of np.add.at); averages of every divisor form."""
+    -0 among them (a max's sum in the order of np.add.at); averages of every divisor form, of
+    stride 2 and 1."""
     table = CELL_WINDOWS + [w for w in WINDOWS if w.id in ("2d-k2", "2d-k3-s2-p1")]
     for w, dtype, special in itertools.product(table, FLOATS, (False, True)):
         if not special and w in WINDOWS:
@@ -232,7 +248,7 @@ def cell_cases():
         yield Case(f"bw-max-{dtype}-NCHW-{w.id}{'-nan-inf' if special else ''}", inputs, run,
                    True, requests=("max_index_check", "max_cells_backward"))
     for w, dtype, (op, kw) in itertools.product(
-            CELL_WINDOWS, FLOATS, (("avg", {}), ("avg-cip", {"cip": True}),
+            CELL_WINDOWS + CELL1_WINDOWS, FLOATS, (("avg", {}), ("avg-cip", {"cip": True}),
                                    ("avg-div3", {"div": 3}))):
         inputs, run = _avg_case(w, "NCHW", dtype, shaped(w.lead, w.spatial, "NCHW"), **kw)
         plain = inputs
@@ -505,6 +521,18 @@ def test_gather_plans_tile_the_input():
     assert la.outputs == 32 * 64 * 112 * 112 and la.bytes_read == 32 * 64 * 56 * 56 * (4 + 8)
     tx, ty, _ = la.block
     assert la.grid[0] * tx * tiled_gathers.CELL_COLUMNS >= 112 and la.grid[1] * ty * 2 >= 112
+    # an average of stride 1: a thread per CELL1_ROWS rows by CELL1_COLUMNS columns; a max of
+    # stride 1 walks its covering windows
+    args = ((32, 64, 56, 56), "float32", (32, 64, 56, 56), 3, 1, 1, 1, False, "NCHW")
+    (la,) = planner.plan(G.window_grad_spec("t", "avg", *args)).launches
+    assert la.kernel == "avg_cells_backward" and la.get("stride") == 1
+    assert la.grid[2] == 32 * 64 and la.outputs == 32 * 64 * 56 * 56
+    tx, ty, _ = la.block
+    assert la.grid[0] * tx * tiled_gathers.CELL1_COLUMNS >= 56
+    assert la.grid[1] * ty * tiled_gathers.CELL1_ROWS >= 56
+    (la,) = planner.plan(G.window_grad_spec("t", "max", *args, index_shape=args[0],
+                                            index_dtype="int64")).launches
+    assert la.kernel == "max_window_backward"
     g4 = G.global_grad_spec("t", "avg", (2, 3, 1, 1, 1, 1), "float16", (2, 3, 4, 5, 6, 7), 4,
                             "NCHW")
     view = planner.gather_view(g4)

@@ -125,6 +125,9 @@ def test_shared_constants_are_defined_once_by_the_host():
     want = {"GP_BLOCK_THREADS": planner.BLOCK_THREADS, "GP_ROW_TILE": row_tiles.ROW_TILE,
             "GP_NAMED_GROUP": planner.NAMED_GROUP, "GP_MAX_PACK": planner.MAX_PACK,
             "GP_BROADCAST_PACKS": tiled_gathers.BROADCAST_PACKS,
+            "GP_CELL_COLUMNS": tiled_gathers.CELL_COLUMNS,
+            "GP_CELL1_ROWS": tiled_gathers.CELL1_ROWS,
+            "GP_CELL1_COLUMNS": tiled_gathers.CELL1_COLUMNS,
             **{f"GP_GATHER_GROUP_{c}": g for c, g in planner.GATHER_GROUP.items()}}
     kernels = {f.name: f.read_text() for f in cuda_kernels.KERNEL_DIR.iterdir()}
     for name in cuda_kernels.DEFINES:
@@ -136,7 +139,7 @@ def test_shared_constants_are_defined_once_by_the_host():
                                                                                QS.HEAD)
     for name, text in kernels.items():
         assert not re.search(r"#\s*define\s+(GP_(BLOCK_THREADS|ROW_TILE|NAMED_GROUP|MAX_PACK|"
-                             r"BROADCAST_PACKS|"
+                             r"BROADCAST_PACKS|CELL_COLUMNS|CELL1_ROWS|CELL1_COLUMNS|"
                              r"GATHER_GROUP_\d)|GPQ_LEVELS|GPQ_HEAD)\b", text), name
         assert not re.search(r"__launch_bounds__\(\s*\d", text), name
     guards = kernels["geometry.cuh"] + kernels["quantized_pool.cu"]

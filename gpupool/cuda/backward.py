@@ -10,8 +10,8 @@ thread per input element. The kernels gather in the order of the NumPy backend
 ``pow``'s rounding).
 
 * max (window, adaptive, global): int64 indices; other index dtypes are widened first. A 2-D
-  NCHW window max or average of stride 2 with 2 or 3 taps
-  (:func:`gpupool.cuda.tiled_gathers.cells`) takes a cell of 2 rows per thread, each covering
+  NCHW window max of stride 2 or average of stride 2 or 1, with 2 or 3 taps
+  (:func:`gpupool.cuda.tiled_gathers.cells`), takes a cell of rows per thread, each covering
   window loaded once (``max_cells_backward``, ``avg_cells_backward``: its divisor computed
   once too).
 * avg (window, adaptive, global) and Lp: the nested sums of the NumPy backend, in float for
@@ -52,8 +52,9 @@ def backward_steps(spec: GradSpec, device_id: int) -> tuple:
     la = pl.launches[0]
     view = planner.gather_view(spec)
     g = view.geom
+    extra = dict(la.extra)
     fn = kernels.kernel(backward_name(la.kernel, g.dtype, pl.index_type, g.layout == "NHWC",
-                              dict(la.extra).get("covers", 0)))
+                                      extra.get("covers", 0), extra.get("stride", 2)))
     if la.kernel == "avg_global_backward":
         it = itype_scalar(pl.index_type)
         nhwc = g.layout == "NHWC"

@@ -53,6 +53,8 @@ PLANNER_DEFINES = (("GP_BLOCK_THREADS", str(planner.BLOCK_THREADS)),
                    ("GP_NAMED_GROUP", str(planner.NAMED_GROUP)),
                    ("GP_MAX_PACK", str(planner.MAX_PACK)),
                    ("GP_CELL_COLUMNS", str(tiled_gathers.CELL_COLUMNS)),
+                   ("GP_CELL1_ROWS", str(tiled_gathers.CELL1_ROWS)),
+                   ("GP_CELL1_COLUMNS", str(tiled_gathers.CELL1_COLUMNS)),
                    ("GP_BROADCAST_PACKS", str(tiled_gathers.BROADCAST_PACKS)),
                    *((f"GP_GATHER_GROUP_{c}", str(g)) for c, g in sorted(
                        planner.GATHER_GROUP.items())))

@@ -154,8 +154,13 @@ def index_check_name(indices_dtype: str, itype: str, nhwc: bool, adaptive: bool)
 
 
 # ----------------------------------------------------------------- backward kernels
-def backward_name(kernel_base: str, dtype: str, itype: str, nhwc: bool, covers: int = 0) -> str:
+def backward_name(kernel_base: str, dtype: str, itype: str, nhwc: bool, covers: int = 0,
+                  stride: int = 2) -> str:
+    """A backward kernel's name expression; ``covers`` the window kernels' bound on covering
+    windows, ``stride`` the average's cells' (:func:`gpupool.cuda.tiled_gathers.cells`)."""
     tail = f", {covers}" if kernel_base in BACKWARD_WINDOW_KERNELS else ""
+    if kernel_base == "avg_cells_backward":
+        return f"{kernel_base}<{ctype(dtype)}, {stride}>"
     if kernel_base in BACKWARD_CELL_KERNELS:
         return f"{kernel_base}<{ctype(dtype)}>"
     if kernel_base in BACKWARD_ONE_LAYOUT_KERNELS:
@@ -251,13 +256,14 @@ def _forward_names(itype: str) -> list[str]:
 
 def _backward_names(itype: str) -> list[str]:
     """The backward kernels' name expressions with index type ``itype``."""
-    return [backward_name(base, dtype, itype, nhwc, covers)
+    return [backward_name(base, dtype, itype, nhwc, covers, stride)
             for base, file in FAMILY_FILES.items() if file == "pool_backward.cu"
             if itype == "int" or base not in BACKWARD_CELL_KERNELS
             for dtype in FLOAT_DTYPES
             for nhwc in ((False,) if base in BACKWARD_ONE_LAYOUT_KERNELS + BACKWARD_CELL_KERNELS
                          else (False, True))
-            for covers in backward_covers(base, itype)]
+            for covers in backward_covers(base, itype)
+            for stride in ((2, 1) if base == "avg_cells_backward" else (2,))]
 
 
 def _quantized_names(itype: str) -> list[str]:

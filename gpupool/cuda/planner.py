@@ -19,7 +19,7 @@ The backward ops (a :class:`~gpupool.grad_spec.GradSpec`) gather: one thread per
 sums the gradients of the windows that cover it, so the launch tiles the input's positions
 as rules 1-2 tile a forward's outputs (:func:`gather_view`), except the gathers that need no
 walk over covering windows (``tiled_gathers.py``: windows that tile the input, a max's of
-stride 2 by cells of 2 rows, a global average's broadcast). Max unpooling gathers the same
+stride 2 and an average's of stride 1 or 2 by cells of rows, a global average's broadcast). Max unpooling gathers the same
 way, over the positions of the pooling its indices come from, where windows do not overlap
 (:func:`unpool_gathers`), else it zero-fills and scatters.
 
@@ -417,8 +417,9 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
         return plan_tiles(view, words)
     if spec.op == "avg" and isinstance(view, S.WindowSpec) and channel_tiles(view):
         return plan_channel_tiles(view, words)
-    if spec.op in ("max", "avg") and isinstance(view, S.WindowSpec) and cells(view):
-        return plan_cells(view, words, spec.op)
+    stride = cells(view, spec.op) if isinstance(view, S.WindowSpec) else 0
+    if stride:
+        return plan_cells(view, words, spec.op, stride)
     kind = "window" if isinstance(view, S.WindowSpec) else "adaptive"
     words.append(f"gather: one thread per input element sums the gradients of the {kind} "
                  f"windows that cover it (output {view.out_spatial}; no atomics)")

@@ -10,10 +10,13 @@ from .. import spec as S
 from .grid import BLOCK_THREADS, BLOCK_Z_MAX, GRID_YZ_MAX, cdiv, index_type, plane_grid
 from .launches import DeviceInfo, Launch, Plan
 
-#: Columns (an even number) of the 2 input rows a thread of the max gradients by cells takes
-#: (:func:`cells`; the kernels' GP_CELL_COLUMNS).
+#: Columns (an even number) of the 2 input rows a thread of the gradients by cells of stride 2
+#: takes (:func:`cells`; the kernels' GP_CELL_COLUMNS).
 CELL_COLUMNS = 4
-#: Threads along W of a block of the max gradients by cells, at most.
+#: Rows and columns of a thread's cell of stride 1 (the kernels' GP_CELL1_ROWS,
+#: GP_CELL1_COLUMNS): each window row's sums along W serve every row of the cell it covers.
+CELL1_ROWS, CELL1_COLUMNS = 8, 4
+#: Threads along W of a block of the gradients by cells, at most.
 CELLS_TX = 64
 #: 16-byte packs per thread of a global average's backward (the kernels' GP_BROADCAST_PACKS).
 BROADCAST_PACKS = 4
@@ -33,38 +36,51 @@ def tiles(spec: S.WindowSpec) -> bool:
     return spec.geom.layout == "NCHW" and spec.kernel[-1] == 2 and _tile_exactly(spec)
 
 
-def cells(spec: S.WindowSpec) -> bool:
-    """Whether the max or average gradients of ``spec`` run by cells (``max_cells_backward``,
-    ``avg_cells_backward``): 2-D NCHW
-    with 32-bit offsets, stride 2, 2 or 3 taps, no dilation and pad 0 or 1 before, along H
-    and W, planes and row-pair groups within the grid; at most 2 windows then cover a
-    position per dim, known from the pad and the taps."""
+def cell_shape(stride: int) -> tuple[int, int]:
+    """(rows, columns) of the input a thread of the gradients by cells of ``stride`` takes."""
+    return (2, CELL_COLUMNS) if stride == 2 else (CELL1_ROWS, CELL1_COLUMNS)
+
+
+def cells(spec: S.WindowSpec, op: str) -> int:
+    """The stride of the cells that take the gradients of ``op`` over ``spec``
+    (``max_cells_backward``, ``avg_cells_backward``), 0 where none do: 2-D NCHW with 32-bit
+    offsets, the same stride along H and W, 2 (max and avg) or 1 (avg), 2 or 3 taps, no
+    dilation and pad 0 or 1 before, planes and cell-row groups within the grid; at most 2
+    (stride 1: 3) windows then cover a position per dim, known from the pad and the taps."""
     g = spec.geom
-    groups = cdiv(g.spatial[0], 2 * (BLOCK_THREADS // CELLS_TX))  # of row pairs, at most
-    return (g.nd == 2 and g.layout == "NCHW" and index_type(spec) == "int"
-            and max(g.planes, groups) <= GRID_YZ_MAX
-            and all(s == 2 and k in (2, 3) and d == 1 and pb in (0, 1) for k, s, d, (pb, _)
-                    in zip(spec.kernel, spec.stride, spec.dilation, spec.pads)))
+    strides = set(spec.stride)
+    if (g.nd != 2 or g.layout != "NCHW" or index_type(spec) != "int" or len(strides) != 1
+            or not all(k in (2, 3) and d == 1 and pb in (0, 1) for k, d, (pb, _)
+                       in zip(spec.kernel, spec.dilation, spec.pads))):
+        return 0
+    (stride,) = strides
+    if stride not in {"max": (2,), "avg": (2, 1)}.get(op, ()):
+        return 0
+    rows = cell_shape(stride)[0]
+    groups = cdiv(g.spatial[0], rows * (BLOCK_THREADS // CELLS_TX))  # of cell rows, at most
+    return stride if max(g.planes, groups) <= GRID_YZ_MAX else 0
 
 
-def plan_cells(view: S.WindowSpec, words: list, op: str) -> Plan:
-    """The gradients of ``op`` ("max" or "avg") by cells (:func:`cells`): a thread per 2
-    input rows by CELL_COLUMNS columns loads each window that may cover them once. Blocks of up to
-    BLOCK_THREADS threads: TX threads along W (a row's, or CELLS_TX of them) by TY row pairs;
-    row-pair groups on grid y, planes on z."""
+def plan_cells(view: S.WindowSpec, words: list, op: str, stride: int) -> Plan:
+    """The gradients of ``op`` ("max" or "avg") by cells of ``stride`` (:func:`cells`): a
+    thread per cell of input rows by columns (:func:`cell_shape`) loads each window that may
+    cover it once. Blocks of up to BLOCK_THREADS threads: TX threads along W (a row's cells, or
+    CELLS_TX of them) by TY cell rows; cell-row groups on grid y, planes on z."""
     ih, iw = view.geom.spatial
-    across = cdiv(iw, CELL_COLUMNS)
-    pairs = cdiv(ih, 2)
+    rows, columns = cell_shape(stride)
+    across = cdiv(iw, columns)
+    cell_rows = cdiv(ih, rows)
     tx = min(across, CELLS_TX)
-    ty = min(BLOCK_THREADS // tx, pairs)
-    groups = cdiv(pairs, ty)
-    ty = cdiv(pairs, groups)
-    words.append(f"cells: stride 2, 2 or 3 taps; a thread per 2 rows by {CELL_COLUMNS} "
+    ty = min(BLOCK_THREADS // tx, cell_rows)
+    groups = cdiv(cell_rows, ty)
+    ty = cdiv(cell_rows, groups)
+    words.append(f"cells: stride {stride}, 2 or 3 taps; a thread per {rows} rows by {columns} "
                  f"columns loads each window that may cover them once; blocks of {tx} by {ty} "
-                 f"row pairs, {groups} groups of row pairs per plane")
+                 f"cell rows, {groups} groups of cell rows per plane")
     return Plan("gather", "int", (Launch(f"{op}_cells_backward", (cdiv(across, tx), groups,
                                                                 view.geom.planes),
-                                         (tx, ty, 1)),), tuple(words))
+                                         (tx, ty, 1), 1, (("stride", stride),)),),
+                tuple(words))
 
 
 def channel_tiles(spec: S.WindowSpec) -> bool:
