@@ -515,22 +515,35 @@ __global__ void __launch_bounds__(GP_BLOCK_THREADS)
 // of stride S along H and W, 2 or 3 taps, no dilation, pads 0 or 1 before. A thread takes a
 // cell of R rows by V columns from (S r, S c): stride 2, 2 rows (r a row pair) by
 // GP_CELL_COLUMNS, the grid and block of max_cells_backward; stride 1, GP_CELL1_ROWS by
-// GP_CELL1_COLUMNS (r, c multiples of them), grid y then groups of blockDim.y cell rows. Each
-// window that may cover one of its positions loads its gradient once and divides it by its
-// divisor once (gp::avg_cell); divisors as avg_window_backward's (peh, pew the end pads).
-// 3 x 3 taps with pads 1 (and 2 x 2 with pads 0 at stride 2) take their covering windows
-// compiled in, the others those of every such window.
+// GP_CELL1_COLUMNS, the cells of the `planes` planes numbered row-major over (plane, cell row,
+// cell column), blockDim.x of them a block along grid x (so that a narrow plane leaves no warp
+// part empty). Each window that may cover one of its positions loads its gradient once and
+// divides it by its divisor once (gp::avg_cell); divisors as avg_window_backward's (peh, pew
+// the end pads). 3 x 3 taps with pads 1 (and 2 x 2 with pads 0 at stride 2) take their
+// covering windows compiled in, the others those of every such window.
 template <typename T, int S>
 __global__ void __launch_bounds__(GP_BLOCK_THREADS, 1)
-    avg_cells_backward(const T* __restrict__ grad, T* __restrict__ out, int ih, int iw, int oh,
-                       int ow, int kh, int kw, int ph, int pw, int peh, int pew,
+    avg_cells_backward(const T* __restrict__ grad, T* __restrict__ out, int planes, int ih,
+                       int iw, int oh, int ow, int kh, int kw, int ph, int pw, int peh, int pew,
                        int include_pad, int divisor_override) {
   static_assert(S == 1 || S == 2, "cells of stride 1 or 2");
   constexpr int R = S == 2 ? 2 : GP_CELL1_ROWS, V = S == 2 ? GP_CELL_COLUMNS : GP_CELL1_COLUMNS;
-  const int plane = (int)blockIdx.z;
-  const int r = ((int)blockIdx.y * (int)blockDim.y + (int)threadIdx.y) * (R / S);
-  const int c = ((int)blockIdx.x * (int)blockDim.x + (int)threadIdx.x) * (V / S);
-  if (S * r >= ih || S * c >= iw) return;
+  int plane, r, c;
+  if constexpr (S == 1) {
+    const int across = (iw + V - 1) / V, per_plane = across * ((ih + R - 1) / R);
+    const int t = (int)blockIdx.x * (int)blockDim.x + (int)threadIdx.x;
+    plane = t / per_plane;
+    if (plane >= planes) return;
+    const int k = t - plane * per_plane;
+    const int cell_row = k / across;
+    r = cell_row * R;
+    c = (k - cell_row * across) * V;
+  } else {
+    plane = (int)blockIdx.z;
+    r = (int)blockIdx.y * (int)blockDim.y + (int)threadIdx.y;
+    c = ((int)blockIdx.x * (int)blockDim.x + (int)threadIdx.x) * (V / 2);
+    if (2 * r >= ih || 2 * c >= iw) return;
+  }
   const int lo_h = include_pad ? -ph : 0, hi_h = include_pad ? ih + peh : ih;
   const int lo_w = include_pad ? -pw : 0, hi_w = include_pad ? iw + pew : iw;
   if (kh == 3 && kw == 3 && ph == 1 && pw == 1) {

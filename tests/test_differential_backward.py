@@ -521,15 +521,14 @@ def test_gather_plans_tile_the_input():
     assert la.outputs == 32 * 64 * 112 * 112 and la.bytes_read == 32 * 64 * 56 * 56 * (4 + 8)
     tx, ty, _ = la.block
     assert la.grid[0] * tx * tiled_gathers.CELL_COLUMNS >= 112 and la.grid[1] * ty * 2 >= 112
-    # an average of stride 1: a thread per CELL1_ROWS rows by CELL1_COLUMNS columns; a max of
-    # stride 1 walks its covering windows
+    # an average of stride 1: a thread per CELL1_ROWS rows by CELL1_COLUMNS columns, the cells
+    # numbered across the planes in blocks of 256; a max of stride 1 walks its covering windows
     args = ((32, 64, 56, 56), "float32", (32, 64, 56, 56), 3, 1, 1, 1, False, "NCHW")
     (la,) = planner.plan(G.window_grad_spec("t", "avg", *args)).launches
     assert la.kernel == "avg_cells_backward" and la.get("stride") == 1
-    assert la.grid[2] == 32 * 64 and la.outputs == 32 * 64 * 56 * 56
-    tx, ty, _ = la.block
-    assert la.grid[0] * tx * tiled_gathers.CELL1_COLUMNS >= 56
-    assert la.grid[1] * ty * tiled_gathers.CELL1_ROWS >= 56
+    assert la.outputs == 32 * 64 * 56 * 56 and la.block == (256, 1, 1)
+    assert la.grid == (-(-32 * 64 * 56 * 56 // (256 * tiled_gathers.CELL1_ROWS
+                                               * tiled_gathers.CELL1_COLUMNS)), 1, 1)
     (la,) = planner.plan(G.window_grad_spec("t", "max", *args, index_shape=args[0],
                                             index_dtype="int64")).launches
     assert la.kernel == "max_window_backward"

@@ -80,9 +80,9 @@ def backward_steps(spec: GradSpec, device_id: int) -> tuple:
         args = tuple(np.int32(v) for v in (ih, iw, oh, ow, *view.kernel,
                                            *(pb for pb, _ in view.pads)))
         if spec.op == "avg":
-            args += tuple(np.int32(v) for v in (*(pe for _, pe in view.pads),
-                                                view.count_include_pad,
-                                                view.divisor_override or 0))
+            args = (np.int32(g.planes),) + args + tuple(np.int32(v) for v in (
+                *(pe for _, pe in view.pads), view.count_include_pad,
+                view.divisor_override or 0))
         return (Step(fn, la.grid, la.block, OPERANDS[spec.op], args),), None
     windowed = isinstance(view, WindowSpec)
     args = geo_args(view, itype_scalar(pl.index_type), windowed) + (np.int32(la.rows),)

@@ -45,8 +45,9 @@ def cells(spec: S.WindowSpec, op: str) -> int:
     """The stride of the cells that take the gradients of ``op`` over ``spec``
     (``max_cells_backward``, ``avg_cells_backward``), 0 where none do: 2-D NCHW with 32-bit
     offsets, the same stride along H and W, 2 (max and avg) or 1 (avg), 2 or 3 taps, no
-    dilation and pad 0 or 1 before, planes and cell-row groups within the grid; at most 2
-    (stride 1: 3) windows then cover a position per dim, known from the pad and the taps."""
+    dilation and pad 0 or 1 before (stride 2: planes and row-pair groups within the grid); at
+    most 2 (stride 1: 3) windows then cover a position per dim, known from the pad and the
+    taps."""
     g = spec.geom
     strides = set(spec.stride)
     if (g.nd != 2 or g.layout != "NCHW" or index_type(spec) != "int" or len(strides) != 1
@@ -56,31 +57,39 @@ def cells(spec: S.WindowSpec, op: str) -> int:
     (stride,) = strides
     if stride not in {"max": (2,), "avg": (2, 1)}.get(op, ()):
         return 0
-    rows = cell_shape(stride)[0]
-    groups = cdiv(g.spatial[0], rows * (BLOCK_THREADS // CELLS_TX))  # of cell rows, at most
-    return stride if max(g.planes, groups) <= GRID_YZ_MAX else 0
+    groups = cdiv(g.spatial[0], 2 * (BLOCK_THREADS // CELLS_TX))  # of row pairs, at most
+    return stride if stride == 1 or max(g.planes, groups) <= GRID_YZ_MAX else 0
 
 
 def plan_cells(view: S.WindowSpec, words: list, op: str, stride: int) -> Plan:
     """The gradients of ``op`` ("max" or "avg") by cells of ``stride`` (:func:`cells`): a
-    thread per cell of input rows by columns (:func:`cell_shape`) loads each window that may
-    cover it once. Blocks of up to BLOCK_THREADS threads: TX threads along W (a row's cells, or
-    CELLS_TX of them) by TY cell rows; cell-row groups on grid y, planes on z."""
+    thread per cell of input rows by columns loads each window that may cover it once.
+    Stride 2: cells of 2 rows by CELL_COLUMNS; blocks of up to BLOCK_THREADS threads, TX along
+    W (a row's cells, or CELLS_TX of them) by TY row pairs; row-pair groups on grid y, planes
+    on z. Stride 1: cells of CELL1_ROWS by CELL1_COLUMNS, numbered across the planes, blocks of
+    BLOCK_THREADS of them (fewer, in whole warps, where the cells are fewer) on grid x."""
     ih, iw = view.geom.spatial
-    rows, columns = cell_shape(stride)
-    across = cdiv(iw, columns)
-    cell_rows = cdiv(ih, rows)
-    tx = min(across, CELLS_TX)
-    ty = min(BLOCK_THREADS // tx, cell_rows)
-    groups = cdiv(cell_rows, ty)
-    ty = cdiv(cell_rows, groups)
-    words.append(f"cells: stride {stride}, 2 or 3 taps; a thread per {rows} rows by {columns} "
-                 f"columns loads each window that may cover them once; blocks of {tx} by {ty} "
-                 f"cell rows, {groups} groups of cell rows per plane")
-    return Plan("gather", "int", (Launch(f"{op}_cells_backward", (cdiv(across, tx), groups,
-                                                                view.geom.planes),
-                                         (tx, ty, 1), 1, (("stride", stride),)),),
-                tuple(words))
+    planes = view.geom.planes
+    if stride == 1:
+        cells_ = planes * cdiv(ih, CELL1_ROWS) * cdiv(iw, CELL1_COLUMNS)
+        tx = min(BLOCK_THREADS, cdiv(cells_, 32) * 32)
+        words.append(f"cells: stride 1, 2 or 3 taps; a thread per {CELL1_ROWS} rows by "
+                     f"{CELL1_COLUMNS} columns loads each window that may cover them once; "
+                     f"{cells_} cells numbered across the planes, blocks of {tx}")
+        grid, block = (cdiv(cells_, tx), 1, 1), (tx, 1, 1)
+    else:
+        across = cdiv(iw, CELL_COLUMNS)
+        pairs = cdiv(ih, 2)
+        tx = min(across, CELLS_TX)
+        ty = min(BLOCK_THREADS // tx, pairs)
+        groups = cdiv(pairs, ty)
+        ty = cdiv(pairs, groups)
+        words.append(f"cells: stride 2, 2 or 3 taps; a thread per 2 rows by {CELL_COLUMNS} "
+                     f"columns loads each window that may cover them once; blocks of {tx} by "
+                     f"{ty} row pairs, {groups} groups of row pairs per plane")
+        grid, block = (cdiv(across, tx), groups, planes), (tx, ty, 1)
+    return Plan("gather", "int", (Launch(f"{op}_cells_backward", grid, block, 1,
+                                         (("stride", stride),)),), tuple(words))
 
 
 def channel_tiles(spec: S.WindowSpec) -> bool:
