@@ -412,9 +412,9 @@ __device__ __forceinline__ void avg_cell(const T* __restrict__ grad, T* __restri
   typedef CellSlots<S, R, V, KH, PH, KW, PW> Slots;
   constexpr int H0 = Slots::H0, W0 = Slots::W0, SH = Slots::SH, SW = Slots::SW;
   const int k_h = KH ? KH : kh, k_w = KW ? KW : kw, p_h = KH ? PH : ph, p_w = KW ? PW : pw;
-  // the divisor of slot (a, b): div_h[a] * div_w[b], exact (a count of at most 3 taps per
-  // dim, or divisor_override times 1); 1 for a slot past the gradient's edge, whose gradient
-  // is +0, so that every quotient takes division's fast path with no branch
+  // the divisor of slot (a, b): its row's div_h times div_w[b], exact (a count of at most 3
+  // taps per dim, or divisor_override times 1); 1 for a slot past the gradient's edge, whose
+  // gradient is +0, so that every quotient takes division's fast path with no branch
   bool col_ok[SW];
   A div_w[SW];
 #pragma unroll

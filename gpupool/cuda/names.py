@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from . import planner, row_tiles
+from . import planner, row_tiles, tiled_gathers
 from ..spec import ACC_DTYPES, FLOAT_DTYPES, INT_DTYPES, window_spec
 
 #: dtype name -> C type of the kernels (the only dtypes the kernels are instantiated for).
@@ -263,7 +263,8 @@ def _backward_names(itype: str) -> list[str]:
             for nhwc in ((False,) if base in BACKWARD_ONE_LAYOUT_KERNELS + BACKWARD_CELL_KERNELS
                          else (False, True))
             for covers in backward_covers(base, itype)
-            for stride in ((2, 1) if base == "avg_cells_backward" else (2,))]
+            for stride in (tiled_gathers.CELL_STRIDES["avg"] if base == "avg_cells_backward"
+                           else (2,))]
 
 
 def _quantized_names(itype: str) -> list[str]:

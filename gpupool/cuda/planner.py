@@ -19,9 +19,9 @@ The backward ops (a :class:`~gpupool.grad_spec.GradSpec`) gather: one thread per
 sums the gradients of the windows that cover it, so the launch tiles the input's positions
 as rules 1-2 tile a forward's outputs (:func:`gather_view`), except the gathers that need no
 walk over covering windows (``tiled_gathers.py``: windows that tile the input, a max's of
-stride 2 and an average's of stride 1 or 2 by cells of rows, a global average's broadcast). Max unpooling gathers the same
-way, over the positions of the pooling its indices come from, where windows do not overlap
-(:func:`unpool_gathers`), else it zero-fills and scatters.
+stride 2 and an average's of stride 1 or 2 by cells of rows, a global average's broadcast).
+Max unpooling gathers the same way, over the positions of the pooling its indices come from,
+where windows do not overlap (:func:`unpool_gathers`), else it zero-fills and scatters.
 
 Global pooling (float, and the quantized averages) is a segmented reduction: several tiny
 planes per warp (``L`` lanes per plane), a block per large plane, split in chunks with a second

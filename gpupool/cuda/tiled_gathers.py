@@ -16,6 +16,8 @@ CELL_COLUMNS = 4
 #: Rows and columns of a thread's cell of stride 1 (the kernels' GP_CELL1_ROWS,
 #: GP_CELL1_COLUMNS): each window row's sums along W serve every row of the cell it covers.
 CELL1_ROWS, CELL1_COLUMNS = 8, 4
+#: The strides of the cells that take each op's gradients (the instantiations of their kernels).
+CELL_STRIDES = {"max": (2,), "avg": (2, 1)}
 #: Threads along W of a block of the gradients by cells, at most.
 CELLS_TX = 64
 #: 16-byte packs per thread of a global average's backward (the kernels' GP_BROADCAST_PACKS).
@@ -36,11 +38,6 @@ def tiles(spec: S.WindowSpec) -> bool:
     return spec.geom.layout == "NCHW" and spec.kernel[-1] == 2 and _tile_exactly(spec)
 
 
-def cell_shape(stride: int) -> tuple[int, int]:
-    """(rows, columns) of the input a thread of the gradients by cells of ``stride`` takes."""
-    return (2, CELL_COLUMNS) if stride == 2 else (CELL1_ROWS, CELL1_COLUMNS)
-
-
 def cells(spec: S.WindowSpec, op: str) -> int:
     """The stride of the cells that take the gradients of ``op`` over ``spec``
     (``max_cells_backward``, ``avg_cells_backward``), 0 where none do: 2-D NCHW with 32-bit
@@ -55,7 +52,7 @@ def cells(spec: S.WindowSpec, op: str) -> int:
                        in zip(spec.kernel, spec.dilation, spec.pads))):
         return 0
     (stride,) = strides
-    if stride not in {"max": (2,), "avg": (2, 1)}.get(op, ()):
+    if stride not in CELL_STRIDES.get(op, ()):
         return 0
     groups = cdiv(g.spatial[0], 2 * (BLOCK_THREADS // CELLS_TX))  # of row pairs, at most
     return stride if stride == 1 or max(g.planes, groups) <= GRID_YZ_MAX else 0
