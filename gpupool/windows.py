@@ -160,13 +160,23 @@ def adaptive_reduce(x, first: int, taps_per_dim, op: str, fill):
     return cur
 
 
-def adaptive_argmax(x, first: int, taps_per_dim, plane, values, indices):
+def adaptive_argmax(x, first: int, bounds, plane, values, indices):
     """Adaptive max with indices into ``values``/``indices`` (shape of the output): the first
-    tap equal to the max, or the last NaN tap; a window with no tap gives the lowest value
-    and -1. Indices are flat positions in the spatial plane of ``x``, of shape ``plane``."""
-    nd = len(taps_per_dim)
-    strides = [math.prod(plane[a + 1:]) for a in range(nd)]
-    trailing = (None,) * (x.ndim - first - nd)
+    tap equal to the max in row-major order, or the last NaN tap. ``bounds``: per spatial dim
+    the ``(starts, ends)`` of its windows (:func:`adaptive_bounds`, none empty). Indices are
+    flat positions in the spatial plane of ``x``, of shape ``plane``. Loops over the taps of
+    the largest window, or over the windows where they are fewer (a global max: one)."""
+    strides = [math.prod(plane[a + 1:]) for a in range(len(bounds))]
+    taps_per_dim = [adaptive_taps(starts, ends) for starts, ends in bounds]
+    if math.prod(len(starts) for starts, _ in bounds) < math.prod(map(len, taps_per_dim)):
+        _argmax_by_windows(x, first, bounds, strides, values, indices)
+    else:
+        _argmax_by_taps(x, first, taps_per_dim, strides, values, indices)
+
+
+def _argmax_by_taps(x, first: int, taps_per_dim, strides, values, indices):
+    """:func:`adaptive_argmax` a tap of every window at a time, in row-major tap order."""
+    trailing = (None,) * (x.ndim - first - len(taps_per_dim))
     values[...] = lowest(values.dtype)
     indices[...] = -1
     for combo in itertools.product(*(range(len(taps)) for taps in taps_per_dim)):
@@ -184,6 +194,26 @@ def adaptive_argmax(x, first: int, taps_per_dim, plane, values, indices):
         np.copyto(values, v, where=take)
         np.copyto(indices, np.broadcast_to(pos[(Ellipsis,) + trailing], indices.shape),
                   where=take)
+
+
+def _argmax_by_windows(x, first: int, bounds, strides, values, indices):
+    """:func:`adaptive_argmax` a window at a time: its taps flattened in row-major order, the
+    first maximum (``argmax``) unless a NaN is among them, then the last NaN."""
+    lead, nd = (slice(None),) * first, len(bounds)
+    for window in itertools.product(*(range(len(starts)) for starts, _ in bounds)):
+        spans = [(int(bounds[a][0][o]), int(bounds[a][1][o])) for a, o in enumerate(window)]
+        box = x[lead + tuple(slice(lo, hi) for lo, hi in spans)]
+        taps = box.reshape(box.shape[:first] + (-1,) + box.shape[first + nd:])
+        k = np.argmax(taps, axis=first)
+        if taps.dtype.kind == "f":
+            nan = np.isnan(taps)
+            last_nan = taps.shape[first] - 1 - np.argmax(np.flip(nan, axis=first), axis=first)
+            k = np.where(nan.any(axis=first), last_nan, k)
+        values[lead + window] = np.take_along_axis(taps, k[(*lead, None)], first)[
+            (*lead, 0)]
+        coords = np.unravel_index(k, [hi - lo for lo, hi in spans])
+        indices[lead + window] = sum((lo + c) * stride for (lo, _), c, stride
+                                     in zip(spans, coords, strides))
 
 
 def fail_outside_windows(func: str) -> None:

@@ -1004,6 +1004,25 @@ def lane_tie_input(kind: str) -> np.ndarray:
     return x
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("kind", ["signed-zeros", "nan-payloads"])
+@pytest.mark.parametrize("backend", ["numpy", "cupy"])
+def test_adaptive_max_with_indices_keeps_the_row_major_winner(backend, kind, layout, cupy):
+    """Windows of many taps (global, and two windows per row): each window's index and bits
+    are those of its first tied tap in row-major order (the last NaN) on every backend."""
+    import reference as ref
+    x = np.concatenate([lane_tie_input(kind)] * 2, -1)
+    if layout == "NHWC":
+        x = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+    xb = cupy.asarray(x) if backend == "cupy" else x
+    for size in ((1, 1), (1, 2)):
+        want = ref.adaptive_max_pool(x.astype(np.float64), size, layout)[1]
+        values, indices = gpupool.adaptive_max_pool(xb, size, return_indices=True, layout=layout)
+        flat_x = x.view(np.uint32).reshape(-1)  # one plane: indices are flat positions in it
+        assert cupy.asnumpy(indices).tolist() == want.tolist()
+        assert cupy.asnumpy(values).view(np.uint32).tolist() == flat_x[want].tolist()
+
+
 @pytest.mark.parametrize("kind", ["signed-zeros", "nan-payloads"])
 def test_adaptive_max_lane_groups_keep_the_row_major_winner(kind, cupy):
     """The lane-group kernels merge their lanes' maxima by position: a window's max is the

@@ -498,8 +498,10 @@ def _adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
     if indices is not None:
         ic = canonical(indices, geom)
 
+        bounds = [adaptive_bounds(i, o) for i, o in zip(geom.spatial, spec.out_spatial)]
+
         def block(b0, b1):
-            adaptive_argmax(xc[b0:b1], 1, per_dim, geom.spatial, oc[b0:b1], ic[b0:b1])
+            adaptive_argmax(xc[b0:b1], 1, bounds, geom.spatial, oc[b0:b1], ic[b0:b1])
         in_blocks(block, geom.batch, plane_bytes, spec.op != "max")
         return
     acc = accumulator(x.dtype)
