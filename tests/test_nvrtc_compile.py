@@ -38,6 +38,7 @@ import os
 import re
 import types
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nvrtc_ctypes
@@ -147,15 +148,30 @@ def test_shared_constants_are_defined_once_by_the_host():
     assert "#error" in kernels["geometry.cuh"] and "gpupool.cuda.kernels.DEFINES" in guards
 
 
-def compile_clean(real_nvrtc, source_file: str, names, arch: str):
-    """(cubin, mapping) of ``names`` from ``source_file`` for sm_``arch``; fails the test on a
-    compile error, on any NVRTC or ptxas diagnostic, and on a kernel with a stack frame or
-    spills."""
-    return compile_text(real_nvrtc, cuda_kernels.source(source_file), source_file, names, arch)
+#: Programs compiled at once: NVRTC releases the GIL while it compiles, so a file's names,
+#: dealt round robin into this many programs (each with some of every kernel family), build
+#: on every core.
+PROGRAMS_AT_ONCE = os.cpu_count() or 1
 
 
-def compile_text(real_nvrtc, text: str, source_file: str, names, arch: str):
-    """:func:`compile_clean` of the source ``text`` (named ``source_file``)."""
+def compile_clean(real_nvrtc, source_file: str, names, arch: str) -> None:
+    """Compile ``names`` from ``source_file`` for sm_``arch``; fails the test on a compile
+    error, on any NVRTC or ptxas diagnostic, and on a kernel with a stack frame or spills."""
+    compile_text(real_nvrtc, cuda_kernels.source(source_file), source_file, names, arch)
+
+
+def compile_text(real_nvrtc, text: str, source_file: str, names, arch: str) -> None:
+    """:func:`compile_clean` of the source ``text`` (named ``source_file``), its names in up to
+    :data:`PROGRAMS_AT_ONCE` programs compiled at once."""
+    names = list(names)
+    shards = [names[i::PROGRAMS_AT_ONCE] for i in range(min(PROGRAMS_AT_ONCE, len(names)))]
+    with ThreadPoolExecutor(max(1, len(shards))) as pool:
+        list(pool.map(lambda shard: compile_program(real_nvrtc, text, source_file, shard, arch),
+                      shards or [[]]))
+
+
+def compile_program(real_nvrtc, text: str, source_file: str, names, arch: str) -> None:
+    """One program of :func:`compile_text`."""
     compiler = real_nvrtc.compiler
     program = compiler._NVRTCProgram(text, source_file, name_expressions=list(names),
                                      method="cubin")
@@ -178,7 +194,6 @@ def compile_text(real_nvrtc, text: str, source_file: str, names, arch: str):
     assert not heavy, f"kernels with local memory for sm_{arch}: {heavy[:5]}"
     mapping = mapping or {}  # CuPy's: None without name expressions
     assert cubin and set(mapping) == set(names) and all(mapping[n] for n in names)
-    return cubin, mapping
 
 
 @pytest.mark.parametrize(("source_file", "arch"),
