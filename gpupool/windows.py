@@ -167,11 +167,12 @@ def adaptive_argmax(x, first: int, bounds, plane, values, indices):
     flat positions in the spatial plane of ``x``, of shape ``plane``. Loops over the taps of
     the largest window, or over the windows where they are fewer (a global max: one)."""
     strides = [math.prod(plane[a + 1:]) for a in range(len(bounds))]
-    taps_per_dim = [adaptive_taps(starts, ends) for starts, ends in bounds]
-    if math.prod(len(starts) for starts, _ in bounds) < math.prod(map(len, taps_per_dim)):
+    windows = math.prod(len(starts) for starts, _ in bounds)
+    if windows < math.prod(int((ends - starts).max()) for starts, ends in bounds):
         _argmax_by_windows(x, first, bounds, strides, values, indices)
     else:
-        _argmax_by_taps(x, first, taps_per_dim, strides, values, indices)
+        _argmax_by_taps(x, first, [adaptive_taps(starts, ends) for starts, ends in bounds],
+                        strides, values, indices)
 
 
 def _argmax_by_taps(x, first: int, taps_per_dim, strides, values, indices):

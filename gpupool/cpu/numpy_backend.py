@@ -494,16 +494,15 @@ def _adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
                 np.copyto(target, means)
         in_blocks(block, geom.batch, plane_bytes, spec.op != "max")
         return
-    per_dim, counts = _adaptive_plans(spec)
     if indices is not None:
         ic = canonical(indices, geom)
-
         bounds = [adaptive_bounds(i, o) for i, o in zip(geom.spatial, spec.out_spatial)]
 
         def block(b0, b1):
             adaptive_argmax(xc[b0:b1], 1, bounds, geom.spatial, oc[b0:b1], ic[b0:b1])
         in_blocks(block, geom.batch, plane_bytes, spec.op != "max")
         return
+    per_dim, counts = _adaptive_plans(spec)
     acc = accumulator(x.dtype)
     # a tap beyond a window adds -0.0 (no change: the sum of its taps in order, as the
     # window ops and the CUDA kernels sum) or the lowest value (no change to a max)
