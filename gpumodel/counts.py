@@ -32,7 +32,8 @@ class Counts:
             device, dram_bytes=self.dram_bytes, l2_bytes=self.l2_bytes,
             l1_wavefronts=self.l1_wavefronts, block_rounds=self.block_rounds,
             resident_blocks=min(self.blocks, device.sm_count * self.occupancy.blocks_per_sm),
-            warp_instructions=self.warp_instructions)
+            warp_instructions=self.warp_instructions,
+            warps_per_scheduler=self.occupancy.warps_per_sm / device.schedulers_per_sm)
 
 
 def launch_counts(launch, flow: instructions.ControlFlow, batching, usage, work: float,

@@ -11,7 +11,8 @@ A launch's time (:func:`launch_time`) is the largest of its limits, plus a fixed
   waits DRAM_LATENCY when one misses L1, L1_LATENCY when all hit, see
   :mod:`gpumodel.traffic`), over the resident blocks;
 * issue: its executed warp instructions (:mod:`gpumodel.instructions`) at one per scheduler per
-  clock, over ISSUE_EFFICIENCY;
+  clock, over ISSUE_EFFICIENCY, and over the share of ISSUE_WARPS its resident warps give each
+  scheduler where they are fewer (too few warps cannot hide each other's dependent latencies);
 
 and LAUNCH_SECONDS, the part of a kernel's device time no limit sees: launch, the last
 wave's tail, the first touches of a cold L2 (the measurements flush L2 before each run).
@@ -50,6 +51,12 @@ L1_LATENCY = 40 / 1.755e9
 #: pinned-clock H200 float16 rows of ../shared/calibration/measured.json; bench/calibrate.py
 #: refits and reports it).
 ISSUE_EFFICIENCY = 0.762
+#: Resident warps per scheduler below which issue slows in proportion (fitted: gpupool's own
+#: H200 measurement at 1500 MHz, bench/results/measured-h200-2026-11-27-beyond.json, of
+#: avg_cells_backward<float, 1> with 198 registers, 2 warps per scheduler: 3.75 times its issue
+#: time at ISSUE_EFFICIENCY; PyTorch's kernels of the published rows hold 16, so the
+#: calibration does not see it).
+ISSUE_WARPS = 8
 #: Device time of a launch that no limit covers, s (fitted with ISSUE_EFFICIENCY).
 LAUNCH_SECONDS = 3.56e-6
 #: The SM clock of the published H200 measurements (SM 1500 MHz pinned), Hz.
@@ -120,15 +127,16 @@ class LaunchTime:
 
 
 def launch_time(device: Device, *, dram_bytes: float, l2_bytes: float, l1_wavefronts: float,
-                block_rounds: float, resident_blocks: int,
-                warp_instructions: float) -> LaunchTime:
+                block_rounds: float, resident_blocks: int, warp_instructions: float,
+                warps_per_scheduler: float = ISSUE_WARPS) -> LaunchTime:
     """The time of a launch on ``device`` from its full-size counts: DRAM and L2 bytes, L1
     wavefronts, rounds of its blocks' slowest warps, blocks resident at once, warp
-    instructions."""
+    instructions, and the warps an SM's occupancy gives each of its schedulers."""
+    issue_share = min(1.0, warps_per_scheduler / ISSUE_WARPS)
     return LaunchTime(
         dram=dram_bytes / device.dram_bandwidth,
         l2=l2_bytes / (L2_BYTES_PER_CLOCK * device.sm_clock),
         l1=l1_wavefronts / (device.sm_count * device.sm_clock * L1_WAVEFRONTS_PER_CLOCK),
         latency=block_rounds * DRAM_LATENCY / resident_blocks if resident_blocks else 0.0,
-        issue=warp_instructions / (device.issue_rate * device.issue_efficiency),
+        issue=warp_instructions / (device.issue_rate * device.issue_efficiency * issue_share),
         fixed=device.launch_seconds)

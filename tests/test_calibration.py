@@ -87,3 +87,11 @@ def test_the_measured_max_kernels_are_issue_bound(results):
     t = stem.predicted(device.h200())
     assert t.bound == "issue"
     assert t.dram / t.issue < 0.3
+
+
+def test_the_published_kernels_hold_enough_warps_to_fill_issue(results):
+    """The fit of ISSUE_EFFICIENCY leaves device.ISSUE_WARPS out: every modeled kernel gives
+    each scheduler at least that many warps."""
+    held = {r.counts.occupancy.warps_per_sm / device.SCHEDULERS_PER_SM
+            for r in results if r.counts}
+    assert held and min(held) >= device.ISSUE_WARPS

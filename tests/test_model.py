@@ -412,6 +412,19 @@ def test_issue_time_is_warp_instructions_at_one_per_scheduler_and_clock():
     assert faster.dram == pytest.approx(1e9 / 4.07044e12)
 
 
+def test_issue_slows_in_proportion_below_its_warps_per_scheduler():
+    d = devices.h200(1.5e9)
+    times = {w: devices.launch_time(d, dram_bytes=0, l2_bytes=0, l1_wavefronts=0,
+                                    block_rounds=0, resident_blocks=1,
+                                    warp_instructions=132 * 4 * 1.5e9,
+                                    warps_per_scheduler=w).issue
+             for w in (2, devices.ISSUE_WARPS, 16)}
+    full = 1 / devices.ISSUE_EFFICIENCY
+    assert times[16] == pytest.approx(full)
+    assert times[devices.ISSUE_WARPS] == pytest.approx(full)
+    assert times[2] == pytest.approx(full * devices.ISSUE_WARPS / 2)
+
+
 def test_strided_reads_cost_dram_time_in_proportion(lib):
     _, dense = copy(lib, np.float32)
     _, sparse = copy(lib, np.float32, stride=8)
