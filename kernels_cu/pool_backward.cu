@@ -320,21 +320,30 @@ struct CellSlots {
   static constexpr int SW = CellCovers::hi(S, KW, PW, V - 1) - W0 + 1;
 };
 
+// The gradients of row uh of a cell of V columns from (S r, S c), position (S r + uh, S c + uw)
+// given by at(uw, row), stored as a row tile (gp::store_row_tile); nothing past the input's
+// last row.
+template <int S, int V, typename T, typename At>
+__device__ __forceinline__ void store_cell_row(T* __restrict__ out, int plane, int r, int c,
+                                               int ih, int iw, int uh, const At& at) {
+  const int row = S * r + uh;
+  T v[V];
+#pragma unroll
+  for (int uw = 0; uw < V; ++uw) v[uw] = at(uw, row);
+  if (row >= ih) return;
+  const Output<int> o{0, row, S * c, (plane * ih + row) * iw + S * c};
+  store_row_tile<V>(out, &o, iw - S * c < V ? iw - S * c : V, v);
+}
+
 // The gradients of a cell of R rows by V columns from (S r, S c), position (S r + uh, S c + uw)
-// given by at(uh, uw, row, col), each row stored as a row tile (gp::store_row_tile); nothing
-// past the input's last row.
+// given by at(uh, uw, row, col), each row stored by store_cell_row.
 template <int S, int R, int V, typename T, typename At>
 __device__ __forceinline__ void store_cell(T* __restrict__ out, int plane, int r, int c, int ih,
                                            int iw, const At& at) {
 #pragma unroll
   for (int uh = 0; uh < R; ++uh) {
-    const int row = S * r + uh;
-    T v[V];
-#pragma unroll
-    for (int uw = 0; uw < V; ++uw) v[uw] = at(uh, uw, row, S * c + uw);
-    if (row >= ih) continue;
-    const Output<int> o{0, row, S * c, (plane * ih + row) * iw + S * c};
-    store_row_tile<V>(out, &o, iw - S * c < V ? iw - S * c : V, v);
+    store_cell_row<S, V>(out, plane, r, c, ih, iw, uh,
+                         [&](int uw, int row) { return at(uh, uw, row, S * c + uw); });
   }
 }
 
@@ -401,7 +410,9 @@ __device__ __forceinline__ void max_cell(const T* __restrict__ grad,
 // once per window (as avg_window_backward's); an input's gradient is, along H in ascending
 // order, the sum from +0 of the sums from +0, along W in ascending order, of the q of the
 // windows that cover it (the NumPy backend's spread, W first). The sum along W of a window row
-// is the same for every row of the cell it covers: each is taken once.
+// is the same for every row of the cell it covers: each is taken once. The slot rows stream,
+// loaded AHEAD rows before their divisions, and each row of the cell is stored once its last
+// covering slot row is summed, so that few registers stay live.
 template <int S, int R, int V, int KH, int PH, int KW, int PW, typename T>
 __device__ __forceinline__ void avg_cell(const T* __restrict__ grad, T* __restrict__ out,
                                          int plane, int r, int c, int ih, int iw, int oh,
@@ -424,56 +435,64 @@ __device__ __forceinline__ void avg_cell(const T* __restrict__ grad, T* __restri
                    ? (A)count_taps<int, KW>(c + W0 + b, S, p_w, k_w, 1, lo_w, hi_w)
                    : (A)1;
   }
-  T gv[SH][SW];
-  bool row_ok[SH];
-#pragma unroll
-  for (int a = 0; a < SH; ++a) {
+  const auto load_row = [&](int a, T(&gv)[SW]) {
     const int wr = r + H0 + a;
-    row_ok[a] = (unsigned)wr < (unsigned)oh;
+    const bool row_ok = (unsigned)wr < (unsigned)oh;
     const T* __restrict__ grow = grad + (plane * oh + wr) * ow + c + W0;
 #pragma unroll
-    for (int b = 0; b < SW; ++b) gv[a][b] = row_ok[a] && col_ok[b] ? grow[b] : T();
-  }
-  // Every load is started before any division (as avg_global_backward's): else the compiler
-  // moves each load next to its division, whose slow path is a branch it does not schedule
-  // loads across.
-  asm volatile("" ::: "memory");
-  A q[SH][SW];
+    for (int b = 0; b < SW; ++b) gv[b] = row_ok && col_ok[b] ? grow[b] : T();
+  };
+  // rows loaded ahead of their divisions: every row in a cell of stride 2 (few rows), one
+  // row in a cell of stride 1 (each row's loads start before the divisions of the row above)
+  constexpr int AHEAD = S == 2 ? SH : 1;
+  T ahead[AHEAD][SW];
 #pragma unroll
-  for (int a = 0; a < SH; ++a) {
-    const A div_h = !row_ok[a]              ? (A)1
-                    : divisor_override > 0 ? (A)divisor_override
-                                            : (A)count_taps<int, KH>(r + H0 + a, S, p_h, k_h, 1,
-                                                                     lo_h, hi_h);
-#pragma unroll
-    for (int b = 0; b < SW; ++b) q[a][b] = Num<T>::load(gv[a][b]) / (div_h * div_w[b]);
-  }
+  for (int a = 0; a < AHEAD; ++a) load_row(a, ahead[a]);
   // along_w[a][uw]: the sum along W for column uw of the windows of slot row a, once for every
   // row of the cell. A slot past the gradient's edge holds q = +0, which leaves a sum from +0
   // as it is (such a sum is never -0): only whether a window's taps reach a position is tested.
   A along_w[SH][V];
 #pragma unroll
   for (int a = 0; a < SH; ++a) {
+    T gv[SW];
+#pragma unroll
+    for (int b = 0; b < SW; ++b) gv[b] = ahead[a % AHEAD][b];
+    if (a + AHEAD < SH) load_row(a + AHEAD, ahead[a % AHEAD]);
+    // the loads ahead are started before this row's divisions: else the compiler moves each
+    // load next to its division, whose slow path is a branch it does not schedule loads across
+    asm volatile("" ::: "memory");
+    const int wr = r + H0 + a;
+    const A div_h = (unsigned)wr >= (unsigned)oh ? (A)1
+                    : divisor_override > 0       ? (A)divisor_override
+                                                 : (A)count_taps<int, KH>(wr, S, p_h, k_h, 1,
+                                                                          lo_h, hi_h);
+    A q[SW];
+#pragma unroll
+    for (int b = 0; b < SW; ++b) q[b] = Num<T>::load(gv[b]) / (div_h * div_w[b]);
 #pragma unroll
     for (int uw = 0; uw < V; ++uw) {
       const int col = S * c + uw;
       along_w[a][uw] = (A)0;
 #pragma unroll
       for (int b = CC::lo(S, KW, PW, uw) - W0; b <= CC::hi(S, KW, PW, uw) - W0; ++b) {
-        if ((unsigned)(col + p_w - S * (c + W0 + b)) < (unsigned)k_w) along_w[a][uw] += q[a][b];
+        if ((unsigned)(col + p_w - S * (c + W0 + b)) < (unsigned)k_w) along_w[a][uw] += q[b];
       }
     }
-  }
-  store_cell<S, R, V>(out, plane, r, c, ih, iw, [&](int uh, int uw, int row, int) {
-    A acc = (A)0;
+    // the rows of the cell whose last covering slot row is a
 #pragma unroll
-    for (int a = CC::lo(S, KH, PH, uh) - H0; a <= CC::hi(S, KH, PH, uh) - H0; ++a) {
-      // window r + H0 + a covers the row when its taps reach it
-      if ((unsigned)(row + p_h - S * (r + H0 + a)) < (unsigned)k_h)
-        acc += along_w[a][uw];
+    for (int uh = 0; uh < R; ++uh) {
+      if (CC::hi(S, KH, PH, uh) - H0 != a) continue;
+      store_cell_row<S, V>(out, plane, r, c, ih, iw, uh, [&](int uw, int row) {
+        A acc = (A)0;
+#pragma unroll
+        for (int s = CC::lo(S, KH, PH, uh) - H0; s <= a; ++s) {
+          // window r + H0 + s covers the row when its taps reach it
+          if ((unsigned)(row + p_h - S * (r + H0 + s)) < (unsigned)k_h) acc += along_w[s][uw];
+        }
+        return Num<T>::store(acc);
+      });
     }
-    return Num<T>::store(acc);
-  });
+  }
 }
 
 }  // namespace gp
