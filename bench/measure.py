@@ -14,7 +14,7 @@ figures comparable with the model's.
   python bench/measure.py                       # writes bench/results/measured-<gpu>-<date>.json
   python bench/measure.py --beyond
   python bench/measure.py --compare bench/results/measured-h100-2026-11-26.json \\
-      bench/results/model-2026-11-26.json        # measured beside modeled (no GPU needed)
+      bench/results/model-2026-11-27.json        # measured beside modeled (no GPU needed)
 
 Before timing, ``--compile-workers`` processes run each case once, so that NVRTC's compiles
 run in parallel and land in gpupool's kernel cache.
