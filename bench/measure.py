@@ -6,8 +6,10 @@ rows at their --size large shape, and each published TileOPs workload gpupool ru
 the cases beyond the suite) is run through gpupool and timed as the published measurements
 were: L2 flushed before every call, the median over --reps calls of the device-busy time of
 the call's kernels (CUPTI, through PyTorch's profiler; without PyTorch, CUDA events around the
-call, which also count the gaps between its launches). Each published workload also runs
-through PyTorch's own op on the same input, timed the same way. The SM clock is read after
+call, which also count the gaps between its launches), and each of the call's GPU events
+(kernels, copies, memsets: median start from the call's first event, median duration). Each
+published workload also runs through PyTorch's own op on the same input, timed the same way.
+The SM clock is read after
 each case: lock it first (``nvidia-smi -lgc 1500``, the published measurements' clock) for
 figures comparable with the model's.
 
@@ -143,7 +145,8 @@ class Timer:
 
     def seconds(self, f) -> dict:
         """{"cupti": median device-busy seconds (None without PyTorch), "events": median
-        seconds between CUDA events recorded before and after the call}."""
+        seconds between CUDA events recorded before and after the call, "kernels": the call's
+        GPU events (:func:`breakdown`; absent without PyTorch)}."""
         import contextlib
         import cupy
         for _ in range(self.warmup):
@@ -166,29 +169,57 @@ class Timer:
                 marks.append((start, end))
             cupy.cuda.Device().synchronize()
         events = statistics.median(cupy.cuda.get_elapsed_time(a, b) * 1e-3 for a, b in marks)
-        return {"cupti": None if self.torch is None else self._busy(profile), "events": events}
-
-    def _busy(self, profile) -> float | None:
-        """Median over the calls of the first kernel's start to the last kernel's end, the
-        calls told apart by the flush kernels between them (None if they are not reps)."""
+        if self.torch is None:
+            return {"cupti": None, "events": events}
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, "trace.json")
             profile.export_chrome_trace(path)
             with open(path) as f:
-                trace = json.load(f)
-        kernels = sorted((e for e in trace.get("traceEvents", ()) if e.get("cat") == "kernel"),
-                         key=lambda e: e["ts"])
-        calls = []
-        for e in kernels:
-            if e["name"] == "l2_flush":
-                calls.append([])
-            elif calls:
-                calls[-1].append(e)
-        calls = [c for c in calls if c]
-        if len(calls) != self.reps:
-            return None
-        return statistics.median((c[-1]["ts"] + c[-1]["dur"] - c[0]["ts"]) * 1e-6
-                                 for c in calls)
+                calls = traced_calls(json.load(f), self.reps)
+        return {"cupti": busy(calls), "events": events, "kernels": breakdown(calls)}
+
+
+#: The trace categories of a call's GPU events.
+GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def traced_calls(trace: dict, reps: int) -> list[list[dict]] | None:
+    """Each timed call's GPU events in order of start, told apart by the flush kernels
+    between them (None if there are not ``reps`` calls)."""
+    found = sorted((e for e in trace.get("traceEvents", ()) if e.get("cat") in GPU_EVENTS),
+                   key=lambda e: e["ts"])
+    calls = []
+    for e in found:
+        if e["name"] == "l2_flush":
+            calls.append([])
+        elif calls:
+            calls[-1].append(e)
+    calls = [c for c in calls if c]
+    return calls if len(calls) == reps else None
+
+
+def busy(calls) -> float | None:
+    """Median over the calls of the first kernel's start to the last kernel's end, s."""
+    kernels = [[e for e in c if e["cat"] == "kernel"] for c in calls or ()]
+    if not kernels or not all(kernels):
+        return None
+    return statistics.median((k[-1]["ts"] + k[-1]["dur"] - k[0]["ts"]) * 1e-6 for k in kernels)
+
+
+def breakdown(calls) -> list[dict] | None:
+    """The GPU events of a call, in order: each one's category, name (a kernel's without its
+    arguments), median start from the call's first event and median duration, s (None where
+    the calls do not run the same events)."""
+    if not calls:
+        return None
+    names = [[(e["cat"], e["name"]) for e in c] for c in calls]
+    if any(n != names[0] for n in names):
+        return None
+    return [{"cat": cat,
+             "name": name.split("(", 1)[0].removeprefix("void ") if cat == "kernel" else name,
+             "start": statistics.median((c[i]["ts"] - c[0]["ts"]) * 1e-6 for c in calls),
+             "seconds": statistics.median(c[i]["dur"] * 1e-6 for c in calls)}
+            for i, (cat, name) in enumerate(names[0])]
 
 
 def sm_clock_mhz() -> float | None:

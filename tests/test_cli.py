@@ -608,6 +608,37 @@ def test_measure_script_sets_each_measured_case_beside_the_model_of_its_gpu(tmp_
     assert "| b | RuntimeError: no | - | - | - | - | - |" in out.splitlines()
 
 
+def test_measure_script_times_each_call_and_each_of_its_gpu_events():
+    """bench/measure.py: the calls between flush kernels, each one's busy time from its first
+    kernel's start to its last kernel's end, and its events' median starts and durations."""
+    measure = _bench_script("measure.py")
+
+    def ev(cat, name, ts, dur):
+        return {"cat": cat, "name": name, "ts": ts, "dur": dur}
+
+    events = []
+    for t0, check in ((0, 10), (1000, 14), (2000, 12)):
+        events += [ev("kernel", "l2_flush", t0, 50),
+                   ev("gpu_memset", "Memset (Device)", t0 + 60, 1),
+                   ev("kernel", "void check<int>(long const*, int*)", t0 + 62, check),
+                   ev("gpu_memcpy", "Memcpy DtoH", t0 + 62 + check + 2, 2),
+                   ev("cpu_op", "aten::empty", t0 + 70, 5),
+                   ev("kernel", "void grad<float>(float const*)", t0 + 120, 30)]
+    calls = measure.traced_calls({"traceEvents": events[::-1]}, 3)
+    assert [len(c) for c in calls] == [4, 4, 4]
+    assert measure.traced_calls({"traceEvents": events}, 4) is None
+    assert measure.busy(calls) == pytest.approx(88e-6)  # 62 .. 150 from each flush
+    assert measure.breakdown(calls) == [
+        {"cat": "gpu_memset", "name": "Memset (Device)", "start": 0.0, "seconds": 1e-6},
+        {"cat": "kernel", "name": "check<int>", "start": pytest.approx(2e-6),
+         "seconds": pytest.approx(12e-6)},
+        {"cat": "gpu_memcpy", "name": "Memcpy DtoH", "start": pytest.approx(16e-6),
+         "seconds": pytest.approx(2e-6)},
+        {"cat": "kernel", "name": "grad<float>", "start": pytest.approx(60e-6),
+         "seconds": pytest.approx(30e-6)}]
+    assert measure.breakdown(calls[:2] + [calls[2][:3]]) is None  # the calls differ
+
+
 def test_measure_script_refuses_to_run_without_a_gpu(capsys):
     if subprocess.run([sys.executable, "-c", "import cupy; assert "
                        "cupy.cuda.runtime.getDeviceCount() > 0"], capture_output=True).returncode == 0:
