@@ -9,9 +9,8 @@ the call's kernels (CUPTI, through PyTorch's profiler; without PyTorch, CUDA eve
 call, which also count the gaps between its launches), and each of the call's GPU events
 (kernels, copies, memsets: median start from the call's first event, median duration). Each
 published workload also runs through PyTorch's own op on the same input, timed the same way.
-The SM clock is read after
-each case: lock it first (``nvidia-smi -lgc 1500``, the published measurements' clock) for
-figures comparable with the model's.
+The SM clock is read after each case: lock it first (``nvidia-smi -lgc 1500``, the published
+measurements' clock) for figures comparable with the model's.
 
   python bench/measure.py                       # writes bench/results/measured-<gpu>-<date>.json
   python bench/measure.py --beyond
