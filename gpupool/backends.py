@@ -86,6 +86,13 @@ class Backend(Protocol):
         """The gradient of a float pooling's input from its output's: from the forward max's
         ``indices``, or from its input ``x`` and output ``y`` (Lp)."""
 
+    def checked_max_backward(self, grad: Array, spec: GradSpec, out: Array, indices: Array
+                             ) -> bool:
+        """:meth:`backward` of a max from ``indices`` not yet checked, checked as by
+        :meth:`index_rule` (one host sync on a GPU): True where each lies in its plane and
+        is -1 or a tap of its own window, and ``out`` then holds the gradient; False where one
+        does not, and ``out``'s contents are then unspecified."""
+
     def qmax_window(self, x: Array, spec: WindowSpec, out: Array) -> None:
         """Max of int8/uint8 codes over sliding windows."""
 

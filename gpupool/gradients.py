@@ -44,15 +44,25 @@ def _check_indices(func: str, indices, spec: G.GradSpec, backend: str) -> None:
         fail_outside_windows(func)
 
 
-def _run(func: str, spec: G.GradSpec, grad, backend: str, xp, out, **operands):
-    """The input's gradient, from ``grad`` and the ``operands`` (already checked)."""
+def _run(func: str, spec: G.GradSpec, grad, backend: str, xp, out, checks: bool = False,
+         **operands):
+    """The input's gradient, from ``grad`` and the ``operands`` (already checked, but for a
+    max's indices where ``checks``: checked as the gradient is taken, with the
+    ``ValueError`` of :func:`_check_indices`, ``out``'s contents then unspecified)."""
     with device_scope(grad, backend):
         result = output_array(func, out, spec.forward.geom.shape, grad.dtype, grad, backend, xp)
         if out is not None and any(xp.may_share_memory(out, a) for a in operands.values()
                                    if a is not None):
             raise ValueError(f"gpupool.{func}: out must not overlap {', '.join(operands)}")
-        if result.size:
-            backends.load(backend).backward(grad, spec, result, **operands)
+        computing = backends.load(backend)
+        if not checks:
+            if result.size:
+                computing.backward(grad, spec, result, **operands)
+        elif not (result.size and computing.checked_max_backward(grad, spec, result,
+                                                                 operands["indices"])):
+            _check_indices(func, operands["indices"], spec, backend)
+            if result.size:  # the kernel found a fault that the rule does not
+                fail_outside_windows(func)
     return result if out is None else out
 
 
@@ -78,7 +88,8 @@ def max_pool_backward(grad_output: ArrayLike, indices: ArrayLike, input_shape: S
     """Gradient of :func:`gpupool.max_pool`'s input: each output's gradient goes to the
     position its index names (``indices`` as ``max_pool(..., return_indices=True)`` returned
     them for an input of ``input_shape``), summed where windows overlap; -1 passes nothing.
-    An index outside its window is a ``ValueError`` (on the GPU that check syncs).
+    An index outside its window is a ``ValueError`` (on the GPU that check syncs; a given
+    ``out`` may have been written by then).
 
     >>> y, i = max_pool(np.arange(16.).reshape(1, 1, 4, 4), 2, return_indices=True)
     >>> max_pool_backward(np.ones_like(y), i, (1, 1, 4, 4), 2)[0, 0]
@@ -90,9 +101,7 @@ def max_pool_backward(grad_output: ArrayLike, indices: ArrayLike, input_shape: S
     spec = G.window_grad_spec(func, "max", grad.shape, dtype, input_shape, kernel_size, stride,
                               padding, dilation, ceil_mode, layout, index_shape=indices.shape,
                               index_dtype=dtype_name(indices.dtype))
-    with device_scope(grad, backend):
-        _check_indices(func, indices, spec, backend)
-    return _run(func, spec, grad, backend, xp, out, indices=indices)
+    return _run(func, spec, grad, backend, xp, out, True, indices=indices)
 
 
 @accepts_foreign
@@ -209,6 +218,4 @@ def adaptive_max_pool_backward(grad_output: ArrayLike, indices: ArrayLike,
     spec = G.adaptive_grad_spec(func, "max", grad.shape, dtype, input_shape, output_size,
                                 layout, index_shape=indices.shape,
                                 index_dtype=dtype_name(indices.dtype))
-    with device_scope(grad, backend):
-        _check_indices(func, indices, spec, backend)
-    return _run(func, spec, grad, backend, xp, out, indices=indices)
+    return _run(func, spec, grad, backend, xp, out, True, indices=indices)

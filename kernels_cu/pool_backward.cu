@@ -347,11 +347,31 @@ __device__ __forceinline__ void store_cell(T* __restrict__ out, int plane, int r
   }
 }
 
+// Whether index j of the window of stride 2 whose first tap is (hs, ws) (kh x kw taps, no
+// dilation) is -1 or a tap of it inside the ih x iw plane: the window's rows tried in turn,
+// with no division.
+__device__ __forceinline__ bool window_tap(long long j, int hs, int ws, int kh, int kw, int ih,
+                                           int iw) {
+  const int p = (int)j;
+  if ((long long)p != j) return false;  // past 32 bits: outside every plane of these kernels
+  if (p < 0) return p == -1;
+  bool tap = false;
+#pragma unroll
+  for (int t = 0; t < 3; ++t) {
+    // unsigned: defined where the row is outside the plane, and then not taken
+    const unsigned row = (unsigned)(hs + t), col = (unsigned)p - row * (unsigned)iw;
+    tap |= t < kh && row < (unsigned)ih && col < (unsigned)iw && col - (unsigned)ws < (unsigned)kw;
+  }
+  return tap;
+}
+
 // The max gradients of one cell of max_cells_backward (stride 2, 2 rows by GP_CELL_COLUMNS),
 // windows of KH x KW taps and pads PH, PW (0 taps: any of 2 or 3 taps and pad 0 or 1, taken
-// from kh, kw, ph, pw).
-template <int KH, int PH, int KW, int PW, typename T>
-__device__ __forceinline__ void max_cell(const T* __restrict__ grad,
+// from kh, kw, ph, pw). CHECKS: the cell also checks the indices of the windows whose first
+// input position inside the plane lies in it (each window in exactly one cell) and returns
+// whether each is -1 or a tap of its window (window_tap); else it returns true.
+template <bool CHECKS, int KH, int PH, int KW, int PW, typename T>
+__device__ __forceinline__ bool max_cell(const T* __restrict__ grad,
                                          const long long* __restrict__ indices,
                                          T* __restrict__ out, int plane, int r, int c, int ih,
                                          int iw, int oh, int ow, int kh, int kw, int ph,
@@ -361,17 +381,22 @@ __device__ __forceinline__ void max_cell(const T* __restrict__ grad,
   constexpr int V = GP_CELL_COLUMNS;
   typedef CellSlots<2, 2, V, KH, PH, KW, PW> S;
   constexpr int H0 = S::H0, W0 = S::W0, SH = S::SH, SW = S::SW;
+  const int p_h = KH ? PH : ph, p_w = KW ? PW : pw;
   // run-time taps: the first slot covers a position only with 3 taps and pad 0, the last
   // only with pad 1
   const bool first_h = KH || (kh == 3 && ph == 0), last_h = KH || ph == 1;
   const bool first_w = KW || (kw == 3 && pw == 0), last_w = KW || pw == 1;
-  bool col_ok[SW];
+  bool col_ok[SW], own_w[SW];
 #pragma unroll
   for (int b = 0; b < SW; ++b) {
     col_ok[b] = (unsigned)(c + W0 + b) < (unsigned)ow && (b != 0 || first_w) &&
                 (b != SW - 1 || last_w);
+    // the cell of the window's first column inside the plane: V columns from 2 c
+    const int ws = 2 * (c + W0 + b) - p_w;
+    own_w[b] = (ws < 0 ? 0 : ws) / V == 2 * c / V;
   }
   int idx[SH][SW];
+  long long whole[SH][SW];  // CHECKS: the indices whole, -1 for a slot not loaded
   T gv[SH][SW];
 #pragma unroll
   for (int a = 0; a < SH; ++a) {
@@ -384,9 +409,29 @@ __device__ __forceinline__ void max_cell(const T* __restrict__ grad,
 #pragma unroll
     for (int b = 0; b < SW; ++b) {
       idx[a][b] = -1;  // names no position: gv[a][b] is then never read
+      whole[a][b] = -1;
       if (row_ok && col_ok[b]) {
-        idx[a][b] = nrow[2 * b];
+        if (CHECKS) {
+          whole[a][b] = indices[at + b];
+          idx[a][b] = (int)whole[a][b];
+        } else {
+          idx[a][b] = nrow[2 * b];
+        }
         gv[a][b] = grow[b];
+      }
+    }
+  }
+  bool valid = true;
+  if (CHECKS) {
+#pragma unroll
+    for (int a = 0; a < SH; ++a) {
+      const int hs = 2 * (r + H0 + a) - p_h;
+      if ((hs < 0 ? 0 : hs) / 2 != r) continue;
+#pragma unroll
+      for (int b = 0; b < SW; ++b) {
+        if (!own_w[b]) continue;
+        valid &= window_tap(whole[a][b], hs, 2 * (c + W0 + b) - p_w, KH ? KH : kh,
+                            KW ? KW : kw, ih, iw);
       }
     }
   }
@@ -402,6 +447,7 @@ __device__ __forceinline__ void max_cell(const T* __restrict__ grad,
     }
     return Num<T>::store(acc);
   });
+  return valid;
 }
 
 // The average gradients of one cell of avg_cells_backward (stride S, R rows by V columns),
@@ -505,29 +551,59 @@ __device__ __forceinline__ void avg_cell(const T* __restrict__ grad, T* __restri
 // (c a multiple of V / 2). Each window that may cover one of its positions loads once,
 // its index as its low 32-bit word, with its gradient; an input's gradient is +0 plus, in
 // row-major order of the windows that may cover it, the gradient of each whose index names it
-// (one that does not cover it never does: the host has checked that each index is -1 or a
-// position of its window). 3 x 3 taps with pads 1 and 2 x 2 with pads 0 take their covering
-// windows compiled in, the others the two per dim that hold them. Each row of the cell is
-// stored as a row tile (gp::store_row_tile: 16-byte words where it lies whole inside the input
-// row on an aligned address).
+// (one that does not cover it never does where each index is -1 or a position of its window:
+// max_cells_backward's caller has checked that; max_cells_checked_backward checks it as it
+// goes, and where one is not, stores 1 in flags[0], which the host cleared; its registers are
+// held to 4 blocks per SM, 3 for 8-byte elements, so that each scheduler keeps enough warps
+// to issue from). 3 x 3 taps with pads 1 and 2 x 2 with pads 0 take their covering windows
+// compiled in, the others the two per dim that hold them. Each row of the cell is stored as a
+// row tile (gp::store_row_tile: 16-byte words where it lies whole inside the input row on an
+// aligned address).
 // grid: x = chunks of blockDim.x cells along W, y = groups of blockDim.y row pairs, z = planes
 // (the host keeps them within 65535). block: (TX, TY, 1).
+namespace gp {
+
+template <bool CHECKS, typename T>
+__device__ __forceinline__ void max_cells(const T* __restrict__ grad,
+                                          const long long* __restrict__ indices,
+                                          T* __restrict__ out, int* __restrict__ flags, int ih,
+                                          int iw, int oh, int ow, int kh, int kw, int ph,
+                                          int pw) {
+  const int plane = (int)blockIdx.z;
+  const int r = (int)blockIdx.y * (int)blockDim.y + (int)threadIdx.y;
+  const int c = ((int)blockIdx.x * (int)blockDim.x + (int)threadIdx.x) * (GP_CELL_COLUMNS / 2);
+  if (2 * r >= ih || 2 * c >= iw) return;
+  bool valid;
+  if (kh == 3 && kw == 3 && ph == 1 && pw == 1) {
+    valid = max_cell<CHECKS, 3, 1, 3, 1>(grad, indices, out, plane, r, c, ih, iw, oh, ow, kh,
+                                         kw, ph, pw);
+  } else if (kh == 2 && kw == 2 && ph == 0 && pw == 0) {
+    valid = max_cell<CHECKS, 2, 0, 2, 0>(grad, indices, out, plane, r, c, ih, iw, oh, ow, kh,
+                                         kw, ph, pw);
+  } else {
+    valid = max_cell<CHECKS, 0, 0, 0, 0>(grad, indices, out, plane, r, c, ih, iw, oh, ow, kh,
+                                         kw, ph, pw);
+  }
+  if (CHECKS && !valid) flags[0] = 1;
+}
+
+}  // namespace gp
+
 template <typename T>
 __global__ void __launch_bounds__(GP_BLOCK_THREADS)
     max_cells_backward(const T* __restrict__ grad, const long long* __restrict__ indices,
                        T* __restrict__ out, int ih, int iw, int oh, int ow, int kh, int kw,
                        int ph, int pw) {
-  const int plane = (int)blockIdx.z;
-  const int r = (int)blockIdx.y * (int)blockDim.y + (int)threadIdx.y;
-  const int c = ((int)blockIdx.x * (int)blockDim.x + (int)threadIdx.x) * (GP_CELL_COLUMNS / 2);
-  if (2 * r >= ih || 2 * c >= iw) return;
-  if (kh == 3 && kw == 3 && ph == 1 && pw == 1) {
-    gp::max_cell<3, 1, 3, 1>(grad, indices, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw);
-  } else if (kh == 2 && kw == 2 && ph == 0 && pw == 0) {
-    gp::max_cell<2, 0, 2, 0>(grad, indices, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw);
-  } else {
-    gp::max_cell<0, 0, 0, 0>(grad, indices, out, plane, r, c, ih, iw, oh, ow, kh, kw, ph, pw);
-  }
+  gp::max_cells<false>(grad, indices, out, (int*)nullptr, ih, iw, oh, ow, kh, kw, ph, pw);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(GP_BLOCK_THREADS, sizeof(T) == 8 ? 3 : 4)
+    max_cells_checked_backward(const T* __restrict__ grad,
+                               const long long* __restrict__ indices, T* __restrict__ out,
+                               int* __restrict__ flags, int ih, int iw, int oh, int ow, int kh,
+                               int kw, int ph, int pw) {
+  gp::max_cells<true>(grad, indices, out, flags, ih, iw, oh, ow, kh, kw, ph, pw);
 }
 
 // avg_pool's backward by cells (2-D NCHW, 32-bit offsets; the host checks the geometry): windows

@@ -436,6 +436,57 @@ def test_max_pool_backward_takes_exactly_the_indices_of_their_windows(backend, c
                        len(str(case)))
 
 
+#: 2-D NCHW windows of stride 2 (input shape, kernel, padding, ceil mode), whose max gradients
+#: the CUDA backend takes by cells that check the indices as they load them.
+CELL_CASES = [((1, 2, 7, 9), 3, 1, False), ((2, 1, 6, 8), 2, 0, False),
+              ((1, 1, 7, 9), 2, 1, True), ((1, 1, 8, 11), (3, 2), (1, 0), False),
+              ((1, 1, 11, 13), 3, 0, True), ((1, 1, 3, 21), 3, 1, True)]
+
+
+@pytest.mark.parametrize("shape,kernel,padding,ceil_mode", CELL_CASES)
+def test_max_gradients_by_cells_check_every_window(backend, shape, kernel, padding, ceil_mode):
+    """Every window's index in turn (the others their window's first tap): each tap of its
+    window passes, with the gradient of a direct scatter; a position next to the window raises,
+    as do positions outside the plane and a tap past 32 bits (2**32 above it)."""
+    windows, lead, out_spatial = ref._windows(np.zeros(shape), kernel, 2, padding, 1,
+                                              ceil_mode, "NCHW")
+    tap_sets = [sorted({f for _, f in taps}) for taps, _ in windows]
+    _, w = shape[2:]
+    plane = math.prod(shape[2:])
+    planes = math.prod(lead)
+    first = [t[0] if t else -1 for t in tap_sets]
+    g = np.arange(1, len(tap_sets) + 1, dtype=np.float32)  # sums of few integers: exact
+    grad = backend.to_backend(ref._unplanes(list(g), lead, out_spatial, "NCHW", np.float32))
+
+    def call(values):
+        i = backend.to_backend(ref._unplanes(values, lead, out_spatial, "NCHW", np.int64))
+        return gp.max_pool_backward(grad, i, shape, kernel, 2, padding, 1, ceil_mode)
+
+    per_plane = len(tap_sets) // planes
+    for k, taps in enumerate(tap_sets):
+        base = (k // per_plane) * per_plane
+        for tap in taps:
+            values = list(first)
+            values[k] = tap
+            want = np.zeros(planes * plane, np.float32)
+            for o, v in enumerate(values):
+                if v >= 0:
+                    want[(o // per_plane) * plane + v] += g[o]
+            got = backend.to_numpy(call(values))
+            assert_array_equal(got.reshape(-1), want, err_msg=f"window {k - base}, tap {tap}")
+        near = {t + d for t in taps for d in (-1, 1, -w, w)} - set(taps)
+        for v in sorted(p for p in near if 0 <= p < plane):
+            values = list(first)
+            values[k] = v
+            with pytest.raises(ValueError, match="an index lies outside the pooling window"):
+                call(values)
+        for v in (-2, plane, 2**32 + (taps[0] if taps else 0)):
+            values = list(first)
+            values[k] = v
+            with pytest.raises(ValueError, match=r"indices span \[.*\], outside the input"):
+                call(values)
+
+
 @pytest.mark.parametrize("shape,output_size,layout", ADAPTIVE_CASES)
 def test_adaptive_max_pool_backward_takes_exactly_the_indices_of_their_windows(
         backend, shape, output_size, layout):

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import gpupool
-from gpupool import spec as S
+from gpupool import grad_spec, gradients, spec as S
 from gpupool.cuda import names
 from dtypes import numpy_dtype
 from test_differential import (ADAPTIVES, FLOATS, GLOBALS, WINDOWS, Case, Window, apply_hooks,
@@ -113,6 +113,19 @@ def _max_case(w: Window, layout: str, dtype: str, shape, index_dtype="int64", vi
     return inputs, run
 
 
+def _own_max_case(w: Window, dtype: str, shape):
+    """:func:`_max_case` through the backward of a max's own indices (autograd's), which the
+    GPU takes unchecked."""
+    inputs, _ = _max_case(w, "NCHW", dtype, shape)
+
+    def run(g, idx):
+        spec = grad_spec.window_grad_spec("max_pool_backward", "max", g.shape, dtype, shape,
+                                          w.kernel, w.stride, w.padding, w.dilation, w.ceil,
+                                          "NCHW", index_shape=idx.shape, index_dtype="int64")
+        return gradients.max_backward_of_own_indices(g, idx, spec)
+    return inputs, run
+
+
 def _avg_case(w: Window, layout: str, dtype: str, shape, cip=False, div=None):
     def inputs(rng):
         y = gpupool.avg_pool(np.zeros(shape), w.kernel, w.stride, w.padding, w.ceil,
@@ -169,11 +182,12 @@ def avg_kernels(w: Window, layout: str) -> tuple[str]:
     return ("avg_cells_backward" if by_cells(w, layout, (2, 1)) else "avg_window_backward",)
 
 
-def max_kernels(w: Window, layout: str) -> tuple[str, str]:
-    """The kernels of a max's backward over window ``w``: the check of its indices, then the
-    gradient's."""
-    return ("max_index_check",
-            "max_cells_backward" if by_cells(w, layout) else "max_window_backward")
+def max_kernels(w: Window, layout: str) -> tuple[str, ...]:
+    """The kernels of a max's backward over window ``w``: the gradient by cells, which checks
+    the indices as it goes; else the check of the indices, then the gradient's."""
+    if by_cells(w, layout):
+        return ("max_cells_checked_backward",)
+    return ("max_index_check", "max_window_backward")
 
 
 def window_cases():
@@ -246,7 +260,10 @@ def cell_cases():
                 g, idx = plain(rng)
                 return special_grad(rng, g.shape, dtype), idx
         yield Case(f"bw-max-{dtype}-NCHW-{w.id}{'-nan-inf' if special else ''}", inputs, run,
-                   True, requests=("max_index_check", "max_cells_backward"))
+                   True, requests=("max_cells_checked_backward",))
+        if not special:
+            yield Case(f"bw-max-own-{dtype}-NCHW-{w.id}", *_own_max_case(w, dtype, shape),
+                       True, requests=("max_cells_backward",))
     for w, dtype, (op, kw) in itertools.product(
             CELL_WINDOWS + CELL1_WINDOWS, FLOATS, (("avg", {}), ("avg-cip", {"cip": True}),
                                    ("avg-div3", {"div": 3}))):
@@ -443,9 +460,10 @@ CASES = (list(window_cases()) + list(cell_cases()) + list(tile_cases()) + list(a
          + list(global_cases()) + list(operand_cases()))
 def with_wide_offsets(case: Case) -> Case:
     """``case`` as the ``idx64`` hook runs it: the cell kernels take 32-bit offsets only."""
-    wide = {"max_cells_backward": "max_window_backward",
-            "avg_cells_backward": "avg_window_backward"}
-    return dataclasses.replace(case, requests=tuple(wide.get(k, k) for k in case.requests))
+    wide = {"max_cells_checked_backward": ("max_index_check", "max_window_backward"),
+            "avg_cells_backward": ("avg_window_backward",)}
+    return dataclasses.replace(case, requests=sum((wide.get(k, (k,)) for k in case.requests),
+                                                  ()))
 
 
 HOOKED = ([("idx64", with_wide_offsets(c)) for c in CASES if "idx64" in c.tags]

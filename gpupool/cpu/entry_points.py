@@ -18,6 +18,14 @@ def _index_rule(indices, pooling, windows: bool):
     return window_rules.index_rule(indices, pooling, windows)
 
 
+def _checked_max_backward(grad, spec, out, indices) -> bool:
+    """The check of :func:`_index_rule`, then the gradient where the indices pass."""
+    in_plane, in_windows = _index_rule(indices, spec.forward, True)
+    if in_plane and in_windows:
+        backward.backward(grad, spec, out, indices=indices)
+    return in_plane and in_windows
+
+
 def _itself(entry):
     """The preparer of an entry point with nothing to plan ahead."""
     def prepare(spec: WindowSpec):
@@ -33,6 +41,7 @@ class NumpyBackend:
     unpool = staticmethod(numpy_backend.unpool)
     unpool_gathers = staticmethod(_unpool_gathers)
     index_rule = staticmethod(_index_rule)
+    checked_max_backward = staticmethod(_checked_max_backward)
     backward = staticmethod(backward.backward)
     qmax_window = staticmethod(quantized.qmax_window)
     prepare_qmax_window = staticmethod(_itself(quantized.qmax_window))

@@ -32,7 +32,7 @@ import math
 import cupy
 import numpy as np
 
-from . import kernels, launching, planner
+from . import index_check, kernels, launching, planner
 from .names import backward_name
 from .launching import (Step, contiguous, geo_args, itype_scalar, launch, launch_cache,
                         on_host, reduction_args)
@@ -46,14 +46,19 @@ OPERANDS = {"max": ("grad", "indices", "out"), "avg": ("grad", "out"),
 
 
 @launch_cache
-def backward_steps(spec: GradSpec, device_id: int) -> tuple:
-    """The launch of ``spec``'s backward on ``device_id`` (built once)."""
+def backward_steps(spec: GradSpec, device_id: int, checks: bool = False) -> tuple:
+    """The launch of ``spec``'s backward on ``device_id`` (built once); ``checks``: that of
+    a max's kernel that checks the indices as it goes (its step also takes "flags"), None
+    where none does."""
     pl = planner.plan(spec, launching.device_info(device_id))
     la = pl.launches[0]
+    if checks and la.kernel != "max_cells_backward":
+        return None
     view = planner.gather_view(spec)
     g = view.geom
     extra = dict(la.extra)
-    fn = kernels.kernel(backward_name(la.kernel, g.dtype, pl.index_type, g.layout == "NHWC",
+    base = "max_cells_checked_backward" if checks else la.kernel
+    fn = kernels.kernel(backward_name(base, g.dtype, pl.index_type, g.layout == "NHWC",
                                       extra.get("covers", 0), extra.get("stride", 2)))
     if la.kernel == "avg_global_backward":
         it = itype_scalar(pl.index_type)
@@ -83,7 +88,8 @@ def backward_steps(spec: GradSpec, device_id: int) -> tuple:
             args = (np.int32(g.planes),) + args + tuple(np.int32(v) for v in (
                 *(pe for _, pe in view.pads), view.count_include_pad,
                 view.divisor_override or 0))
-        return (Step(fn, la.grid, la.block, OPERANDS[spec.op], args),), None
+        io = OPERANDS[spec.op] + (("flags",) if base == "max_cells_checked_backward" else ())
+        return (Step(fn, la.grid, la.block, io, args),), None
     windowed = isinstance(view, WindowSpec)
     args = geo_args(view, itype_scalar(pl.index_type), windowed) + (np.int32(la.rows),)
     if windowed:
@@ -99,11 +105,34 @@ def backward(grad, spec: GradSpec, out, indices=None, x=None, y=None) -> None:
     if planner.gather_view(spec).geom.nd > 3:
         on_host(cpu_backward.backward, grad, spec, out, indices=indices, x=x, y=y)
         return
+    steps, scratch = backward_steps(spec, cupy.cuda.runtime.getDevice())
+    launch(steps, scratch, _arrays(grad, out, indices, x, y))
+
+
+def checked_max_backward(grad, spec: GradSpec, out, indices) -> bool:
+    """:meth:`gpupool.backends.Backend.checked_max_backward`: the gradients by cells of stride 2
+    check the indices as they go (``max_cells_checked_backward``, then a 4-byte transfer); the
+    others run after :func:`gpupool.cuda.index_check.index_rule` (a pass and its transfer)."""
+    checking = (planner.gather_view(spec).geom.nd <= 3
+                and backward_steps(spec, cupy.cuda.runtime.getDevice(), True))
+    if checking:
+        steps, scratch = checking
+        arrays = _arrays(grad, out, indices)
+        arrays["flags"] = flags = cupy.zeros(1, np.int32)
+        launch(steps, scratch, arrays)
+        return not int(flags.get()[0])
+    in_plane, in_windows = index_check.index_rule(indices, spec.forward, True)
+    if in_plane and in_windows:
+        backward(grad, spec, out, indices=indices)
+    return in_plane and in_windows
+
+
+def _arrays(grad, out, indices=None, x=None, y=None) -> dict:
+    """The kernels' operands by name: C-contiguous, a max's indices as int64."""
     arrays = {"grad": contiguous(grad), "out": out}
-    if spec.op == "max":
+    if indices is not None:
         arrays["indices"] = contiguous(indices if indices.dtype == np.int64
                                           else indices.astype(np.int64))
-    elif spec.op == "lp":
+    if x is not None:
         arrays["x"], arrays["y"] = contiguous(x), contiguous(y)
-    steps, scratch = backward_steps(spec, cupy.cuda.runtime.getDevice())
-    launch(steps, scratch, arrays)
+    return arrays

@@ -22,6 +22,7 @@ class CudaBackend:
     unpool = staticmethod(forward.unpool)
     unpool_gathers = staticmethod(planner.unpool_gathers)
     index_rule = staticmethod(index_check.index_rule)
+    checked_max_backward = staticmethod(backward.checked_max_backward)
     backward = staticmethod(backward.backward)
     qmax_window = staticmethod(quantized.qmax_window)
     prepare_qmax_window = staticmethod(quantized.prepare_qmax_window)

@@ -37,7 +37,8 @@ FAMILY_FILES = {
     **dict.fromkeys(("max_window_backward", "max_adaptive_backward", "avg_window_backward",
                      "lp_window_backward", "avg_adaptive_backward", "avg_global_backward",
                      "avg_tiles_backward", "avg_channel_tiles_backward",
-                     "max_cells_backward", "avg_cells_backward"), "pool_backward.cu"),
+                     "max_cells_backward", "max_cells_checked_backward", "avg_cells_backward"),
+                    "pool_backward.cu"),
     **dict.fromkeys(("qmax_pool_nhwc4", "qmax_pool_words", "qavg_pool_words", "qavg_pool",
                      "qavg_adaptive", "qavg_global_lanes", "qavg_global_block",
                      "qavg_global_channels"), "quantized_pool.cu"),
@@ -50,7 +51,8 @@ BACKWARD_WINDOW_KERNELS = ("max_window_backward", "avg_window_backward", "lp_win
 BACKWARD_ONE_LAYOUT_KERNELS = ("avg_tiles_backward", "avg_channel_tiles_backward")
 #: The backward kernels of NCHW and 32-bit offsets only, which take the element type alone
 #: (:func:`gpupool.cuda.tiled_gathers.cells`).
-BACKWARD_CELL_KERNELS = ("max_cells_backward", "avg_cells_backward")
+BACKWARD_CELL_KERNELS = ("max_cells_backward", "max_cells_checked_backward",
+                         "avg_cells_backward")
 
 
 def ctype(dtype: str) -> str:
