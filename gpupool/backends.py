@@ -65,14 +65,11 @@ class Backend(Protocol):
                  ) -> None:
         """Adaptive and global max (and indices) or average pooling."""
 
-    def unpool(self, x: Array, spec: UnpoolSpec, out: Array, indices: Array,
-               in_windows: bool = False) -> None:
-        """``max_unpool``: each value written at its index (checked by the caller), zeros
-        elsewhere; ``in_windows`` says every index lies in its own window or is -1 (asked for
-        only where :meth:`unpool_gathers`)."""
-
-    def unpool_gathers(self, spec: UnpoolSpec) -> bool:
-        """Whether :meth:`unpool` would use ``in_windows`` for ``spec``."""
+    def unpool(self, x: Array, spec: UnpoolSpec, out: Array, indices: Array) -> bool:
+        """``max_unpool`` from ``indices`` not yet checked: True where each lies in
+        ``[-1, plane)`` of the output plane (one host sync on a GPU), and ``out`` then holds
+        each value at its index (-1 skipped), zeros elsewhere; False where one does not, and
+        ``out``'s contents are then unspecified."""
 
     def index_rule(self, indices: Array, pooling: WindowSpec | AdaptiveSpec, windows: bool
                    ) -> tuple[bool, bool | None]:

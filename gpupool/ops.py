@@ -269,11 +269,12 @@ def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_size: Size, stride: Size
     allows and for ``"same"`` padding, which needs ``output_size``), else ``ValueError``:
     indices pooled from another size would land at wrong positions. An index -1 (max_pool's
     index of a window with no valid tap) is skipped: its value is not written. Any other index
-    outside the plane raises ``ValueError``; on the GPU that check costs one device-to-host
-    sync, which also tells whether every index lies in its own window (as max_pool's do):
-    where windows do not overlap and they all do, the GPU gathers, writing each output once;
-    otherwise it zero-fills and scatters. Where indices repeat, which value lands is
-    unspecified.
+    outside the plane raises ``ValueError`` (a given ``out`` may have been written by then);
+    on the GPU that check costs one device-to-host sync, and it also tells whether every
+    index lies in its own window (as max_pool's do): where windows do not overlap and they all
+    do, the GPU gathers, writing each output once (int64 indices of windows that tile the
+    output: checked as the gather reads them); otherwise it zero-fills and scatters. Where
+    indices repeat, which value lands is unspecified.
 
     >>> y, i = max_pool(np.arange(4.).reshape(1, 1, 2, 2), 2, return_indices=True)
     >>> max_unpool(y, i, 2)
@@ -288,20 +289,11 @@ def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_size: Size, stride: Size
                          kernel_size, stride, padding, output_size, layout, dilation=dilation)
     if getattr(indices, "device", None) != getattr(x, "device", None):
         raise ValueError(f"gpupool.{func}: indices is on device {indices.device}, x on {x.device}")
-    computing = backends.load(backend)
-    # a backend that can gather where every index lies in its own window learns whether they
-    # do from the same host transfer as the range check
-    gathers = computing.unpool_gathers(spec)
     with device_scope(x, backend):
-        inside: bool | None = True
-        if indices.size:
-            in_plane, inside = computing.index_rule(indices, spec.pooling, gathers)
-            if not in_plane:
-                S.check_unpool_indices(func, int(indices.min()), int(indices.max()), spec)
         result = output_array(func, out, spec.out_shape, x.dtype, x, backend, xp)
         if out is not None and xp.may_share_memory(out, indices):
             raise ValueError(f"gpupool.{func}: out must not overlap indices")
-        if result.size:
-            computing.unpool(x, spec, result, indices,
-                             in_windows=gathers and bool(inside))
+        in_plane = not result.size or backends.load(backend).unpool(x, spec, result, indices)
+        if indices.size and not (in_plane and result.size):
+            S.check_unpool_indices(func, int(indices.min()), int(indices.max()), spec)
     return result if out is None else out

@@ -131,18 +131,20 @@ __global__ void max_unpool_gather(const V* __restrict__ x, const J* __restrict__
 
 // Max unpooling where the windows tile the unpooled input exactly (as avg_tiles_backward's:
 // stride == kernel, no dilation, no padding, each unpooled dim kernel * pooled dim, 2 wide
-// along W; NCHW) and every int64 index lies in its own window or is -1 (the host checks
-// both): each output position takes x of its window when that window's index names it, else
-// 0, as max_unpool_gather. Elements move as unsigned words V of their size; an index is read
-// as an IndexWord (its low 32 bits where I is int). rows: the pooled rows (planes x od x oh),
-// plane_rows: od * oh of them per plane. Grid, block and thread as avg_tiles_backward's: a
-// thread per pack of P = 8 / sizeof(V) pooled elements of a row, all loaded first, stores the
-// kd * kh unpooled rows of their windows, each a run of 2P words stored as one 16-byte vector
-// where it lies whole inside the row on a 16-byte aligned address.
+// along W; NCHW), from int64 indices that it checks as it goes: each output position takes x
+// of its window when that window's index names it, else 0, as max_unpool_gather, and where an
+// index is neither -1 nor a tap of its window, flags[0] (cleared by the host) is set to 1 and
+// the host runs the scatter instead. Elements move as unsigned words V of their size; an
+// index is read as an IndexWord (its low 32 bits where I is int, with its high word for the
+// check). rows: the pooled rows (planes x od x oh), plane_rows: od * oh of them per plane.
+// Grid, block and thread as avg_tiles_backward's: a thread per pack of P = 8 / sizeof(V)
+// pooled elements of a row, all loaded first, stores the kd * kh unpooled rows of their
+// windows, each a run of 2P words stored as one 16-byte vector where it lies whole inside the
+// row on a 16-byte aligned address.
 template <typename V, typename I>
 __global__ void max_unpool_tiles(const V* __restrict__ x, const long long* __restrict__ indices,
-                                 V* __restrict__ out, I rows, I plane_rows, I oh, I ow, int kd,
-                                 int kh) {
+                                 V* __restrict__ out, int* __restrict__ flags, I rows,
+                                 I plane_rows, I oh, I ow, int kd, int kh) {
   typedef typename gp::IndexWord<long long, I>::type W;
   constexpr int P = 8 / (int)sizeof(V);
   constexpr I step = (I)(sizeof(long long) / sizeof(W));
@@ -152,11 +154,15 @@ __global__ void max_unpool_tiles(const V* __restrict__ x, const long long* __res
   if (r >= rows || w0 >= ow) return;
   V xv[P];
   W at[P];
+  bool whole_ok[P];  // the index fits in its word: its high word (I int) is its low's sign
+  bool none[P];      // the index is -1
 #pragma unroll
   for (int u = 0; u < P; ++u) {
     const I e = r * ow + (w0 + (I)u < ow ? w0 + (I)u : w0);
     xv[u] = x[e];
     at[u] = named[e * step];
+    whole_ok[u] = step == 1 || named[e * step + step - 1] == (at[u] < 0 ? (W)-1 : (W)0);
+    none[u] = at[u] == (W)-1;
   }
   // the unpooled rows first + a * ih + b of the windows' taps (a, b) (as avg_tiles_backward's;
   // in_plane: first's row in the plane), each window's taps named from its first position
@@ -165,17 +171,24 @@ __global__ void max_unpool_tiles(const V* __restrict__ x, const long long* __res
   const I in_plane = (I)kh * (kd > 1 ? pr + (pr / oh) * (I)(kd - 1) * oh : pr);
   const I ih = (I)kh * oh, iw = (I)2 * ow;
 #pragma unroll
-  for (int u = 0; u < P; ++u) at[u] -= (W)(in_plane * iw + (I)2 * (w0 + (I)u));
+  for (int u = 0; u < P; ++u) {
+    at[u] = gp::wrapping_sub(at[u], (W)(in_plane * iw + (I)2 * (w0 + (I)u)));
+  }
   V* __restrict__ row0 = out + first * iw + (I)2 * w0;
   const bool whole = w0 + (I)P <= ow;
+  bool found[P];
+#pragma unroll
+  for (int u = 0; u < P; ++u) found[u] = false;
   for (int a = 0; a < kd; ++a) {
     for (int b = 0; b < kh; ++b) {
       const I tap = ((I)a * ih + (I)b) * iw;  // tap (a, b, 0) from its window's first position
       gp::Pack<V, 2 * P> pack;
 #pragma unroll
       for (int u = 0; u < P; ++u) {
-        pack.v[2 * u] = at[u] == (W)tap ? xv[u] : (V)0;
-        pack.v[2 * u + 1] = at[u] == (W)(tap + (I)1) ? xv[u] : (V)0;
+        const bool left = at[u] == (W)tap, right = at[u] == (W)(tap + (I)1);
+        found[u] |= left || right;
+        pack.v[2 * u] = left ? xv[u] : (V)0;
+        pack.v[2 * u + 1] = right ? xv[u] : (V)0;
       }
       V* __restrict__ dst = row0 + tap;
       if (whole && (unsigned long long)dst % sizeof(pack) == 0) {
@@ -188,6 +201,10 @@ __global__ void max_unpool_tiles(const V* __restrict__ x, const long long* __res
       }
     }
   }
+  bool valid = true;
+#pragma unroll
+  for (int u = 0; u < P; ++u) valid &= w0 + (I)u >= ow || (whole_ok[u] && (found[u] || none[u]));
+  if (!valid) flags[0] = 1;
 }
 
 // Max unpooling scatter into an `out` the host has already zero-filled (windows that

@@ -68,4 +68,12 @@ __device__ __forceinline__ bool max_takes(A v, A m) {
   return v > m || Num<A>::is_nan(v);
 }
 
+// a - b modulo 2**32 (2**64): defined for any a and b, such as an index not yet checked.
+__device__ __forceinline__ int wrapping_sub(int a, int b) {
+  return (int)((unsigned)a - (unsigned)b);
+}
+__device__ __forceinline__ long long wrapping_sub(long long a, long long b) {
+  return (long long)((unsigned long long)a - (unsigned long long)b);
+}
+
 }  // namespace gp

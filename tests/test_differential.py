@@ -257,6 +257,7 @@ class Unpool:
     stray: bool = False
     tags: frozenset = frozenset({"idx64"})
     tiles: bool = False  # windows tile the output, 2 wide along W: int64 NCHW takes the tiles
+    # (where an index is stray, then the check and the scatter)
 
 
 UNPOOLS = [
@@ -274,8 +275,9 @@ UNPOOLS = [
            gather=True),
     Unpool("3d-k122-p011-ceil", (1, 2), (3, 5, 7), (1, 2, 2), (1, 2, 2), (0, 1, 1), "spatial",
            ceil=True, gather=True),
-    Unpool("2d-k2-stray", (2, 3), (6, 8), 2, stray=True),
-    Unpool("3d-k2-stray", (1, 2), (4, 6, 6), (2, 2, 2), output_size="spatial", stray=True),
+    Unpool("2d-k2-stray", (2, 3), (6, 8), 2, stray=True, tiles=True),
+    Unpool("3d-k2-stray", (1, 2), (4, 6, 6), (2, 2, 2), output_size="spatial", stray=True,
+           tiles=True),
     # small planes packed in blocks, more plane groups than the hooked grid y holds
     Unpool("2d-k2-many-planes", (1, 40000), (2, 2), 2, gather=True,
            tags=frozenset({"grid64"}), tiles=True),
@@ -301,11 +303,12 @@ def unpool_case(u: Unpool, layout: str, dtype: str, idt: str, paths=frozenset())
     size = {None: None, "spatial": u.spatial, "full": shape}[u.output_size]
     run = lambda y, idx: gpupool.max_unpool(y, idx, u.kernel, u.stride, u.padding,  # noqa: E731
                                             size, dilation=u.dilation, layout=layout)
+    if u.tiles and layout == "NCHW" and idt == "int64":  # the tiles check as they go
+        requests = ("max_unpool_tiles",) + (("max_index_check", "max_unpool") if u.stray else ())
+    else:
+        requests = ("max_index_check", "max_unpool_gather" if u.gather else "max_unpool")
     return Case(f"unpool-{dtype}-idx_{idt}-{layout}-{u.id}", make, run, True,
-                requests=("max_index_check",
-                          "max_unpool_tiles" if u.tiles and layout == "NCHW" and idt == "int64"
-                          else "max_unpool_gather" if u.gather else "max_unpool"), tags=u.tags,
-                paths=paths)
+                requests=requests, tags=u.tags, paths=paths)
 
 
 def unpool_cases():

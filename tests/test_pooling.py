@@ -624,6 +624,26 @@ def test_max_unpool_out_of_range_index_raises_and_leaves_out_untouched(backend, 
     assert_array_equal(backend.to_numpy(out), np.full((1, 1, 4, 5), 9.0, np.float32))
 
 
+def kernels_asked(backend, monkeypatch):
+    """The base names of the kernels the CUDA backend asks for from now on (a list; on NumPy
+    it stays empty), and a function that empties it and forgets every prepared launch, so
+    that the next call asks again."""
+    names, clear = [], None
+    if backend.name == "cupy":
+        from gpupool.cuda import kernels, launching
+        real = kernels.kernel
+        monkeypatch.setattr(kernels, "kernel",
+                            lambda n: (names.append(n.split("<")[0]), real(n))[1])
+        clear = launching.clear_launches
+
+    def restart():
+        names.clear()
+        if clear:
+            clear()
+    restart()
+    return names, restart
+
+
 def scatter_reference(values, indices, out_spatial, layout="NCHW"):
     """max_unpool by a direct loop over the pooled elements: each value written at its flat
     index in its plane of a zero ``out_spatial`` plane; index -1 writes nothing."""
@@ -721,20 +741,13 @@ def test_max_unpool_gather_and_scatter_paths(backend, monkeypatch, geometry, str
         plane = np.moveaxis(inn, -1, 1) if layout == "NHWC" else inn
         named = set(plane.reshape(6, -1)[0].tolist())
         inn.reshape(-1)[0] = max(set(range(int(np.prod(spatial)))) - named)
-    names = []
-    if backend.name == "cupy":
-        from gpupool.cuda import kernels, launching
-        real = kernels.kernel
-        monkeypatch.setattr(kernels, "kernel",
-                            lambda n: (names.append(n.split("<")[0]), real(n))[1])
-        launching.clear_launches()
+    names, _ = kernels_asked(backend, monkeypatch)
     up = gpupool.max_unpool(y, backend.to_backend(inn), kernel, stride, padding,
                             output_size=spatial, dilation=dilation, layout=layout)
     check(backend, up, scatter_reference(yn, inn, spatial, layout), yn.dtype, exact=True)
     if backend.name == "cupy":
         gather = not stray and "overlapping" not in name
         assert names == ["max_index_check", "max_unpool_gather" if gather else "max_unpool"]
-        launching.clear_launches()
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float16", "int8"])
@@ -750,22 +763,60 @@ def test_max_unpool_tiles_of_windows_that_tile_the_output(backend, monkeypatch, 
     x = make_input(rng, (2, 3) + spatial, dtype)
     y, i = gpupool.max_pool(backend.to_backend(x), kernel, return_indices=True)
     yn, inn = backend.to_numpy(y), backend.to_numpy(i)
-    names = []
-    if backend.name == "cupy":
-        from gpupool.cuda import kernels, launching
-        real = kernels.kernel
-        monkeypatch.setattr(kernels, "kernel",
-                            lambda n: (names.append(n.split("<")[0]), real(n))[1])
+    names, restart = kernels_asked(backend, monkeypatch)
     for indices, kernel_name in ((inn, "max_unpool_tiles"),
                                  (inn.astype(np.int32), "max_unpool_gather")):
-        names.clear()
-        if backend.name == "cupy":
-            launching.clear_launches()
+        restart()
         up = gpupool.max_unpool(y, backend.to_backend(indices), kernel)
         check(backend, up, scatter_reference(yn, indices, spatial), yn.dtype, exact=True)
         if backend.name == "cupy":
-            assert names == ["max_index_check", kernel_name]
-            launching.clear_launches()
+            assert names == (["max_unpool_tiles"] if kernel_name == "max_unpool_tiles"
+                             else ["max_index_check", kernel_name])
+
+
+@pytest.mark.parametrize("kernel, spatial", [((2,), (10,)), (2, (4, 6)), ((2, 2, 2), (4, 4, 6))],
+                         ids=["1d", "2d", "3d"])
+def test_max_unpool_tiles_check_every_window(backend, monkeypatch, kernel, spatial):
+    """The tiles with int64 indices, every window's index in turn: each tap of its window
+    (the others their window's first tap) is gathered; a position next to the window (PyTorch
+    accepts any in the plane; the others -1) falls back to the check and the scatter, with the
+    values of a direct loop; positions outside the plane and a tap past 32 bits (2**32 above
+    it) raise."""
+    nd = len(spatial)
+    lead = (1, 2)
+    windows, _, pooled = ref._windows(np.zeros(lead + spatial), kernel, kernel, 0, 1, False,
+                                      "NCHW")
+    tap_sets = [sorted({f for _, f in taps}) for taps, _ in windows]
+    plane = int(np.prod(spatial))
+    first = [t[0] for t in tap_sets]
+    y = np.arange(1, len(tap_sets) + 1, dtype=np.float32).reshape(lead + tuple(pooled))
+    names, restart = kernels_asked(backend, monkeypatch)
+
+    def call(values):
+        restart()
+        indices = np.array(values, np.int64).reshape(y.shape)
+        up = gpupool.max_unpool(backend.to_backend(y), backend.to_backend(indices), kernel)
+        return backend.to_numpy(up), indices
+
+    per_plane = len(tap_sets) // lead[1]
+    for k, taps in enumerate(tap_sets):
+        steps = [1] + [int(np.prod(spatial[a + 1:])) for a in range(nd - 1)]
+        near = {t + d * s for t in taps for s in steps for d in (-1, 1)} - set(taps)
+        for v in taps + sorted(p for p in near if 0 <= p < plane):
+            # outside its window, the others -1: no two indices name one position
+            values = list(first) if v in taps else [-1] * len(first)
+            values[k] = v
+            got, indices = call(values)
+            assert_array_equal(got, scatter_reference(y, indices, spatial),
+                               err_msg=f"window {k % per_plane}, index {v}")
+            if backend.name == "cupy":
+                assert names == (["max_unpool_tiles"] if v in taps else
+                                 ["max_unpool_tiles", "max_index_check", "max_unpool"]), v
+        for v in (-2, plane, 2**32 + taps[0]):
+            values = list(first)
+            values[k] = v
+            with pytest.raises(ValueError, match=r"indices span \[.*\], outside the output"):
+                call(values)
 
 
 SWAPPED_OPS = {

@@ -8,9 +8,12 @@ from .. import windows as window_rules
 from ..spec import UnpoolSpec, WindowSpec
 
 
-def _unpool_gathers(spec: UnpoolSpec) -> bool:
-    """Never: the NumPy backend's unpool is one scatter."""
-    return False
+def _unpool(x, spec: UnpoolSpec, out, indices) -> bool:
+    """The range check of :func:`_index_rule`, then one scatter where the indices pass."""
+    in_plane = not indices.size or _index_rule(indices, spec.pooling, False)[0]
+    if in_plane:
+        numpy_backend.unpool(x, spec, out, indices)
+    return in_plane
 
 
 def _index_rule(indices, pooling, windows: bool):
@@ -38,8 +41,7 @@ class NumpyBackend:
     window = staticmethod(numpy_backend.window)
     prepare_window = staticmethod(numpy_backend.prepare_window)
     adaptive = staticmethod(numpy_backend.adaptive)
-    unpool = staticmethod(numpy_backend.unpool)
-    unpool_gathers = staticmethod(_unpool_gathers)
+    unpool = staticmethod(_unpool)
     index_rule = staticmethod(_index_rule)
     checked_max_backward = staticmethod(_checked_max_backward)
     backward = staticmethod(backward.backward)

@@ -564,9 +564,9 @@ def _adaptive_gather(spec: AdaptiveSpec) -> tuple:
     return gather_plan(spec.geom.spatial, taps)
 
 
-def unpool(x, spec: UnpoolSpec, out, indices, in_windows: bool = False) -> None:
-    """Zeros, then each value written at its index in its plane (index -1 skipped); one
-    scatter whatever ``in_windows`` says."""
+def unpool(x, spec: UnpoolSpec, out, indices) -> None:
+    """Zeros, then each value written at its index in its plane (index -1 skipped, the others
+    checked to lie in it), one scatter."""
     geom = spec.geom
     tail = (geom.channels,) if geom.layout == "NHWC" else ()
     src = x.reshape((geom.batch, -1) + tail)

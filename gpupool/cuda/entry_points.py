@@ -4,7 +4,7 @@ backward ops (:mod:`.backward`), the check of a max's indices (:mod:`.index_chec
 quantized ops (:mod:`.quantized`), each launching kernels on CuPy's current stream."""
 from __future__ import annotations
 
-from . import backward, forward, index_check, planner, quantized
+from . import backward, forward, index_check, quantized
 from ..spec import WindowSpec
 
 
@@ -20,7 +20,6 @@ class CudaBackend:
     prepare_window = staticmethod(_prepare_window)
     adaptive = staticmethod(forward.adaptive)
     unpool = staticmethod(forward.unpool)
-    unpool_gathers = staticmethod(planner.unpool_gathers)
     index_rule = staticmethod(index_check.index_rule)
     checked_max_backward = staticmethod(backward.checked_max_backward)
     backward = staticmethod(backward.backward)

@@ -13,7 +13,7 @@ import math
 import cupy
 import numpy as np
 
-from . import kernels, launching, planner
+from . import index_check, kernels, launching, planner
 from .names import (acc_dtype, adaptive_name, global_name, packs_name, partial_dtype,
                     rows_name, unpool_name, window_name)
 from .launching import (Step, alignment, contiguous, geo_args, global_passes, itype_scalar,
@@ -88,7 +88,7 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64", scatter: bool =
             scalars = (it(math.prod(g.shape)), it(math.prod(g.spatial)), it(spec.plane_size),
                        it(g.channels))
         steps.append(Step(kernels.kernel(name), la.grid, la.block,
-                           ("x", "indices", "out"), scalars))
+                           ("x", "indices", "out") + (("flags",) if tiles else ()), scalars))
     return tuple(steps), scratch
 
 
@@ -115,14 +115,33 @@ def adaptive(x, spec: AdaptiveSpec, out, indices) -> None:
     _run(x, spec, out, indices)
 
 
-def unpool(x, spec: UnpoolSpec, out, indices, in_windows: bool = False) -> None:
-    """The gather (one pass, each output written once) where it applies
-    (:func:`gpupool.cuda.planner.unpool_gathers`) and ``in_windows`` says that every index
-    lies in its own window or is -1; else zero fill + scatter."""
-    gather = in_windows and planner.unpool_gathers(spec)
+def unpool(x, spec: UnpoolSpec, out, indices) -> bool:
+    """:meth:`gpupool.backends.Backend.unpool`. The tiles (int64 indices, windows that tile
+    the output) check the indices as they go, then one 4-byte transfer; where one lies outside
+    its window, the check of :func:`gpupool.cuda.index_check.index_rule` and the scatter
+    follow. Otherwise that check comes first (one pass, one 8-byte transfer), then the gather
+    where windows do not overlap and every index lies in its own window or is -1, else zero
+    fill + scatter."""
+    if not indices.size:
+        out.fill(0)
+        return True
+    device = cupy.cuda.runtime.getDevice()
+    indices_dtype = dtype_name(indices.dtype)
+    arrays = {"x": contiguous(x), "out": out, "indices": contiguous(indices)}
+    gathers = planner.unpool_gathers(spec)
+    if planner.unpool_tiles(spec):
+        steps, scratch = prepared(spec, device, indices_dtype, False)
+        arrays["flags"] = flags = cupy.zeros(1, np.int32)
+        launch(steps, scratch, arrays)
+        if not int(flags.get()[0]):
+            return True
+        gathers = False
+    in_plane, in_windows = index_check.index_rule(indices, spec.pooling, gathers)
+    if not in_plane:
+        return False
+    gather = gathers and in_windows
     if not gather:
         out.fill(0)
-    steps, scratch = prepared(spec, cupy.cuda.runtime.getDevice(), dtype_name(indices.dtype),
-                              not gather)
-    launch(steps, scratch, {"x": contiguous(x), "out": out, "indices": contiguous(indices)})
-
+    steps, scratch = prepared(spec, device, indices_dtype, not gather)
+    launch(steps, scratch, arrays)
+    return True

@@ -350,14 +350,21 @@ def unpool_gathers(spec: S.UnpoolSpec) -> bool:
     return spec.disjoint and spec.geom.nd <= 3
 
 
+def unpool_tiles(spec: S.UnpoolSpec) -> bool:
+    """Whether an unpool's gather takes tiles (``max_unpool_tiles``, which checks the indices
+    as it goes): int64 indices, windows that tile the output
+    (:func:`~gpupool.cuda.tiled_gathers.tiles`)."""
+    return unpool_gathers(spec) and spec.index_dtype == "int64" and tiles(spec.pooling)
+
+
 def _unpool(spec: S.UnpoolSpec, device: DeviceInfo, words: list, scatter: bool) -> Plan:
     """The gather where it applies (one thread per output position, as the backward's
-    gather of the pooling, or with int64 indices the tiles where the windows tile the input
-    (:func:`~gpupool.cuda.tiled_gathers.tiles`); it needs every index in its own window, which the host checks), else
-    zero fill + scatter."""
+    gather of the pooling, or the tiles of :func:`unpool_tiles`, which check the indices as
+    they go; the others need every index in its own window, which the host checks first),
+    else zero fill + scatter."""
     if unpool_gathers(spec) and not scatter:
         pool = spec.pooling
-        if spec.index_dtype == "int64" and tiles(pool):
+        if unpool_tiles(spec):
             words.append("gather: each output position takes the value of its window if that "
                          "window's index names it, else 0")
             return plan_tiles(pool, words, "unpool", "max_unpool_tiles", "pooled")
