@@ -21,10 +21,13 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 
 def calls(gp, cupy):
-    """``name -> call`` for each op on a (1, 4, 8, 8) float32 input and its int8 codes."""
+    """``name -> call`` for each op on a (1, 4, 8, 8) float32 input and its int8 codes, and
+    the max backward and unpooling of its 2x2 max (indices never checked: nothing runs)."""
     x = cupy.asarray(cupy.ones((1, 4, 8, 8), "float32"))
     q = gp.quantized.QArray(cupy.ones((1, 4, 8, 8), "int8"), 0.05, 0)
     Q = gp.quantized
+    y, i = gp.max_pool(x, 2, return_indices=True)
+    g = cupy.ones(y.shape, "float32")
     return {
         "max 2x2": lambda: gp.max_pool(x, 2),
         "max 3x3 s2 p1": lambda: gp.max_pool(x, 3, 2, 1),
@@ -39,6 +42,8 @@ def calls(gp, cupy):
         "int8 avg 2x2": lambda: Q.avg_pool(q, 2),
         "int8 global avg": lambda: Q.global_avg_pool(q),
         "int8 adaptive avg ->3x3": lambda: Q.adaptive_avg_pool(q, (3, 3)),
+        "max 2x2 backward": lambda: gp.max_pool_backward(g, i, x.shape, 2),
+        "max unpool 2x2": lambda: gp.max_unpool(y, i, 2),
     }
 
 

@@ -50,9 +50,11 @@ class Backend(Protocol):
     """What a backend implements. Every entry point takes its input, the op's validated spec
     (:mod:`gpupool.spec`; the backend only computes), then the C-contiguous arrays it writes,
     of the spec's output shape, on the input's device, then what else it reads; it returns
-    nothing. A ``prepare_*`` method returns its entry point with every choice that depends on
-    the spec alone made once (the plan cache keeps it per call signature); a backend with
-    nothing to plan ahead returns the entry point itself."""
+    nothing, but those that check the indices they read (:meth:`unpool`,
+    :meth:`checked_max_backward`) return whether they pass. A ``prepare_*`` method returns its
+    entry point with every choice that depends on the spec alone made once (the plan cache
+    keeps it per call signature); a backend with nothing to plan ahead returns the entry point
+    itself."""
 
     def window(self, x: Array, spec: WindowSpec, out: Array, indices: Array | None) -> None:
         """Max (and its flat indices where ``indices`` is given), average or Lp pooling over

@@ -212,4 +212,5 @@ def test_host_time_script_times_every_op_with_launches_stubbed():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     timed = [line for line in done.stdout.splitlines() if line.endswith(" us")]
-    assert len(timed) == 13 and any("int8 global avg" in line for line in timed), done.stdout
+    assert len(timed) == 15 and any("int8 global avg" in line for line in timed), done.stdout
+    assert any("max unpool 2x2" in line for line in timed), done.stdout
