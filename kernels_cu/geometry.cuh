@@ -58,6 +58,23 @@ __device__ __forceinline__ bool is_tap(const TapLine<I>& line, I i) {
   return off % line.step == (I)0 && off / line.step < line.n;
 }
 
+// n / d for 0 <= n, d < 2**31 with 32-bit I, by a multiply and a shift: the host's magic
+// number (gpupool.cuda.grid.divider: m and s packed as m * 2**32 + s; Granlund and
+// Montgomery, as PyTorch's IntDivider); a 64-bit I divides.
+template <typename I>
+struct Divider {
+  I d;
+  long long magic;
+  __device__ __forceinline__ I div(I n) const {
+    if constexpr (sizeof(I) == 4) {
+      const unsigned m = (unsigned)((unsigned long long)magic >> 32);
+      return (I)((__umulhi((unsigned)n, m) + (unsigned)n) >> (int)(magic & 31));
+    } else {
+      return n / d;
+    }
+  }
+};
+
 }  // namespace gp
 
 // Kernel parameters spelling out a Geo<I>, and the statement that builds it.

@@ -229,41 +229,100 @@ __global__ void max_unpool(const V* __restrict__ x, const J* __restrict__ indice
   }
 }
 
-// The rule of a max's indices (J the dtype of `indices`, of the pooling's output shape, the
-// pooling's geometry GP_GEO_PARAMS): each lies in [-1, plane) of the input plane, else
-// flags[0] is set; each in that range is -1 or a tap of its own window (ADAPTIVE:
-// gp::AdaptiveTaps, else gp::WindowTaps), else flags[1] is set. The host clears both flags
-// first and reads them after, one transfer; a thread that finds a fault stores 1. Grid, block,
-// thread: the adaptive launches' (gp::output_groups), the loads of 4 outputs started together.
+namespace gp {
+
+// The divisors that take an index's position apart (see max_index_check).
+template <typename I>
+struct IndexDividers {
+  Divider<I> chans, ow, oh, od, iw, ih, dd, dh, dw;
+};
+
+// max_index_check's walk: faults[0] |= an index out of the plane, faults[1] |= one in the
+// plane but not of its window. PLAIN: at most 2 dims (id == od == 1) and no dilation, so that
+// neither the D dim nor a dilation takes a division.
+template <bool PLAIN, bool NHWC, bool ADAPTIVE, typename J, typename I>
+__device__ __forceinline__ void check_indices(const J* __restrict__ indices, const Geo<I>& g,
+                                              const IndexDividers<I>& by, bool (&faults)[2]) {
+  constexpr int CHECK_LOADS = 4;
+  const long long plane = (long long)g.id * (long long)g.ih * (long long)g.iw;
+  const I n = g.planes * g.chans * g.od * g.oh * g.ow;  // the indices
+  // whether position i (inside the input) is a tap of output o's window along one dim
+  const auto tap = [&](I o, I i, I in, I out, int k, int s, int pad, const Divider<I>& dil) {
+    if constexpr (ADAPTIVE) {
+      return ((long long)o * in < (long long)(i + 1) * out) &
+             ((long long)i * out < (long long)(o + 1) * in);
+    } else if constexpr (PLAIN) {
+      const I off = i - (o * (I)s - (I)pad);
+      return (off >= (I)0) & (off < (I)k);
+    } else {
+      const I off = i - (o * (I)s - (I)pad);  // a negative one fails the last test
+      const I t = dil.div(off >= (I)0 ? off : (I)0);
+      return (t < (I)k) & (t * dil.d == off);
+    }
+  };
+  const I step = (I)gridDim.x * (I)blockDim.x;
+  I e0 = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x;
+  while (e0 < n) {
+    long long j[CHECK_LOADS];  // signed for every J; -1 past the end
+    I e[CHECK_LOADS];
+#pragma unroll
+    for (int u = 0; u < CHECK_LOADS; ++u) {
+      const bool there = (I)u * step < n - e0;
+      e[u] = there ? e0 + (I)u * step : e0;
+      j[u] = there ? (long long)indices[e[u]] : -1LL;
+    }
+#pragma unroll
+    for (int u = 0; u < CHECK_LOADS; ++u) {
+      const bool in_plane = (j[u] >= 0) & (j[u] < plane);
+      faults[0] |= !in_plane & (j[u] != -1);
+      const I p = in_plane ? (I)j[u] : (I)0;
+      I q = e[u];  // the output position
+      if constexpr (NHWC) q = by.chans.div(q);
+      const I row = by.ow.div(q), t = by.oh.div(row), r = by.iw.div(p);
+      bool own = tap(q - row * g.ow, p - r * g.iw, g.iw, g.ow, g.kw, g.sw, g.pw, by.dw);
+      if constexpr (PLAIN) {
+        own &= tap(row - t * g.oh, r, g.ih, g.oh, g.kh, g.sh, g.ph, by.dh);
+      } else {
+        const I z = by.ih.div(r);
+        own &= tap(row - t * g.oh, r - z * g.ih, g.ih, g.oh, g.kh, g.sh, g.ph, by.dh) &
+               tap(t - by.od.div(t) * g.od, z, g.id, g.od, g.kd, g.sd, g.pd, by.dd);
+      }
+      faults[1] |= in_plane & !own;
+    }
+    if ((I)CHECK_LOADS * step >= n - e0) break;
+    e0 += (I)CHECK_LOADS * step;
+  }
+}
+
+}  // namespace gp
+
+// The rule of a max's indices (J the dtype of `indices`, of the pooling's output shape; the
+// pooling's geometry GP_GEO_PARAMS, `rows` unused): each lies in [-1, plane) of the input
+// plane, else flags[0] is set; each in that range is -1 or a tap of its own window, else
+// flags[1] is set: along every dim, ADAPTIVE: floor(o * in / out) <= i < ceil((o + 1) * in /
+// out), else i = o * stride - pad + t * dilation for a t < kernel. The host clears both flags
+// first and reads them after, one transfer; a thread that finds a fault stores 1. Grid: a
+// grid-stride loop over the indices in their order (x blocks of GP_BLOCK_THREADS), a
+// thread's 4 of a pass a grid apart, their loads started together. Nothing divides and
+// nothing branches per index: the output position (channels, ow, oh, od), the index's (iw,
+// ih) and every dilation come apart by gp::Divider, whose magic numbers (by_*) the host gives;
+// with at most 2 dims and no dilation, the D dim and the dilations are left out.
 template <typename J, typename I, bool NHWC, bool ADAPTIVE>
 __global__ void max_index_check(const J* __restrict__ indices, int* __restrict__ flags,
-                                GP_GEO_PARAMS(I)) {
+                                GP_GEO_PARAMS(I), long long by_chans, long long by_ow,
+                                long long by_oh, long long by_od, long long by_iw,
+                                long long by_ih, long long by_dd, long long by_dh,
+                                long long by_dw) {
   GP_GEO(I);
-  constexpr int G = 4;
-  const long long plane = (long long)g.id * (long long)g.ih * (long long)g.iw;
-  gp::output_groups<G, NHWC>(g, indices, [&](const J* __restrict__, I, const gp::Output<I>* o,
-                                             int n) {
-    long long j[G];  // signed for every J; o[n..G) repeat o[0]
-#pragma unroll
-    for (int k = 0; k < G; ++k) j[k] = (long long)indices[o[k].oi];
-#pragma unroll
-    for (int k = 0; k < G; ++k) {
-      if (k >= n || j[k] == -1) continue;
-      if (j[k] < -1 || j[k] >= plane) {
-        flags[0] = 1;
-        continue;
-      }
-      gp::TapLine<I> d, h, w;
-      if constexpr (ADAPTIVE) {
-        gp::AdaptiveTaps<I>{g}.lines(o[k].o_d, o[k].o_h, o[k].o_w, d, h, w);
-      } else {
-        gp::WindowTaps<0, I>{g}.lines(o[k].o_d, o[k].o_h, o[k].o_w, d, h, w);
-      }
-      const I p = (I)j[k];
-      const I row = p / g.iw;
-      const bool tap = gp::is_tap(w, p - row * g.iw) && gp::is_tap(h, row % g.ih) &&
-                       gp::is_tap(d, row / g.ih);
-      if (!tap) flags[1] = 1;
-    }
-  });
+  const gp::IndexDividers<I> by = {{g.chans, by_chans}, {g.ow, by_ow},      {g.oh, by_oh},
+                                   {g.od, by_od},       {g.iw, by_iw},      {g.ih, by_ih},
+                                   {(I)g.dd, by_dd},    {(I)g.dh, by_dh},   {(I)g.dw, by_dw}};
+  bool faults[2] = {false, false};
+  if (g.id == 1 && g.od == 1 && g.dd <= 1 && g.dh <= 1 && g.dw <= 1) {
+    gp::check_indices<true, NHWC, ADAPTIVE>(indices, g, by, faults);
+  } else {
+    gp::check_indices<false, NHWC, ADAPTIVE>(indices, g, by, faults);
+  }
+  if (faults[0]) flags[0] = 1;
+  if (faults[1]) flags[1] = 1;
 }

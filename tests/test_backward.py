@@ -436,6 +436,20 @@ def test_max_pool_backward_takes_exactly_the_indices_of_their_windows(backend, c
                        len(str(case)))
 
 
+def _refused(call, first, k, near, taps, plane):
+    """``call(values)``, ``values`` being ``first`` with entry ``k`` set in turn to each
+    position of ``near`` (in the plane, no tap of window ``k``), raises the window error; set
+    to -2, the plane size or the window's first tap 2**32 above (past 32 bits), the range
+    error."""
+    for v, message in ([(v, "an index lies outside the pooling window") for v in near]
+                       + [(v, r"indices span \[.*\], outside the input")
+                          for v in (-2, plane, 2**32 + (taps[0] if taps else 0))]):
+        values = list(first)
+        values[k] = v
+        with pytest.raises(ValueError, match=message):
+            call(values)
+
+
 #: 2-D NCHW windows of stride 2 (input shape, kernel, padding, ceil mode), whose max gradients
 #: the CUDA backend takes by cells that check the indices as they load them.
 CELL_CASES = [((1, 2, 7, 9), 3, 1, False), ((2, 1, 6, 8), 2, 0, False),
@@ -475,16 +489,7 @@ def test_max_gradients_by_cells_check_every_window(backend, shape, kernel, paddi
             got = backend.to_numpy(call(values))
             assert_array_equal(got.reshape(-1), want, err_msg=f"window {k - base}, tap {tap}")
         near = {t + d for t in taps for d in (-1, 1, -w, w)} - set(taps)
-        for v in sorted(p for p in near if 0 <= p < plane):
-            values = list(first)
-            values[k] = v
-            with pytest.raises(ValueError, match="an index lies outside the pooling window"):
-                call(values)
-        for v in (-2, plane, 2**32 + (taps[0] if taps else 0)):
-            values = list(first)
-            values[k] = v
-            with pytest.raises(ValueError, match=r"indices span \[.*\], outside the input"):
-                call(values)
+        _refused(call, first, k, sorted(p for p in near if 0 <= p < plane), taps, plane)
 
 
 @pytest.mark.parametrize("shape,output_size,layout", ADAPTIVE_CASES)
@@ -500,3 +505,53 @@ def test_adaptive_max_pool_backward_takes_exactly_the_indices_of_their_windows(
                        lambda i: gp.adaptive_max_pool_backward(grad, i, shape, output_size,
                                                                layout=layout),
                        len(str(shape)))
+
+
+#: Geometries whose indices the CUDA backend checks in a pass before the gradient: (input
+#: shape, kernel, stride, padding, dilation, ceil mode, layout); output size for adaptive.
+CHECKED_CASES = [((1, 1, 11), 3, 1, 2, 2, False, "NCHW"),
+                 ((1, 5, 6, 2), 3, 1, 1, 1, False, "NHWC"),
+                 ((1, 1, 7, 8), (2, 3), (1, 2), (1, 1), (2, 1), True, "NCHW"),
+                 ((1, 1, 3, 5, 6), (2, 2, 3), (1, 2, 2), (0, 1, 1), 1, True, "NCHW"),
+                 ((1, 1, 4, 6), 2, 1, 0, 1, False, "NCHW"),
+                 ((1, 1, 5, 7), (3, 4), "NCHW"), ((1, 4, 5, 3), (2, 3), "NHWC"),
+                 ((1, 1, 3, 4, 5), (2, 3, 2), "NCHW")]
+
+
+@pytest.mark.parametrize("case", CHECKED_CASES, ids=str)
+def test_max_gradient_index_check_takes_every_tap_and_refuses_every_neighbour(backend, case):
+    """Every window's index in turn (the others their window's first tap): each tap of its
+    window passes; a position next to one of its taps (along any dim) that is no tap of it
+    raises, as do -2, the plane size and a tap 2**32 above it."""
+    if len(case) == 3:
+        shape, out_size, layout = case
+        windows = list(ref._adaptive_windows(np.zeros(shape), out_size, layout))
+        _, lead, spatial = ref._planes(np.zeros(shape), len(out_size), layout)
+        def backward(grad, i):
+            return gp.adaptive_max_pool_backward(grad, i, shape, out_size, layout=layout)
+    else:
+        shape, kernel, stride, padding, dilation, ceil_mode, layout = case
+        windows, lead, out_size = ref._windows(np.zeros(shape), kernel, stride, padding,
+                                               dilation, ceil_mode, layout)
+        _, _, spatial = ref._planes(np.zeros(shape), len(out_size), layout)
+        def backward(grad, i):
+            return gp.max_pool_backward(grad, i, shape, kernel, stride, padding, dilation,
+                                        ceil_mode, layout=layout)
+    tap_sets = [sorted({f for _, f in taps}) for taps, _ in windows]
+    plane = math.prod(spatial)
+    steps = [math.prod(spatial[d + 1:]) for d in range(len(spatial))]
+    first = [t[0] if t else -1 for t in tap_sets]
+    grad = backend.to_backend(np.ones(ref._unplanes(first, lead, out_size, layout,
+                                                    np.float32).shape, np.float32))
+
+    def call(values):
+        backward(grad, backend.to_backend(ref._unplanes(values, lead, out_size, layout,
+                                                        np.int64)))
+
+    for k, taps in enumerate(tap_sets):
+        for v in taps:
+            values = list(first)
+            values[k] = v
+            call(values)
+        near = {t + s * d for t in taps for s in steps for d in (-1, 1)} - set(taps)
+        _refused(call, first, k, sorted(p for p in near if 0 <= p < plane), taps, plane)

@@ -360,6 +360,27 @@ def test_gather_covers_bounds_the_covering_windows(k, s, d, expected):
     assert planner.gather_covers(fwd, "int", "max") == (3 if max(most, pack) <= 3 else 0)
 
 
+@pytest.mark.parametrize("d", [1, 2, 3, 7, 56, 255, 1000, 2**16 + 1, 2**30 - 3, 2**30,
+                               2**30 + 1, 2**31 - 1])
+def test_divider_magic_divides_every_31_bit_numerator(d):
+    """gp::Divider's arithmetic, (((n * m) >> 32) + n) >> s in 32-bit unsigned words, against
+    Python's n // d, on numerators at and around the multiples of d up to 2**31 - 1."""
+    from gpupool.cuda.grid import divider
+    word = divider(d) % 2**64  # the kernel reads it as an unsigned 64-bit word
+    m, s = word >> 32, word & 31
+    assert word & (2**32 - 32) == 0 and m < 2**32
+    q = list(range(0, 2**31 // d, max(1, 2**31 // d // 4000))) + [2**31 // d]
+    ns = {min(2**31 - 1, max(0, k * d + e)) for k in q for e in (-1, 0, 1)} | {2**31 - 1}
+    for n in sorted(ns):
+        hi = (n * m) >> 32
+        assert ((hi + n) % 2**32) >> s == n // d, n
+
+
+def test_divider_is_not_used_past_31_bits():
+    from gpupool.cuda.grid import divider
+    assert divider(2**31) == 0
+
+
 def test_index_type_32_and_64_bit():
     assert plan(window((2, 3, 100, 100), 2), H100).index_type == "int"
     big = window((1, 1, 2**16, 2**15 + 64), 2, 2, dtype="int8")

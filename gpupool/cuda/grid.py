@@ -22,6 +22,19 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def divider(d: int) -> int:
+    """gp::Divider's magic number for ``d`` (1 <= d): ``m * 2**32 + s`` as a signed 64-bit
+    word, with ``n // d == (((n * m) >> 32) + n) >> s`` for every 0 <= n < 2**31 where
+    d < 2**31 (Granlund and Montgomery, as PyTorch's IntDivider); 0 for a larger d, which a
+    64-bit kernel divides."""
+    if d > INT32_LIMIT:
+        return 0
+    s = (d - 1).bit_length()  # the least s with 2**s >= d
+    m = (2**32 * (2**s - d)) // d + 1
+    word = m << 32 | s
+    return word - 2**64 if word >= 2**63 else word
+
+
 def plane_grid(planes: int) -> tuple[int, int]:
     """Grid (y, z) covering ``planes``: y up to 65535, z for the rest."""
     if planes <= GRID_YZ_MAX:

@@ -10,6 +10,7 @@ import cupy
 import numpy as np
 
 from . import kernels, launching, planner
+from .grid import divider
 from .launching import Step, contiguous, geo_args, itype_scalar, launch_cache
 from .names import index_check_name
 from .. import windows as rules
@@ -24,9 +25,15 @@ def check_step(pooling, device_id: int, indices_dtype: str) -> Step:
     pl = planner.index_check_plan(pooling, launching.device_info(device_id))
     la = pl.launches[0]
     windowed = isinstance(pooling, WindowSpec)
-    name = index_check_name(indices_dtype, pl.index_type, pooling.geom.layout == "NHWC",
-                            not windowed)
-    args = geo_args(pooling, itype_scalar(pl.index_type), windowed) + (np.int32(la.rows),)
+    g = pooling.geom
+    nhwc = g.layout == "NHWC"
+    name = index_check_name(indices_dtype, pl.index_type, nhwc, not windowed)
+    it = itype_scalar(pl.index_type)
+    dilation = planner.canonical3(pooling.dilation if windowed else (), 1)
+    sizes = (g.channels if nhwc else 1,) + planner.canonical3(pooling.out_spatial, 1)[::-1] + (
+        planner.canonical3(g.spatial, 1)[:0:-1]) + dilation
+    args = (geo_args(pooling, it, windowed) + (np.int32(1),)
+            + tuple(np.int64(divider(v)) for v in sizes))
     return Step(kernels.kernel(name), la.grid, la.block, ("indices", "flags"), args)
 
 

@@ -384,11 +384,19 @@ def _unpool(spec: S.UnpoolSpec, device: DeviceInfo, words: list, scatter: bool) 
 
 def index_check_plan(pooling, device: DeviceInfo | None = None) -> Plan:
     """The launch of the check of a max's indices (``max_index_check``) over ``pooling``'s
-    outputs (a WindowSpec or AdaptiveSpec): the adaptive kernels' tiling, one index at a
-    time (built once per spec and device by :func:`gpupool.cuda.index_check.check_step`)."""
+    outputs (a WindowSpec or AdaptiveSpec): a grid-stride loop over the indices in their order,
+    blocks of BLOCK_THREADS, one wave of them at most (built once per spec and device by
+    :func:`gpupool.cuda.index_check.check_step`)."""
+    device = device or H100
+    n = math.prod(pooling.out_shape)
+    blocks = max(1, min(cdiv(n, BLOCK_THREADS),
+                        device.sm_count * (device.max_threads_per_sm // BLOCK_THREADS)))
     words = [f"check of indices of shape {pooling.out_shape}: each in the input plane, and "
-             f"-1 or a tap of its own window"]
-    return _tiled(pooling, device or H100, "index_check", "max_index_check", words)
+             f"-1 or a tap of its own window; {n} indices in a grid-stride loop over "
+             f"{blocks} blocks of {BLOCK_THREADS}"]
+    return Plan("index_check", index_type(pooling),
+                (Launch("max_index_check", (blocks, 1, 1), (BLOCK_THREADS, 1, 1)),),
+                tuple(words))
 
 
 @functools.lru_cache(maxsize=1024)

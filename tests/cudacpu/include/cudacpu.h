@@ -155,6 +155,11 @@ inline unsigned __vmaxu4(unsigned a, unsigned b) { return simd_max<unsigned char
 inline unsigned __vmaxs2(unsigned a, unsigned b) { return simd_max<short>(a, b); }
 inline unsigned __vmaxu2(unsigned a, unsigned b) { return simd_max<unsigned short>(a, b); }
 
+// The high 32 bits of the 64-bit product.
+inline unsigned __umulhi(unsigned a, unsigned b) {
+  return (unsigned)(((unsigned long long)a * b) >> 32);
+}
+
 // Byte i of the result: byte (s >> 4i) & 7 of the 8 bytes y:x (x the low four).
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   const unsigned long long v = ((unsigned long long)y << 32) | x;
