@@ -9,7 +9,9 @@ predicated one too (as ``inst_executed`` counts). Which path: the trace tells, p
 many global loads and stores of each width it executed (its warp requests: each is one
 ``LDG`` or ``STG`` of the warp), and how many window lines its loads walked
 (:func:`gpumodel.traffic.line_counts`: runs of loads at a constant address step, runs of those
-runs). Among the paths that execute exactly those accesses and run each *load loop* outside
+runs). Among the paths that make those accesses (of each class, at least the path's
+unguarded ones and at most all of them: the trace has no record of an access whose predicate
+is off, which the warp still issues) and run each *load loop* outside
 the innermost once per line of its level (:func:`load_loop_levels`), the warp's is taken to
 be the one of the fewest instructions: a flow of one unit through the graph (each block's
 count is the flow through it, loops any number of times), found by a small integer program
@@ -88,11 +90,13 @@ class Block:
     instructions: tuple
     successors: tuple  # block indices; the exit is -1
 
-    def accesses(self) -> dict[tuple[int, int], int]:
+    def accesses(self, guarded: bool | None = None) -> dict[tuple[int, int], int]:
+        """Global accesses per class (write, bytes): all, or only the ``guarded`` ones (True)
+        or the unguarded ones (False)."""
         out: dict[tuple[int, int], int] = {}
         for ins in self.instructions:
             a = ins.access()
-            if a:
+            if a and (guarded is None or ins.guarded == guarded):
                 out[a] = out.get(a, 0) + 1
         return out
 
@@ -214,7 +218,8 @@ def _shortest(blocks, costs) -> float:
 
 def _solve(blocks, costs, targets, passes=()) -> tuple[float, float]:
     """(instructions, accesses missed) of the cheapest unit flow from block 0 to the exit
-    whose global accesses meet ``targets`` ((class, count) pairs; class (write, bytes)) and
+    whose global accesses meet ``targets`` ((class, count) pairs; class (write, bytes): a
+    count between the flow's unguarded accesses and all of them) and
     whose loop headers run ``passes`` ((header blocks, count) pairs) times, as nearly as
     they can (a missed pass costs PASS_MISMATCH_COST)."""
     from scipy.optimize import LinearConstraint, milp
@@ -235,16 +240,21 @@ def _solve(blocks, costs, targets, passes=()) -> tuple[float, float]:
     for e, (b, _) in enumerate(edges):
         objective[e] = costs[b]
     if classes:
-        acc = np.zeros((len(classes), n_vars))
+        # a path's accesses of a class lie between its unguarded ones and all of them: the
+        # trace has no record of an access predicated off
+        least, most = np.zeros((len(classes), n_vars)), np.zeros((len(classes), n_vars))
+        sure = [block.accesses(guarded=False) for block in blocks]
         made = [block.accesses() for block in blocks]
         for e, (b, _) in enumerate(edges):
             for k, cls in enumerate(classes):
-                acc[k, e] = made[b].get(cls, 0)
+                least[k, e] = sure[b].get(cls, 0)
+                most[k, e] = made[b].get(cls, 0)
         for k in range(len(classes)):
-            acc[k, n_edges + 2 * k] = 1
-            acc[k, n_edges + 2 * k + 1] = -1
+            least[k, n_edges + 2 * k] = -1
+            most[k, n_edges + 2 * k + 1] = 1
         want = np.array([c for _, c in targets], float)
-        constraints.append(LinearConstraint(acc, want, want))
+        constraints.append(LinearConstraint(least, -np.inf, want))
+        constraints.append(LinearConstraint(most, want, np.inf))
         objective[n_edges:n_edges + 2 * len(classes)] = MISMATCH_COST
     if passes:
         first = n_edges + 2 * len(classes)

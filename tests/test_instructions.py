@@ -56,8 +56,16 @@ __global__ void guarded_kernel(const float* __restrict__ x, float* __restrict__ 
   if (i >= n) return;
   y[i] = x[i] + 1.0f;
 }
+
+// y[i] = x[i], plus x[i + n] where n > 0: the second load predicated, not branched around
+__global__ void predicated_kernel(const float* __restrict__ x, float* __restrict__ y, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  float s = x[i];
+  if (n > 0) s += x[i + n];
+  y[i] = s;
+}
 """
-NAMES = ("twice_kernel", "row_kernel", "window_kernel", "guarded_kernel")
+NAMES = ("twice_kernel", "row_kernel", "window_kernel", "guarded_kernel", "predicated_kernel")
 BLOCKS, THREADS = 4, 128
 WARPS = BLOCKS * THREADS // 32
 
@@ -92,6 +100,22 @@ def test_straight_code_runs_every_instruction_to_the_exit_once_per_warp(compiled
     y = np.empty_like(x)
     c = counted(compiled, "twice_kernel", (x, y))
     np.testing.assert_array_equal(y, 2 * x)
+    assert c.warps == WARPS and c.unmatched == 0
+    assert c.warp_instructions == WARPS * to_exit
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_a_load_predicated_off_still_issues(compiled, n):
+    """The trace has no record of a load whose predicate is off (n = 0), yet the warp issues
+    it: the path to the exit is the same, and matches the trace either way."""
+    _, parsed, _ = compiled
+    code = parsed["predicated_kernel"]
+    assert any(c.guarded and c.access() == (0, 4) for c in code), "no predicated load"
+    to_exit = next(i for i, c in enumerate(code) if c.base == "EXIT" and not c.guarded) + 1
+    x = np.arange(BLOCKS * THREADS + 1, dtype=np.float32)
+    y = np.empty(BLOCKS * THREADS, np.float32)
+    c = counted(compiled, "predicated_kernel", (x, y, np.int32(n)))
+    np.testing.assert_array_equal(y, x[:-1] + (x[1:] if n else 0))
     assert c.warps == WARPS and c.unmatched == 0
     assert c.warp_instructions == WARPS * to_exit
 

@@ -437,7 +437,9 @@ def test_strided_reads_cost_dram_time_in_proportion(lib):
 #: down: a change that models below its floor lost speed (more instructions, more traffic).
 #: Raise a floor when a change gains. The model counts one path per warp, so it cannot see a
 #: change that keeps a warp's lanes together: lower a floor only for a gain measured on a GPU
-#: (the float16 stem: every row tile tested, 212 us -> 147 us on an H200, modeled 94.9 -> 131).
+#: (the float16 stem: every row tile tested, 212 us -> 147 us on an H200, modeled 94.9 -> 131),
+#: or where the model counts what it missed (accesses predicated off, which the trace does not
+#: record: the global averages and the int8 average, nearer their H200 times since).
 FLOORS = {
     "resnet stem max 3x3 s2 p1": 93.0,
     "resnet stem max f16": 61.3,
@@ -447,18 +449,18 @@ FLOORS = {
     "densenet avg 2x2 s2": 93.0,
     "inception avg 3x3 s1 p1": 44.6,
     # 72 registers, 6 warps per scheduler: under device.ISSUE_WARPS (measured 352 us, modeled 347)
-    "inception avg NHWC": 37.0,
-    "resnet50 head global avg": 92.1,
+    "inception avg NHWC": 37.9,
+    "resnet50 head global avg": 64.5,
     "resnet50 head global avg f16": 92.1,
-    "global avg N=64": 62.4,
+    "global avg N=64": 48.4,
     "global avg N=64 f16": 46.0,
-    "global avg NHWC": 92.1,
+    "global avg NHWC": 90.2,
     "adaptive avg 14->7": 46.8,
     "3d max 2x2x2": 92.5,
     "1d max 3 s2 p1": 93.6,
     "1d avg 4 s4": 93.0,
     "int8 max 2x2 s2": 84.7,
-    "int8 avg 2x2 s2": 84.7,
+    "int8 avg 2x2 s2": 40.6,
     "seed [64,56,56] max 2x2 s2": 5.6,
     "seed [64,56,56] avg 3x3 s2 p1": 4.1,
     "seed [64,7,7] global avg": 0.07,
