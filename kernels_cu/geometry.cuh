@@ -48,16 +48,6 @@ struct TapLine {
   I first, n, step, size;
 };
 
-// Whether position i is one of the taps of `line` (valid or in the padding): a position
-// between two taps of a dilated line is not.
-template <typename I>
-__device__ __forceinline__ bool is_tap(const TapLine<I>& line, I i) {
-  const I off = i - line.first;
-  if (off < (I)0) return false;
-  if (line.step == (I)1) return off < line.n;
-  return off % line.step == (I)0 && off / line.step < line.n;
-}
-
 // n / d for 0 <= n, d < 2**31 with 32-bit I, by a multiply and a shift: the host's magic
 // number (gpupool.cuda.grid.divider: m and s packed as m * 2**32 + s; Granlund and
 // Montgomery, as PyTorch's IntDivider); a 64-bit I divides.
