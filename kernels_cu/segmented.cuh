@@ -19,37 +19,23 @@ namespace gp {
 // Loads a thread starts before it combines any (reduce_lanes, reduce_channels).
 enum { LOAD_BATCH = 8 };
 
-// The two 2-byte elements of a 4-byte word (little-endian: the low half first).
-__device__ __forceinline__ void split_word(unsigned w, __half& lo, __half& hi) {
-  lo = __ushort_as_half((unsigned short)(w & 0xffffu));
-  hi = __ushort_as_half((unsigned short)(w >> 16));
-}
-__device__ __forceinline__ void split_word(unsigned w, __nv_bfloat16& lo, __nv_bfloat16& hi) {
-  lo = __ushort_as_bfloat16((unsigned short)(w & 0xffffu));
-  hi = __ushort_as_bfloat16((unsigned short)(w >> 16));
-}
-__device__ __forceinline__ void split_word(unsigned w, short& lo, short& hi) {
-  lo = (short)(unsigned short)(w & 0xffffu);
-  hi = (short)(unsigned short)(w >> 16);
-}
-
 // Many small contiguous segments (NCHW planes up to about 32 * L elements, e.g. 7x7).
 // grid: x = ceil(nseg / (blockDim.x / L)). block: 256 threads (a multiple of 32). thread: lane
 // `threadIdx.x % L` of an aligned group of L lanes that reduces segment
 // (blockIdx.x * blockDim.x + threadIdx.x) / L, reading elements lane, lane + L, ... (so one
 // warp-wide load covers 32 / L segments' runs, contiguous), then a shuffle tree of width L.
-// 2-byte elements go in fours, one 8-byte load split in 4-byte words (split_word), from the
-// segment's first 8-byte aligned element: lane takes fours lane, lane + L, ... (in address
-// order); the up to 3 elements before them (head) and the up to 3 after the last four (tail)
-// go to lanes 0, 1, 2: lane j loads head element j and tail element j with its first batch
-// and combines them after its fours, head first.
-// A lane's loads go in batches of LOAD_BATCH elements (2-byte: 2 * LOAD_BATCH, in fours),
-// all started before any is combined; a slot past the end is neither loaded nor combined, so
-// the combines are those of a loop over the lane's elements, in its order.
+// 2- and 4-byte elements go in fours, one aligned 8- or 16-byte load (a Pack of 4), from the
+// segment's first element aligned on a four's size: lane takes fours lane, lane + L, ... (in
+// address order); the up to 3 elements before them (head) and the up to 3 after the last
+// four (tail) go to lanes 0, 1, 2: lane j loads head element j and tail element j with its
+// first batch and combines them after its fours, head first.
+// A lane's loads go in batches of LOAD_BATCH elements (in fours: 2 * LOAD_BATCH, LOAD_BATCH
+// / 2 loads), all started before any is combined; a slot past the end is neither loaded nor
+// combined, so the combines are those of a loop over the lane's elements, in its order.
 // Groups past the last segment still take part in the shuffles (full-warp masks) and write
 // nothing.
-// Elements per lane: below 32 lanes the planner gives a lane at most 16 2-byte or 4 wider
-// elements (besides the head and tail), so one batch covers them.
+// Elements per lane: below 32 lanes the planner gives a lane at most 16 2- or 4-byte or 4
+// wider elements (besides the head and tail), so one batch covers them.
 template <int L, typename R, typename I>
 __device__ __forceinline__ void reduce_lanes(const R& r, const typename R::In* __restrict__ x,
                                              typename R::Out* __restrict__ out, I nseg,
@@ -61,18 +47,19 @@ __device__ __forceinline__ void reduce_lanes(const R& r, const typename R::In* _
   A acc = r.identity();
   if (seg < nseg) {
     const In* __restrict__ xs = x + seg * seglen;
-    if constexpr (sizeof(In) == 2) {
+    if constexpr (sizeof(In) == 2 || sizeof(In) == 4) {
       static_assert(L >= 3, "the head and tail elements take lanes 0, 1, 2");
       constexpr int B = LOAD_BATCH / 2;
-      const I misalign = (I)(((unsigned long long)xs & 7) / 2);
+      typedef Pack<In, 4> Four;
+      typedef typename Word<sizeof(Four)>::type Q;
+      const I misalign = (I)(((unsigned long long)xs & (sizeof(Four) - 1)) / sizeof(In));
       const I head = misalign ? min(seglen, (I)4 - misalign) : (I)0;
       const I nquads = (seglen - head) / 4;
       const I tail = head + 4 * nquads;
-      const unsigned long long* __restrict__ xq =
-          reinterpret_cast<const unsigned long long*>(xs + head);
+      const Q* __restrict__ xq = reinterpret_cast<const Q*>(xs + head);
       const bool first = (I)lane < head;
       const bool last = (I)lane < seglen - tail;
-      unsigned long long q[B];
+      Q q[B];
       const auto load_batch = [&](I i0) {
 #pragma unroll
         for (int b = 0; b < B; ++b) {
@@ -83,11 +70,10 @@ __device__ __forceinline__ void reduce_lanes(const R& r, const typename R::In* _
 #pragma unroll
         for (int b = 0; b < B; ++b) {
           if (i0 + (I)(b * L) < nquads) {
-            In e0, e1, e2, e3;
-            split_word((unsigned)q[b], e0, e1);
-            split_word((unsigned)(q[b] >> 32), e2, e3);
-            acc = r.combine(r.combine(r.combine(r.combine(acc, r.load(e0)), r.load(e1)),
-                                      r.load(e2)), r.load(e3));
+            Four e;
+            memcpy(&e, &q[b], sizeof e);
+            acc = r.combine(r.combine(r.combine(r.combine(acc, r.load(e.v[0])), r.load(e.v[1])),
+                                      r.load(e.v[2])), r.load(e.v[3]));
           }
         }
       };

@@ -303,8 +303,8 @@ def _global(spec: S.AdaptiveSpec | S.WindowSpec, device: DeviceInfo, words: list
     else:
         planes = g.planes
         if seglen <= SMALL_SEGMENT:
-            # about 4 loads per lane: 2-byte elements load in fours (segmented.cuh)
-            per_lane = 16 if S.ITEMSIZE.get(g.dtype) == 2 else 4
+            # about 4 loads per lane: 2- and 4-byte elements load in fours (segmented.cuh)
+            per_lane = 16 if S.ITEMSIZE.get(g.dtype) in (2, 4) else 4
             lanes = min(32, max(4, pow2ceil(cdiv(seglen, per_lane))))
             per_block = BLOCK_THREADS // lanes
             launches.append(Launch("global_lanes", (cdiv(planes, per_block), 1, 1),
