@@ -10,8 +10,6 @@
   ``GPUPOOL_CUPY_POOL=0`` turns CuPy's memory pool off (:func:`configure_memory_pool`).
 * Hypothesis runs derandomized, without an example database and without deadlines, so CI is
   deterministic.
-* A test module with ``start_in_background(items)`` starts its long work once the tests are
-  collected, to run beside the others (test_nvrtc_compile: its NVRTC compiles).
 """
 from __future__ import annotations
 
@@ -98,24 +96,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 _GPU_LEFT_OUT = pytest.StashKey[int]()
-
-
-def _background_modules(items) -> list:
-    """The test modules of ``items`` that start long work beside the session
-    (``start_in_background(items)``, ``stop_background()``: test_nvrtc_compile's compiles)."""
-    modules = {getattr(item, "module", None) for item in items}
-    return sorted((m for m in modules if hasattr(m, "start_in_background")),
-                  key=lambda m: m.__name__)
-
-
-def pytest_collection_finish(session):
-    for module in _background_modules(session.items):
-        module.start_in_background(session.items)
-
-
-def pytest_sessionfinish(session):
-    for module in _background_modules(getattr(session, "items", ())):
-        module.stop_background()
 
 
 def pytest_terminal_summary(terminalreporter, config):

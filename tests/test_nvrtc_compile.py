@@ -23,11 +23,6 @@ ptxas reports each kernel's resources (``-Xptxas=-v``): no kernel may keep a sta
 spill registers, since either puts per-thread arrays or spilled values in local memory (DRAM
 traffic that the roofline of a memory-bound kernel does not count).
 
-The sm_XX compiles start in background threads as soon as the session's tests are
-collected (``start_in_background``, called by conftest): NVRTC releases the GIL, so they run
-on the cores the rest of the suite leaves idle, and each test checks its own when its turn
-comes.
-
 NVRTC 12, what the ``cuda12`` extra brings for a CUDA 12 driver, compiles every instantiation
 for sm_90 the same way, through ctypes (``nvrtc_ctypes``: a process's CuPy binds one NVRTC);
 its wheels come from the directory named by ``GPUPOOL_TEST_NVRTC12`` (``.ci/run`` fills one).
@@ -46,8 +41,6 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import conftest
-import cudacpu
 import nvrtc_ctypes
 import pytest
 
@@ -159,14 +152,6 @@ def test_shared_constants_are_defined_once_by_the_host():
 #: dealt round robin into this many programs (each with some of every kernel family), build
 #: on every core.
 PROGRAMS_AT_ONCE = os.cpu_count() or 1
-#: ptxas reports each kernel's resources
-PTXAS_VERBOSE = ("-Xptxas=-v",)
-
-
-def program_shards(names) -> list[list[str]]:
-    """``names`` dealt round robin into up to :data:`PROGRAMS_AT_ONCE` programs."""
-    names = list(names)
-    return [names[i::PROGRAMS_AT_ONCE] for i in range(min(PROGRAMS_AT_ONCE, len(names)))] or [[]]
 
 
 def compile_clean(real_nvrtc, source_file: str, names, arch: str) -> None:
@@ -178,41 +163,24 @@ def compile_clean(real_nvrtc, source_file: str, names, arch: str) -> None:
 def compile_text(real_nvrtc, text: str, source_file: str, names, arch: str) -> None:
     """:func:`compile_clean` of the source ``text`` (named ``source_file``), its names in up to
     :data:`PROGRAMS_AT_ONCE` programs compiled at once."""
-    shards = program_shards(names)
-    options = nvrtc_options(real_nvrtc, arch) + PTXAS_VERBOSE
+    names = list(names)
+    shards = [names[i::PROGRAMS_AT_ONCE] for i in range(min(PROGRAMS_AT_ONCE, len(names)))]
+    with ThreadPoolExecutor(max(1, len(shards))) as pool:
+        list(pool.map(lambda shard: compile_program(real_nvrtc, text, source_file, shard, arch),
+                      shards or [[]]))
+
+
+def compile_program(real_nvrtc, text: str, source_file: str, names, arch: str) -> None:
+    """One program of :func:`compile_text`."""
     compiler = real_nvrtc.compiler
-    programs = [new_program(compiler, text, source_file, shard) for shard in shards]
-    with ThreadPoolExecutor(len(shards)) as pool:
-        built = list(pool.map(lambda program: build_program(compiler, program, options),
-                              programs))
-    for shard, program in zip(shards, built):
-        check_program(program, source_file, shard, arch)
-
-
-def new_program(compiler, text: str, source_file: str, names):
-    """An NVRTC program of ``names`` from the source ``text`` (named ``source_file``), to
-    compile to a cubin."""
-    return compiler._NVRTCProgram(text, source_file, name_expressions=list(names),
-                                  method="cubin")
-
-
-def build_program(compiler, program, options) -> tuple | Exception:
-    """``program`` compiled: (cubin, name mapping, log), or NVRTC's CompileException."""
+    program = compiler._NVRTCProgram(text, source_file, name_expressions=list(names),
+                                     method="cubin")
     log = io.StringIO()
     try:
-        cubin, mapping = program.compile(options, log)
+        cubin, mapping = program.compile(nvrtc_options(real_nvrtc, arch) + ("-Xptxas=-v",), log)
     except compiler.CompileException as exc:
-        return exc
-    return cubin, mapping, log.getvalue()
-
-
-def check_program(built, source_file: str, names, arch: str) -> None:
-    """Fails the test on :func:`build_program`'s compile error, on any NVRTC or ptxas
-    diagnostic in its log, and on a kernel with a stack frame or spills."""
-    if isinstance(built, Exception):
-        pytest.fail(f"NVRTC failed on {source_file} for sm_{arch}:\n{built}")
-    cubin, mapping, log = built
-    lines = [line for line in log.replace("\0", "").splitlines() if line.strip()]
+        pytest.fail(f"NVRTC failed on {source_file} for sm_{arch}:\n{exc}")
+    lines = [line for line in log.getvalue().replace("\0", "").splitlines() if line.strip()]
     report = [line for line in lines if re.match(r"ptxas( info)? *[:.]", line)]
     diagnostics = [line for line in lines if line not in report]
     assert not diagnostics, f"NVRTC/ptxas said for {source_file} sm_{arch}:\n" + "\n".join(diagnostics)
@@ -228,58 +196,12 @@ def check_program(built, source_file: str, names, arch: str) -> None:
     assert cubin and set(mapping) == set(names) and all(mapping[n] for n in names)
 
 
-TEST_STARTED_IN_BACKGROUND = "test_compiles_without_warnings_or_local_memory"
-#: (source file, arch) -> [(names, future of build_program)]: the compiles of
-#: TEST_STARTED_IN_BACKGROUND started by start_in_background
-_STARTED: dict[tuple[str, str], list] = {}
-_BACKGROUND: list[ThreadPoolExecutor] = []
-
-
-def start_in_background(items) -> None:
-    """Start the compiles of the collected TEST_STARTED_IN_BACKGROUND ``items`` in
-    :data:`PROGRAMS_AT_ONCE` threads, so that they run beside the rest of the session (NVRTC
-    releases the GIL); each test then checks its own. conftest calls this once the session's
-    tests are collected."""
-    params = [item.callspec.params for item in items
-              if getattr(item, "originalname", None) == TEST_STARTED_IN_BACKGROUND]
-    real_nvrtc = conftest.REAL_NVRTC
-    if not params or real_nvrtc is None:
-        return
-    pool = ThreadPoolExecutor(PROGRAMS_AT_ONCE)
-    _BACKGROUND.append(pool)
-    compiler = real_nvrtc.compiler
-    # CuPy finds its include paths and loads NVRTC through `cupy`: here, with CuPy's own
-    # installed; the threads only compile
-    with cudacpu.installed_cupy():
-        for p in params:
-            source_file, arch = p["source_file"], p["arch"]
-            text = cuda_kernels.source(source_file)
-            options = nvrtc_options(real_nvrtc, arch) + PTXAS_VERBOSE
-            shards = program_shards(for_arch(every_instantiation()[source_file], arch))
-            _STARTED[source_file, arch] = [
-                (shard, pool.submit(build_program, compiler,
-                                    new_program(compiler, text, source_file, shard), options))
-                for shard in shards]
-
-
-def stop_background() -> None:
-    """Drop the background compiles not yet started (conftest, as the session ends)."""
-    for pool in _BACKGROUND:
-        pool.shutdown(wait=False, cancel_futures=True)
-
-
 @pytest.mark.parametrize(("source_file", "arch"),
                          [(f, a) for f in sorted(every_instantiation()) for a in ARCHS
                           if for_arch(every_instantiation()[f], a)])
 def test_compiles_without_warnings_or_local_memory(real_nvrtc, source_file, arch):
-    """Compiled in the background from the session's start (start_in_background) where
-    conftest started it, else here."""
-    started = _STARTED.pop((source_file, arch), None)
-    if started is None:
-        compile_clean(real_nvrtc, source_file,
-                      for_arch(every_instantiation()[source_file], arch), arch)
-    for names, future in started or ():
-        check_program(future.result(), source_file, names, arch)
+    compile_clean(real_nvrtc, source_file, for_arch(every_instantiation()[source_file], arch),
+                  arch)
 
 
 def test_no_multiply_add_is_fused(real_nvrtc):
