@@ -3,8 +3,8 @@
 // Template parameters: T element type; I index type (int or long long, chosen on the host);
 // K the window size along H and W when both equal K and the host specialised it (0: run time);
 // NHWC the layout (avg_pool_packs: NHWC, and V the channels of a thread's pack). The row-tile
-// kernels (avg_pool_rows, avg_pool_depth_rows) take KH, KW and the W stride SW instead
-// (planner.ROW_TILE_WINDOWS), and VEC, LEAD: their packs (gp::RowTaps).
+// kernels (avg_pool_rows, avg_pool_depth_rows) take KH, KW, the W stride SW and W dilation DW
+// instead (row_tiles.ROW_TILE_WINDOWS), and VEC, LEAD: their packs (gp::RowTaps).
 #include "accumulate.cuh"
 #include "geometry.cuh"
 #include "thread_map.cuh"
@@ -112,18 +112,18 @@ __global__ void GP_WINDOW_BOUNDS(T, I, K || sizeof(T) > 2 ? 3 : 2)
 }
 
 // Average pooling (avg_outputs) of 1-D and 2-D NCHW planes with 32-bit offsets, KH x KW
-// windows of W stride SW and dilation 1 (gp::RowTaps: the column sums shared between the
+// windows of W stride SW and W dilation DW (gp::RowTaps: the column sums shared between the
 // windows that overlap), and of 3-D planes whose windows take one D tap at their own slice,
 // as the 2-D pooling of the slices (gp::slices_as_planes). Geometry: gp::outputs_rows (grid
 // x = W chunks, y = row groups, z = plane (slice) groups; one thread = GP_ROW_TILE outputs
 // side by side along W).
-template <typename T, int KH, int KW, int SW, int VEC, int LEAD>
+template <typename T, int KH, int KW, int SW, int DW, int VEC, int LEAD>
 __global__ void __launch_bounds__(GP_BLOCK_THREADS)
     avg_pool_rows(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(int), int ped,
                   int peh, int pew, int include_pad, int divisor_override) {
   GP_GEO(int);
-  const gp::Geo<int> fixed = gp::row_tile_geo<KH, KW, SW>(gp::slices_as_planes(g));
-  avg_outputs<T, int, false>(x, out, gp::RowTaps<KH, KW, SW, VEC, LEAD>{fixed}, fixed, ped,
+  const gp::Geo<int> fixed = gp::row_tile_geo<KH, KW, SW, DW>(gp::slices_as_planes(g));
+  avg_outputs<T, int, false>(x, out, gp::RowTaps<KH, KW, SW, DW, VEC, LEAD>{fixed}, fixed, ped,
                              peh, pew, include_pad, divisor_override);
 }
 
@@ -131,13 +131,13 @@ __global__ void __launch_bounds__(GP_BLOCK_THREADS)
 // column the sum over the D taps first, as the separable order has it). Geometry:
 // gp::outputs_rows with DEPTH (grid y = groups of the output rows (d, h)). Bound: 256
 // threads, 1 block (at ptxas's default for sm_90, a bfloat16 2 x 2 window spilled).
-template <typename T, int KH, int KW, int SW, int VEC, int LEAD>
+template <typename T, int KH, int KW, int SW, int DW, int VEC, int LEAD>
 __global__ void __launch_bounds__(GP_BLOCK_THREADS, 1)
     avg_pool_depth_rows(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(int),
                         int ped, int peh, int pew, int include_pad, int divisor_override) {
   GP_GEO(int);
-  avg_outputs<T, int, false>(x, out, gp::DepthRowTaps<KH, KW, SW, VEC, LEAD>{{g}}, g, ped, peh,
-                             pew, include_pad, divisor_override);
+  avg_outputs<T, int, false>(x, out, gp::DepthRowTaps<KH, KW, SW, DW, VEC, LEAD>{{g}}, g, ped,
+                             peh, pew, include_pad, divisor_override);
 }
 
 // Lp pooling: (separable sum over the valid taps of |x|**p) ** (1/p), p > 0 finite (A is

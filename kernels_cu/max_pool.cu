@@ -6,8 +6,8 @@
 // long long otherwise: chosen on the host); K the window size along H and W when both equal K
 // and the host specialised it (0: read kh/kw at run time); NHWC the layout (max_pool_packs:
 // NHWC, and V the channels of a thread's pack). The row-tile
-// kernels (*_rows) take KH, KW and the W stride SW instead (planner.ROW_TILE_WINDOWS), and
-// VEC, LEAD: their packs (gp::RowTaps).
+// kernels (*_rows) take KH, KW, the W stride SW and W dilation DW instead
+// (row_tiles.ROW_TILE_WINDOWS), and VEC, LEAD: their packs (gp::RowTaps).
 #include "accumulate.cuh"
 #include "gather.cuh"
 #include "geometry.cuh"
@@ -61,28 +61,28 @@ __global__ void GP_WINDOW_BOUNDS(T, I, 4)
 }
 
 // Max pooling (as max_pool) of 1-D and 2-D NCHW planes with 32-bit offsets, KH x KW windows
-// of W stride SW and dilation 1 (gp::RowTaps), and of 3-D planes whose windows take one D
+// of W stride SW and W dilation DW (gp::RowTaps), and of 3-D planes whose windows take one D
 // tap at their own slice, as the 2-D pooling of the slices (gp::slices_as_planes). Geometry:
 // gp::outputs_rows (grid x = W chunks, y = row groups, z = plane (slice) groups; one thread =
 // GP_ROW_TILE outputs side by side along W, their input rows loaded once).
-template <typename T, int KH, int KW, int SW, int VEC, int LEAD>
+template <typename T, int KH, int KW, int SW, int DW, int VEC, int LEAD>
 __global__ void __launch_bounds__(GP_BLOCK_THREADS)
     max_pool_rows(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(int)) {
   GP_GEO(int);
   const gp::Geo<int> s = gp::slices_as_planes(g);
   gp::max_outputs<T, int, false, false>(x, out, nullptr,
-                                        gp::RowTaps<KH, KW, SW, VEC, LEAD>{s}, s);
+                                        gp::RowTaps<KH, KW, SW, DW, VEC, LEAD>{s}, s);
 }
 
 // max_pool_rows of 3-D NCHW planes, their windows' D taps at run time (gp::DepthRowTaps).
 // Geometry: gp::outputs_rows with DEPTH (grid y = groups of the output rows (d, h)). Bound:
 // 256 threads, 2 blocks (ptxas's own choice spilled a 3 x 5 float16 window to local memory).
-template <typename T, int KH, int KW, int SW, int VEC, int LEAD>
+template <typename T, int KH, int KW, int SW, int DW, int VEC, int LEAD>
 __global__ void __launch_bounds__(GP_BLOCK_THREADS, 2)
     max_pool_depth_rows(const T* __restrict__ x, T* __restrict__ out, GP_GEO_PARAMS(int)) {
   GP_GEO(int);
   gp::max_outputs<T, int, false, false>(x, out, nullptr,
-                                        gp::DepthRowTaps<KH, KW, SW, VEC, LEAD>{{g}}, g);
+                                        gp::DepthRowTaps<KH, KW, SW, DW, VEC, LEAD>{{g}}, g);
 }
 
 // Max pooling with int64 indices (as max_pool_indices) over the row tiles of max_pool_rows,
@@ -91,24 +91,24 @@ __global__ void __launch_bounds__(GP_BLOCK_THREADS, 2)
 // stored in whole sectors where the tiles allow (gp::store_row_tile_indices). Bound: 256
 // threads, 1 block (a window's indices beside its taps need more registers than the 80 ptxas
 // gives 256-thread blocks by default: a 5 x 5 float window spilled).
-template <typename T, int KH, int KW, int SW, int VEC, int LEAD>
+template <typename T, int KH, int KW, int SW, int DW, int VEC, int LEAD>
 __global__ void __launch_bounds__(GP_BLOCK_THREADS, 1)
     max_pool_indices_rows(const T* __restrict__ x, T* __restrict__ out,
                           long long* __restrict__ indices, GP_GEO_PARAMS(int)) {
   GP_GEO(int);
-  gp::max_outputs<T, int, true, false>(x, out, indices, gp::RowTaps<KH, KW, SW, VEC, LEAD>{g},
-                                       g);
+  gp::max_outputs<T, int, true, false>(x, out, indices,
+                                       gp::RowTaps<KH, KW, SW, DW, VEC, LEAD>{g}, g);
 }
 
 // max_pool_indices_rows of 3-D NCHW planes (as max_pool_depth_rows, every D slice's row
 // tiles at their flat positions (d*IH + h)*IW + w of the plane).
-template <typename T, int KH, int KW, int SW, int VEC, int LEAD>
+template <typename T, int KH, int KW, int SW, int DW, int VEC, int LEAD>
 __global__ void __launch_bounds__(GP_BLOCK_THREADS, 1)
     max_pool_indices_depth_rows(const T* __restrict__ x, T* __restrict__ out,
                                 long long* __restrict__ indices, GP_GEO_PARAMS(int)) {
   GP_GEO(int);
   gp::max_outputs<T, int, true, false>(x, out, indices,
-                                       gp::DepthRowTaps<KH, KW, SW, VEC, LEAD>{{g}}, g);
+                                       gp::DepthRowTaps<KH, KW, SW, DW, VEC, LEAD>{{g}}, g);
 }
 
 // Max unpooling where windows do not overlap and every index lies in its own window (or is

@@ -518,7 +518,7 @@ struct WindowTaps {
 };
 
 // Row tiles: the windows of GP_ROW_TILE outputs side by side along W of one output row of a
-// 1-D or 2-D NCHW plane (32-bit offsets), KH x KW taps, W stride SW and dilation 1 compiled
+// 1-D or 2-D NCHW plane (32-bit offsets), KH x KW taps, W stride SW and W dilation DW compiled
 // in (the host picks this walk only for those; H stride, pads and H dilation at run time).
 // Neighbouring windows overlap along W, so each input row's span of columns is loaded once
 // into registers and every window takes its taps from there: per output KH * span / R loads
@@ -529,7 +529,7 @@ struct WindowTaps {
 // aligned: the input's start on VEC elements, VEC dividing the row length (so a pack lies
 // wholly inside a row or wholly outside it) and GP_ROW_TILE * SW (so every tile's first
 // column lies LEAD past a pack's start, LEAD = -(W pad) mod VEC). VEC 1: one load per column.
-template <int KH, int KW, int SW, int VEC, int LEAD>
+template <int KH, int KW, int SW, int DW, int VEC, int LEAD>
 struct RowTaps {
   static_assert((GP_ROW_TILE * SW) % VEC == 0 && LEAD < VEC, "packs aligned in every tile");
   static constexpr int joint = GP_ROW_TILE;
@@ -539,7 +539,7 @@ struct RowTaps {
   // rows of 2-D planes (DepthRowTaps: of 3-D ones)
   static constexpr bool depth = false;
   // input columns the windows of a tile cover
-  static constexpr int span = (GP_ROW_TILE - 1) * SW + KW;
+  static constexpr int span = (GP_ROW_TILE - 1) * SW + (KW - 1) * DW + 1;
   // packs per row that cover them
   static constexpr int packs = (LEAD + span + VEC - 1) / VEC;
   const Geo<int>& g;
@@ -696,7 +696,7 @@ struct RowTaps {
         for (int j = 0; j < G; ++j) {
 #pragma unroll
           for (int k = 0; k < KW; ++k) {
-            const int c = j * SW + k;
+            const int c = j * SW + k * DW;
             if constexpr (F::skips) {
               if (rok[b] && cok[c]) f[j].take(v[b][c], base[b] + c);
             } else if (WHOLE && b == 0 && k == 0) {
@@ -745,9 +745,13 @@ struct RowTaps {
 #pragma unroll
     for (int j = 0; j < G; ++j) {
       sum[j] = zero;
+      int cols = 0;
 #pragma unroll
-      for (int k = 0; k < KW; ++k) sum[j] += col[j * SW + k];
-      const int cols = min(j * SW + KW, end) - max(j * SW, first);
+      for (int k = 0; k < KW; ++k) {
+        sum[j] += col[j * SW + k * DW];
+        if constexpr (DW > 1) cols += cok[j * SW + k * DW] ? 1 : 0;
+      }
+      if constexpr (DW == 1) cols = min(j * SW + KW, end) - max(j * SW, first);
       count[j] = (C)(cols > 0 ? rows * cols : 0);
     }
   }
@@ -757,9 +761,9 @@ struct RowTaps {
 // time) inside the plane, in D order (so row-major order holds); the output rows are the
 // (d, h) pairs (outputs_rows with DEPTH); a tap's position counts the slices before its
 // own.
-template <int KH, int KW, int SW, int VEC, int LEAD>
-struct DepthRowTaps : RowTaps<KH, KW, SW, VEC, LEAD> {
-  typedef RowTaps<KH, KW, SW, VEC, LEAD> Rows;
+template <int KH, int KW, int SW, int DW, int VEC, int LEAD>
+struct DepthRowTaps : RowTaps<KH, KW, SW, DW, VEC, LEAD> {
+  typedef RowTaps<KH, KW, SW, DW, VEC, LEAD> Rows;
   static constexpr bool depth = true;
   static constexpr int kd = 0;  // D taps at run time
   template <int G, typename F>
@@ -838,8 +842,8 @@ struct DepthRowTaps : RowTaps<KH, KW, SW, VEC, LEAD> {
       sum[j] = zero;
 #pragma unroll
       for (int k = 0; k < KW; ++k) {
-        sum[j] += col[j * SW + k];
-        cols += cok[j * SW + k] ? 1 : 0;
+        sum[j] += col[j * SW + k * DW];
+        cols += cok[j * SW + k * DW] ? 1 : 0;
       }
       count[j] = (C)(slices * rows * cols);
     }
@@ -856,9 +860,9 @@ __device__ __forceinline__ Geo<int> slices_as_planes(Geo<int> g) {
 }
 
 // The geometry of a row tile's launch with what RowTaps compiles in (1 D tap, KH x KW taps,
-// W stride SW, W dilation 1) as constants, so that the code using it (the averages' divisors)
+// W stride SW, W dilation DW) as constants, so that the code using it (the averages' divisors)
 // folds them.
-template <int KH, int KW, int SW>
+template <int KH, int KW, int SW, int DW>
 __device__ __forceinline__ Geo<int> row_tile_geo(Geo<int> g) {
   g.id = g.od = 1;
   g.kd = g.sd = g.dd = 1;
@@ -866,7 +870,7 @@ __device__ __forceinline__ Geo<int> row_tile_geo(Geo<int> g) {
   g.kh = KH;
   g.kw = KW;
   g.sw = SW;
-  g.dw = 1;
+  g.dw = DW;
   return g;
 }
 

@@ -137,6 +137,7 @@ WINDOWS = [
     Window("1d-k3-s3", (2, 5), (40,), (3,), (3,)),
     Window("1d-k5-s4-p2", (2, 3), (37,), (5,), (4,), 2),
     Window("1d-k4-s2-p1-ceil", (2, 3), (21,), (4,), (2,), 1, 1, True),
+    Window("1d-k5-s2-p2-d2-ceil", (2, 3), (64,), (5,), (2,), 2, (2,), True),
     Window("2d-k2", (2, 3), (8, 9), 2, static_k=2),
     Window("2d-k2-s1-p1-ceil", (2, 3), (7, 6), 2, 1, 1, 1, True, 2),
     Window("2d-k3-s2-p1", (2, 3), (9, 10), 3, 2, 1, static_k=3),
@@ -645,28 +646,30 @@ def strided_cases():
 # ----------------------------------------------------------------------------- row tiles
 
 def row_tile_cases():
-    """Each row-tile kernel (row_tiles.ROW_TILE_WINDOWS, W pads up to half the window): max
-    values, max values and indices, and averages of rows of 64 elements (aligned packs, from
-    every lead a pad gives) and of 37 (a load per column; a 2-D max then takes the general
-    walk); and inputs one element past an aligned start, which load a column at a time or take
-    the general walk; 3-D max, with D taps and with one D tap per slice (values: the slices as
-    planes; with indices, which count the slices, the D taps at run time)."""
+    """Each row-tile kernel (row_tiles.ROW_TILE_WINDOWS: windows, W strides and W dilations; W
+    pads up to half the window): max values, max values and indices, and averages of rows of
+    64 elements (aligned packs, from every lead a pad gives) and of 37 (a load per column; a
+    2-D max then takes the general walk); and inputs one element past an aligned start, which
+    load a column at a time or take the general walk; 3-D max, with D taps and with one D tap
+    per slice (values: the slices as planes; with indices, which count the slices, the D taps
+    at run time)."""
     maxes = (("max", _max(False), "max_pool"), ("max-idx", _max(True), "max_pool_indices"))
-    for (kh, kw, sw), dtype in itertools.product(row_tiles.ROW_TILE_WINDOWS,
-                                                 row_tiles.ROW_TILE_DTYPES):
-        lead, kernel, stride = ((2, 3, 7), (kh, kw), (2, sw)) if kh > 1 else ((2, 3), (kw,), (sw,))
-        name = f"{dtype}-NCHW-rows-k{kh}x{kw}-s{sw}"
+    for (kh, kw, sw, dw), dtype in itertools.product(row_tiles.ROW_TILE_WINDOWS,
+                                                     row_tiles.ROW_TILE_DTYPES):
+        lead, kernel, stride, dilation = (((2, 3, 7), (kh, kw), (2, sw), (1, dw)) if kh > 1
+                                          else ((2, 3), (kw,), (sw,), (dw,)))
+        name = f"{dtype}-NCHW-rows-k{kh}x{kw}-s{sw}-d{dw}"
         for pad, width in [(p, 64) for p in range(kw // 2 + 1)] + [(kw // 2, 37)]:
             shape = lead + (width,)
             ops = [(op, "max", call, (base if kh > 1 and width == 37 else f"{base}_rows",))
                    for op, call, base in maxes]
             ops.append(("avg-cip", "sum", _avg(cip=True), ("avg_pool_rows",)))
             for op, values, call, kernels in ops:
-                w = Window(name, lead[:2], shape[2:], kernel, stride, pad)
+                w = Window(name, lead[:2], shape[2:], kernel, stride, pad, dilation)
                 yield Case(f"{op}-{name}-p{pad}-w{width}", random_input(shape, dtype, values),
                            lambda x, w=w, f=call: f(x, w, "NCHW"), True, requests=kernels)
         shape = lead + (64,)
-        w = Window(name, lead[:2], shape[2:], kernel, stride, 1)
+        w = Window(name, lead[:2], shape[2:], kernel, stride, 1, dilation)
         for op, call, base in maxes:
             yield Case(f"{op}-{name}-p1-w64-misaligned", random_input(shape, dtype, "max"),
                        lambda x, w=w, f=call: f(x, w, "NCHW"), True, view=misaligned,
@@ -680,13 +683,14 @@ def row_tile_cases():
             ("avg-cip", "sum", _avg(cip=True), "avg_pool")]
         for op, values, call, base in ops3:
             for pad in range(kw // 2 + 1):
-                w = Window(name, lead[:2], spatial3, kernel3, stride3, (1, kh // 2, pad), 1, True)
+                w = Window(name, lead[:2], spatial3, kernel3, stride3, (1, kh // 2, pad),
+                           (1, 1, dw), True)
                 yield Case(f"{op}-3d-{name}-p{pad}",
                            random_input(lead[:2] + spatial3, dtype, values),
                            lambda x, w=w, f=call: f(x, w, "NCHW"), True,
                            requests=(f"{base}_depth_rows" if kh > 1 else base,))
             w = Window(name, lead[:2], spatial3, (1,) + kernel3[1:], stride3,
-                       (0, kh // 2, kw // 2))
+                       (0, kh // 2, kw // 2), (1, 1, dw))
             yield Case(f"{op}-3d-slices-{name}", random_input(lead[:2] + spatial3, dtype, values),
                        lambda x, w=w, f=call: f(x, w, "NCHW"), True,
                        requests=(f"{base}_rows" if op != "max-idx" else
@@ -1054,20 +1058,22 @@ def row_tile_index_input(shape, dtype, kind):
 
 @pytest.mark.parametrize("kind", ["-inf", "nan", "mixed"])
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
-@pytest.mark.parametrize("shape, kernel, stride, padding, ceil, rows", [
-    ((1, 2, 7, 64), (3, 3), 2, 1, False, "max_pool_indices_rows"),
-    ((1, 2, 9, 64), (3, 3), 2, 0, True, "max_pool_indices_rows"),  # last windows off the edge
-    ((1, 2, 6, 64), (3, 3), 2, ((4, 0), (1, 1)), True, "max_pool_indices_rows"),  # empty windows
-    ((2, 3, 64), (3,), 3, 1, True, "max_pool_indices_rows"),
-    ((2, 3, 64), (3,), 3, 0, False, "max_pool_indices_rows"),  # odd rows off 16 bytes
+@pytest.mark.parametrize("shape, kernel, stride, padding, dilation, ceil, rows", [
+    ((1, 2, 7, 64), (3, 3), 2, 1, 1, False, "max_pool_indices_rows"),
+    ((1, 2, 9, 64), (3, 3), 2, 0, 1, True, "max_pool_indices_rows"),  # last windows off the edge
+    ((1, 2, 6, 64), (3, 3), 2, ((4, 0), (1, 1)), 1, True, "max_pool_indices_rows"),  # empty
+    ((2, 3, 64), (3,), 3, 1, 1, True, "max_pool_indices_rows"),
+    ((2, 3, 64), (3,), 3, 0, 1, False, "max_pool_indices_rows"),  # odd rows off 16 bytes
     # warps of 32 whole tiles of a row, and a warp with a tile cut by the row's end
-    ((2, 3, 1540), (3,), 3, 1, False, "max_pool_indices_rows"),
-    ((1, 2, 4, 520), (3, 3), 1, 1, False, "max_pool_indices_rows"),  # a pair past the warps
-    ((1, 2, 3, 7, 64), (2, 3, 3), (1, 2, 2), 1, True, "max_pool_indices_depth_rows"),
-    ((1, 2, 3, 7, 64), (1, 2, 2), (1, 2, 2), 0, False, "max_pool_indices_depth_rows"),
+    ((2, 3, 1540), (3,), 3, 1, 1, False, "max_pool_indices_rows"),
+    ((1, 2, 4, 520), (3, 3), 1, 1, 1, False, "max_pool_indices_rows"),  # a pair past the warps
+    ((2, 3, 64), (5,), 2, 2, 2, True, "max_pool_indices_rows"),  # dilated taps off the edge
+    ((2, 3, 64), (5,), 2, ((10, 0),), 2, True, "max_pool_indices_rows"),  # empty, dilated
+    ((1, 2, 3, 7, 64), (2, 3, 3), (1, 2, 2), 1, 1, True, "max_pool_indices_depth_rows"),
+    ((1, 2, 3, 7, 64), (1, 2, 2), (1, 2, 2), 0, 1, False, "max_pool_indices_depth_rows"),
 ])
-def test_row_tile_indices_name_valid_taps_only(shape, kernel, stride, padding, ceil, rows, kind,
-                                               dtype, cupy, monkeypatch):
+def test_row_tile_indices_name_valid_taps_only(shape, kernel, stride, padding, dilation, ceil,
+                                               rows, kind, dtype, cupy, monkeypatch):
     """The row tiles' max with indices (whose loads fill the slots outside the plane with the
     lowest value) names the reference's tap: the first valid one of a window of -inf (never a
     padded slot), the last NaN, -1 for a window with no valid tap; 3-D indices count the
@@ -1075,9 +1081,9 @@ def test_row_tile_indices_name_valid_taps_only(shape, kernel, stride, padding, c
     per tile) puts them in place."""
     import reference as ref
     x = row_tile_index_input(shape, dtype, kind)
-    want_v, want_i = ref.max_pool(x.astype(np.float64), kernel, stride, padding, 1, ceil)
+    want_v, want_i = ref.max_pool(x.astype(np.float64), kernel, stride, padding, dilation, ceil)
     rec = record(monkeypatch)
-    got_v, got_i = gpupool.max_pool(cupy.asarray(x), kernel, stride, padding, 1, ceil,
+    got_v, got_i = gpupool.max_pool(cupy.asarray(x), kernel, stride, padding, dilation, ceil,
                                     return_indices=True)
     assert [n.split("<")[0] for _, n in rec.names] == [rows]
     assert_array_equal(cupy.asnumpy(got_i), want_i)

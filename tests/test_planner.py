@@ -247,43 +247,50 @@ def test_channel_packs(channels, kw, align, expected):
 
 
 @pytest.mark.parametrize("shape, k, s, p, d, kw, expected", [
-    ((32, 64, 112, 112), 3, 2, 1, 1, dict(op="avg"), (3, 3, 2, 4, 3)),
-    ((16, 128, 56, 56), 2, 2, 0, 1, dict(op="avg", dtype="float16"), (2, 2, 2, 8, 0)),
-    ((2, 3, 9, 300), 3, 1, 1, 1, dict(op="avg"), (3, 3, 1, 4, 3)),
-    ((2, 3, 9, 300), 3, 1, 1, 1, dict(op="avg", dtype="bfloat16"), (3, 3, 1, 4, 3)),  # 8 bytes
-    ((2, 3, 9, 302), 3, 1, 1, 1, dict(op="avg"), (3, 3, 1, 1, 0)),  # rows off the packs
-    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="float16"), (1, 3, 3, 4, 0)),
-    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="bfloat16"), (1, 3, 3, 4, 0)),
-    ((32, 80, 4097), (3,), 3, 0, 1, dict(dtype="float16"), (1, 3, 3, 1, 0)),
-    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="float16", return_indices=True), (1, 3, 3, 4, 0)),
-    ((32, 64, 112, 112), 3, 2, 1, 1, dict(return_indices=True), (3, 3, 2, 4, 3)),
+    ((32, 64, 112, 112), 3, 2, 1, 1, dict(op="avg"), (3, 3, 2, 1, 4, 3)),
+    ((16, 128, 56, 56), 2, 2, 0, 1, dict(op="avg", dtype="float16"), (2, 2, 2, 1, 8, 0)),
+    ((2, 3, 9, 300), 3, 1, 1, 1, dict(op="avg"), (3, 3, 1, 1, 4, 3)),
+    ((2, 3, 9, 300), 3, 1, 1, 1, dict(op="avg", dtype="bfloat16"), (3, 3, 1, 1, 4, 3)),  # 8 bytes
+    ((2, 3, 9, 302), 3, 1, 1, 1, dict(op="avg"), (3, 3, 1, 1, 1, 0)),  # rows off the packs
+    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="float16"), (1, 3, 3, 1, 4, 0)),
+    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="bfloat16"), (1, 3, 3, 1, 4, 0)),
+    ((32, 80, 4097), (3,), 3, 0, 1, dict(dtype="float16"), (1, 3, 3, 1, 1, 0)),
+    ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="float16", return_indices=True),
+     (1, 3, 3, 1, 4, 0)),
+    ((32, 64, 112, 112), 3, 2, 1, 1, dict(return_indices=True), (3, 3, 2, 1, 4, 3)),
     ((32, 64, 55, 55), 3, 2, 0, 1, dict(return_indices=True), None),  # off the packs
-    ((32, 64, 112, 112), 3, 2, 1, 1, {}, (3, 3, 2, 4, 3)),  # a 2-D max, in packs
-    ((16, 128, 56, 56), 2, 2, 0, 1, dict(dtype="float16"), (2, 2, 2, 8, 0)),
+    ((32, 64, 112, 112), 3, 2, 1, 1, {}, (3, 3, 2, 1, 4, 3)),  # a 2-D max, in packs
+    ((16, 128, 56, 56), 2, 2, 0, 1, dict(dtype="float16"), (2, 2, 2, 1, 8, 0)),
     ((32, 64, 55, 55), 3, 2, 0, 1, {}, None),  # a 2-D max whose rows are off the packs
-    ((2, 256, 32000), (5,), 4, 2, 1, dict(op="avg", count_include_pad=True), (1, 5, 4, 4, 2)),
-    ((2, 128, 56, 56), 5, 2, 2, 1, dict(op="avg", dtype="float16"), (5, 5, 2, 8, 6)),
+    ((2, 256, 32000), (5,), 4, 2, 1, dict(op="avg", count_include_pad=True), (1, 5, 4, 1, 4, 2)),
+    ((2, 128, 56, 56), 5, 2, 2, 1, dict(op="avg", dtype="float16"), (5, 5, 2, 1, 8, 6)),
     ((3, 96, 55, 57), (3, 5), 2, (1, 2), 1, dict(op="avg", dtype="bfloat16", divisor_override=7),
-     (3, 5, 2, 1, 0)),  # rows off the packs
-    ((64, 8192), (4,), 4, 0, 1, dict(op="avg"), (1, 4, 4, 4, 0)),
+     (3, 5, 2, 1, 1, 0)),  # rows off the packs
+    ((64, 8192), (4,), 4, 0, 1, dict(op="avg"), (1, 4, 4, 1, 4, 0)),
     ((32, 64, 112, 112), 3, 2, 1, 1, dict(op="avg", layout="NHWC"), None),  # NHWC
     ((32, 64, 112, 112), 3, 2, 1, 1, dict(op="avg", dtype="float64"), None),
-    ((32, 64, 112, 112), 3, 2, 1, 2, dict(op="avg"), None),  # dilation
+    ((32, 64, 112, 112), 3, 2, 1, 2, dict(op="avg"), None),  # a W dilation not compiled in
+    # a 1-D window of W dilation 2 (row_tiles.ROW_TILE_WINDOWS); one of dilation 3 is not
+    ((16, 128, 2048), (5,), 2, 2, 2, dict(dtype="float16"), (1, 5, 2, 2, 8, 6)),
+    ((16, 128, 2048), (5,), 2, 2, 2, dict(return_indices=True), (1, 5, 2, 2, 4, 2)),
+    ((16, 128, 2048), (5,), 2, 2, 2, dict(op="avg", dtype="bfloat16"), (1, 5, 2, 2, 8, 6)),
+    ((16, 128, 2045), (5,), 2, 2, 2, dict(dtype="float16"), (1, 5, 2, 2, 1, 0)),
+    ((16, 128, 2048), (5,), 2, 2, 3, dict(dtype="float16"), None),
     ((32, 64, 112, 112), 3, 3, 1, 1, dict(op="avg"), None),  # a stride not compiled in
     ((2, 3, 10, 10, 10), (2, 2, 2), 2, 0, 1, dict(op="avg"), None),  # 3-D, off the packs
     # a 3-D max with one D tap per window at its own slice: the 2-D pooling of its slices
-    ((8, 64, 16, 112, 112), (1, 2, 2), (1, 2, 2), 0, 1, dict(dtype="float16"), (2, 2, 2, 8, 0)),
-    ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1, {}, (3, 3, 2, 4, 3)),
+    ((8, 64, 16, 112, 112), (1, 2, 2), (1, 2, 2), 0, 1, dict(dtype="float16"), (2, 2, 2, 1, 8, 0)),
+    ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1, {}, (3, 3, 2, 1, 4, 3)),
     # ... else the D taps at run time (max_pool_depth_rows), and always with indices
     ((8, 64, 16, 112, 112), (1, 2, 2), (1, 2, 2), 0, 1,
-     dict(dtype="float16", return_indices=True), (2, 2, 2, 8, 0)),
-    ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), 1, 1, {}, (3, 3, 2, 4, 3)),  # D padding
-    ((2, 3, 5, 64, 64), (1, 3, 3), (2, 2, 2), (0, 1, 1), 1, {}, (3, 3, 2, 4, 3)),  # D stride
-    ((4, 128, 16, 56, 56), (2, 2, 2), 2, 0, 1, dict(dtype="float16"), (2, 2, 2, 8, 0)),
+     dict(dtype="float16", return_indices=True), (2, 2, 2, 1, 8, 0)),
+    ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), 1, 1, {}, (3, 3, 2, 1, 4, 3)),  # D padding
+    ((2, 3, 5, 64, 64), (1, 3, 3), (2, 2, 2), (0, 1, 1), 1, {}, (3, 3, 2, 1, 4, 3)),  # D stride
+    ((4, 128, 16, 56, 56), (2, 2, 2), 2, 0, 1, dict(dtype="float16"), (2, 2, 2, 1, 8, 0)),
     ((2, 3, 10, 10, 10), (2, 2, 2), 2, 0, 1, {}, None),  # rows off the packs
     ((2, 3, 5, 64, 64), (3, 3, 3), (1, 2, 2), 1, 2, {}, None),  # dilation
-    ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1, dict(op="avg"), (3, 3, 2, 4, 3)),
-    ((1, 32, 16, 56, 56), (2, 2, 2), 2, 0, 1, dict(op="avg", dtype="float16"), (2, 2, 2, 8, 0)),
+    ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1, dict(op="avg"), (3, 3, 2, 1, 4, 3)),
+    ((1, 32, 16, 56, 56), (2, 2, 2), 2, 0, 1, dict(op="avg", dtype="float16"), (2, 2, 2, 1, 8, 0)),
     ((2, 3, 5, 8, 64), (2, 1, 3), (1, 1, 2), 0, 1, {}, None),  # D taps, a window 1 high
     # slices, planes past one grid dim (a block of 256 threads per slice or plane: no packing)
     ((4000, 20, 8, 2048), (1, 2, 2), (1, 2, 2), 0, 1, {}, None),
@@ -291,18 +298,18 @@ def test_channel_packs(channels, kw, align, expected):
 ])
 def test_row_tiles_take_the_compiled_in_nchw_windows(shape, k, s, p, d, kw, expected):
     """1-D and 2-D NCHW averages and max pooling (values, or values and indices) of
-    ROW_TILE_DTYPES with a window and stride of ROW_TILE_WINDOWS and dilation 1 take the
-    row-tile kernels, ROW_TILE outputs per thread, in packs of 16 bytes (8 where 16 do not
-    divide ROW_TILE * SW) where the packs divide the rows; a 2-D or 3-D max only in packs; 3-D
-    as 2-D planes where each window takes one D tap at its own slice (not a max with
-    indices), else the D taps at run time, in packs only and for windows over 1 high; the
-    rest the general window walk."""
+    ROW_TILE_DTYPES with a window, W stride and W dilation of ROW_TILE_WINDOWS (D and H
+    dilation 1) take the row-tile kernels, ROW_TILE outputs per thread, in packs of 16 bytes
+    (8 where 16 do not divide ROW_TILE * SW) where the packs divide the rows; a 2-D or 3-D max
+    only in packs; 3-D as 2-D planes where each window takes one D tap at its own slice (not a
+    max with indices), else the D taps at run time, in packs only and for windows over 1
+    high; the rest the general window walk."""
     sp = window(shape, k, s, p, d, **kw)
     assert row_tiles.row_tile(sp) == expected
     (la,) = plan(sp, H100).launches
     assert la.kernel.endswith("_rows") == (expected is not None)
     if expected:
-        assert tuple(la.get(n) for n in ("kh", "kw", "sw", "vec", "lead")) == expected
+        assert tuple(map(la.get, row_tiles.ROW_TILE_PARAMS)) == expected
         assert la.grid[0] * la.block[0] * row_tiles.ROW_TILE >= sp.out_spatial[-1]
         depth = la.kernel.endswith("depth_rows")
         slices = row_tiles.depth_slices(sp)
@@ -318,9 +325,9 @@ def test_row_tiles_take_the_compiled_in_nchw_windows(shape, k, s, p, d, kw, expe
     assert row_tiles.row_tile(lp) is None
 
 
-@pytest.mark.parametrize("align, avg, max_", [(16, (3, 3, 2, 4, 3), (3, 3, 2, 4, 3)),
-                                              (8, (3, 3, 2, 1, 0), None),
-                                              (4, (3, 3, 2, 1, 0), None)])
+@pytest.mark.parametrize("align, avg, max_", [(16, (3, 3, 2, 1, 4, 3), (3, 3, 2, 1, 4, 3)),
+                                              (8, (3, 3, 2, 1, 1, 0), None),
+                                              (4, (3, 3, 2, 1, 1, 0), None)])
 def test_row_tiles_load_packs_only_from_an_input_aligned_to_them(align, avg, max_):
     """An input whose start is not aligned to a pack loads a column at a time (averages) or
     takes the general walk (a 2-D max)."""

@@ -18,6 +18,7 @@ from .names import (acc_dtype, adaptive_name, global_name, packs_name, partial_d
                     rows_name, unpool_name, window_name)
 from .launching import (Step, alignment, contiguous, geo_args, global_passes, itype_scalar,
                         launch, launch_cache, on_host, reduction_args)
+from .row_tiles import ROW_TILE_PARAMS
 from ..arrays import dtype_name
 from ..spec import AdaptiveSpec, UnpoolSpec, WindowSpec
 
@@ -43,8 +44,7 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64", scatter: bool =
         geo = geo_args(spec, it, pl.family == "window") + (np.int32(la.rows),)
         if pl.family == "window":
             if la.kernel.endswith("_rows"):
-                name = rows_name(la.kernel, g.dtype, tuple(
-                    la.get(k) for k in ("kh", "kw", "sw", "vec", "lead")))
+                name = rows_name(la.kernel, g.dtype, tuple(map(la.get, ROW_TILE_PARAMS)))
             elif la.kernel.endswith("_packs"):
                 name = packs_name(la.kernel, g.dtype, itype, planner.static_window(spec))
             else:

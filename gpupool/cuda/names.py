@@ -105,21 +105,22 @@ def packs_name(kernel_base: str, dtype: str, itype: str, k: int) -> str:
 
 
 def rows_name(kernel_base: str, dtype: str, shape: tuple[int, ...]) -> str:
-    """A row-tile kernel's name expression; ``shape``: its (KH, KW, SW, VEC, LEAD)
+    """A row-tile kernel's name expression; ``shape``: its (KH, KW, SW, DW, VEC, LEAD)
     (:func:`gpupool.cuda.row_tiles.row_tile`)."""
     return f"{kernel_base}<{ctype(dtype)}, {', '.join(map(str, shape))}>"
 
 
 def row_tile_shapes(op: str, dtype: str) -> list[tuple[int, ...]]:
-    """Every (KH, KW, SW, VEC, LEAD) :func:`gpupool.cuda.row_tiles.row_tile` gives ``op``
+    """Every (KH, KW, SW, DW, VEC, LEAD) :func:`gpupool.cuda.row_tiles.row_tile` gives ``op``
     ("max" or "avg") on ``dtype``: each window of ROW_TILE_WINDOWS with each W pad up to half
     the window, on rows of 64 elements (packs where the window takes them) and of 37 (none)."""
     shapes = []
-    for kh, kw, sw in row_tiles.ROW_TILE_WINDOWS:
-        spatial, kernel, stride = ((8,), (kh, kw), (1, sw)) if kh > 1 else ((), (kw,), (sw,))
+    for kh, kw, sw, dw in row_tiles.ROW_TILE_WINDOWS:
+        spatial, kernel, stride, dilation = (((8,), (kh, kw), (1, sw), (1, dw)) if kh > 1
+                                             else ((), (kw,), (sw,), (dw,)))
         for pad, width in itertools.product(range(kw // 2 + 1), (64, 37)):
             spec = window_spec(f"{op}_pool", op, (1, 1) + spatial + (width,), dtype, kernel,
-                               stride, pad, 1, False, "NCHW")
+                               stride, pad, dilation, False, "NCHW")
             shapes.append(row_tiles.row_tile(spec))
     return list(dict.fromkeys(s for s in shapes if s))
 
@@ -237,7 +238,7 @@ def _forward_names(itype: str) -> list[str]:
                 out += [rows_name(f"{base}_depth_rows", dtype, shape)
                         for dtype in row_tiles.ROW_TILE_DTYPES
                         for shape in row_tile_shapes(op, dtype)
-                        if shape[0] > 1 and shape[3] > 1]
+                        if shape[0] > 1 and shape[-2] > 1]
         for dtype in (CTYPES if op == "max" else FLOAT_DTYPES):
             one, first, second = global_type_pairs(op, dtype)
             pairs = {"global_block": (one, first), "global_channels": (one, first, second)}

@@ -463,7 +463,7 @@ def kernel_spec(spec, align: int = 16):
     if isinstance(spec, S.AdaptiveSpec) and not spec.is_global:
         window = spec.uniform_window
         shape = window and row_tile(window, align)
-        if shape and shape[3] > 1:
+        if shape and shape[-2] > 1:
             return window
     return spec
 

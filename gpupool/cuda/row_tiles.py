@@ -10,11 +10,14 @@ from .grid import (BLOCK_THREADS, BLOCK_Z_MAX, GRID_YZ_MAX, MIN_BLOCK_THREADS, b
 from .launches import DeviceInfo, Launch, Plan
 
 ROW_TILE = 4  # outputs per thread of a row tile, along W (the kernels' GP_ROW_TILE)
-#: (KH, KW, SW) of the row tiles compiled in: window rows and columns and W stride (KH 1: a
-#: 1-D pooling), dilation 1.
-ROW_TILE_WINDOWS = ((2, 2, 2), (3, 3, 1), (3, 3, 2), (3, 5, 2), (5, 5, 2), (1, 3, 2),
-                    (1, 3, 3), (1, 4, 2), (1, 4, 4), (1, 5, 4))
+#: (KH, KW, SW, DW) of the row tiles compiled in: window rows and columns, W stride and W
+#: dilation (KH 1: a 1-D pooling); D and H dilation 1.
+ROW_TILE_WINDOWS = ((2, 2, 2, 1), (3, 3, 1, 1), (3, 3, 2, 1), (3, 5, 2, 1), (5, 5, 2, 1),
+                    (1, 3, 2, 1), (1, 3, 3, 1), (1, 4, 2, 1), (1, 4, 4, 1), (1, 5, 4, 1),
+                    (1, 5, 2, 2))
 ROW_TILE_DTYPES = ("float16", "bfloat16", "float32")
+#: the launch parameters of a row-tile kernel, its template parameters after the dtype
+ROW_TILE_PARAMS = ("kh", "kw", "sw", "dw", "vec", "lead")
 MAX_TX = 64  # rows of more tiles than this take blocks of a power-of-two width
 WARP = 32
 
@@ -30,13 +33,13 @@ def depth_slices(spec) -> int:
 
 
 def row_tile(spec, align: int = 16) -> tuple[int, ...] | None:
-    """(KH, KW, SW, VEC, LEAD) of the row-tile kernels (``max_pool_rows``,
+    """(KH, KW, SW, DW, VEC, LEAD) of the row-tile kernels (``max_pool_rows``,
     ``max_pool_indices_rows``, ``avg_pool_rows``: ROW_TILE outputs side by side along W per
     thread) when they cover ``spec``: an NCHW average or max (values, or values and indices)
     of ROW_TILE_DTYPES (3-D: its :func:`depth_slices` as 2-D planes, else the ``*_depth_rows``
-    kernels, the D taps at run time, H windows over 1), dilation 1, an (H, W) window and W
-    stride of ROW_TILE_WINDOWS, 32-bit offsets, plane (slice) groups and output rows within a
-    grid dim; else None.
+    kernels, the D taps at run time, H windows over 1), an (H, W) window, W stride and W
+    dilation of ROW_TILE_WINDOWS (D and H dilation 1), 32-bit offsets, plane (slice) groups and
+    output rows within a grid dim; else None.
     Input rows load in packs of VEC elements from LEAD = -(W pad) mod VEC columns before a
     tile's first: 16 bytes, or 8 where 16 do not divide ROW_TILE * SW, if VEC divides the row
     length and ``align`` (the input start's alignment, bytes) holds a pack; else VEC 1. A 2-D
@@ -46,9 +49,9 @@ def row_tile(spec, align: int = 16) -> tuple[int, ...] | None:
     if (not isinstance(spec, S.WindowSpec) or spec.op not in ("max", "avg")
             or g.layout != "NCHW"
             or g.dtype not in ROW_TILE_DTYPES
-            or any(d != 1 for d in spec.dilation)):
+            or any(d != 1 for d in spec.dilation[:-1])):
         return None
-    shape = canonical3(spec.kernel, 1)[1:] + (spec.stride[-1],)
+    shape = canonical3(spec.kernel, 1)[1:] + (spec.stride[-1], spec.dilation[-1])
     if (shape not in ROW_TILE_WINDOWS or index_type(spec) != "int"
             or (shape[0] == 1 and not depth_slices(spec))):
         return None
@@ -112,14 +115,14 @@ def _filled(spec: S.WindowSpec, device: DeviceInfo, block: tuple[int, int, int])
     return (tx, ty, tz), blocks(ty) >= fill_target(device, tx * ty * tz)
 
 
-def plan_row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int, int],
+def plan_row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, ...],
                    words: list) -> Plan:
     """The row-tile launch (thread_map.cuh outputs_rows): ROW_TILE outputs along W per thread,
     blocks of :func:`_block` (exact where the grid then makes a wave of blocks, and values
     only: a max with indices stores them by lane pairs or warps of tiles side by side),
     halved by :func:`_filled`, plane groups on grid z (the ``*_depth_rows`` kernels: on y, the
     W chunks and row groups on x). Planes and rows: :func:`_grid`."""
-    kh, kw, sw, vec, lead = shape
+    kh, kw, sw, dw, vec, lead = shape
     planes, rows = _grid(spec)
     ow = spec.out_spatial[-1]
     depth = not depth_slices(spec)
@@ -140,10 +143,12 @@ def plan_row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, int
         "_depth_rows" if depth else "_rows")
     packs = f" (aligned packs of {vec * S.ITEMSIZE[spec.geom.dtype]} bytes)" if vec > 1 else ""
     words.append(f"row tiles: {ROW_TILE} outputs per thread side by side along W, their "
-                 f"{kh}x{kw} windows of W stride {sw} compiled in; each input row of a tile "
+                 f"{kh}x{kw} windows of W stride {sw}"
+                 + (f" and W dilation {dw}" if dw > 1 else "") + " compiled in; each input row "
+                 f"of a tile "
                  f"loaded once into registers{packs} and shared by the windows that overlap")
     words.append(f"split: {planes} planes ({cdiv(planes, tz)} groups on grid "
                  f"{'y' if depth else 'z'}) x {cdiv(rows, ty)} groups of {ty} output rows x "
                  f"{cdiv(ow, tx * ROW_TILE)} chunks of {tx * ROW_TILE} outputs along W")
     return Plan("window", "int", (Launch(kernel, grid, (tx, ty, tz), 1, tuple(sorted(zip(
-        ("kh", "kw", "sw", "vec", "lead"), shape)))),), tuple(words))
+        ROW_TILE_PARAMS, shape)))),), tuple(words))
