@@ -177,7 +177,9 @@ __device__ __forceinline__ void outputs_rows(const Geo<int>& g, const T* __restr
 // A row tile's results v[0..n) to out[o[0].oi + j] (outputs_rows: consecutive along W; or
 // the channels of an NHWC pack, outputs_nhwc with V = G): when the tile is whole and its first
 // output aligned to the word, one store per word of up to 16 bytes (a 32-byte tile of int64
-// indices: two), else one store per output.
+// indices: two); a whole tile of 4 outputs of 2 bytes or more off its word, in pairs where
+// its first output is aligned to one (two stores), else its middle pair as one and the
+// outputs beside it alone (three); else one store per output.
 template <int G, typename T, typename I>
 __device__ __forceinline__ void store_row_tile(T* __restrict__ out, const Output<I>* o, int n,
                                                const T (&v)[G]) {
@@ -196,11 +198,33 @@ __device__ __forceinline__ void store_row_tile(T* __restrict__ out, const Output
       memcpy(&w, &p, sizeof w);
       reinterpret_cast<W*>(dst)[k / per_word] = w;
     }
-  } else {
-#pragma unroll
-    for (int j = 0; j < G; ++j) {
-      if (j < n) dst[j] = v[j];
+    return;
+  }
+  if constexpr (G == 4 && sizeof(T) >= 2) {
+    typedef typename Word<2 * sizeof(T)>::type P;
+    if (n == G) {
+      const auto pair = [&](int j) {
+        Pack<T, 2> p;
+        p.v[0] = v[j];
+        p.v[1] = v[j + 1];
+        P w;
+        memcpy(&w, &p, sizeof w);
+        *reinterpret_cast<P*>(dst + j) = w;
+      };
+      if ((unsigned long long)dst % sizeof(P) == 0) {
+        pair(0);
+        pair(2);
+      } else {
+        dst[0] = v[0];
+        pair(1);
+        dst[3] = v[3];
+      }
+      return;
     }
+  }
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    if (j < n) dst[j] = v[j];
   }
 }
 
