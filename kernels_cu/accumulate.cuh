@@ -224,7 +224,7 @@ __device__ __forceinline__ void max_outputs(const T* __restrict__ x, T* __restri
       T v[G];
 #pragma unroll
       for (int j = 0; j < G; ++j) v[j] = Num<T>::store(acc[j].m);
-      store_row_tile<G>(out, o, n, v);
+      store_row_tile<G>(out, o, n, v, warp_in_one_row());
       if constexpr (IDX) {
         int best[G];
 #pragma unroll

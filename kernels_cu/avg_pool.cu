@@ -66,7 +66,7 @@ __device__ __forceinline__ void avg_outputs(const T* __restrict__ x, T* __restri
         for (int j = 0; j < G; ++j) r[j] = average(s[j], count[j], divisor(o[j], count[j]));
 #pragma unroll
         for (int j = 0; j < G; ++j) v[j] = gp::Num<T>::store(r[j]);
-        gp::store_row_tile<G>(out, o, n, v);
+        gp::store_row_tile<G>(out, o, n, v, gp::warp_in_one_row());
       } else {
         out[o[0].oi] = mean(s[0], count[0], divisor(o[0], count[0]));  // n >= 1
 #pragma unroll

@@ -174,15 +174,20 @@ __device__ __forceinline__ void outputs_rows(const Geo<int>& g, const T* __restr
   h(x + p * ((DEPTH ? g.id : 1) * g.ih * g.iw), 1, o, left < G ? left : G);
 }
 
+// Whether the lanes of a warp hold row tiles (outputs_rows) side by side in one output row:
+// blockDim.x a multiple of 32. Their first outputs then lie alike off the word.
+__device__ __forceinline__ bool warp_in_one_row() { return (blockDim.x & 31) == 0; }
+
 // A row tile's results v[0..n) to out[o[0].oi + j] (outputs_rows: consecutive along W; or
 // the channels of an NHWC pack, outputs_nhwc with V = G): when the tile is whole and its first
 // output aligned to the word, one store per word of up to 16 bytes (a 32-byte tile of int64
-// indices: two); a whole tile of 4 outputs of 2 bytes or more off its word, in pairs where
-// its first output is aligned to one (two stores), else its middle pair as one and the
-// outputs beside it alone (three); else one store per output.
+// indices: two); with `pairs` (warp_in_one_row: the lanes of a warp take the same branch), a
+// whole tile of 4 outputs of 2 bytes or more off its word in pairs where its first output is
+// aligned to one (two stores), else its middle pair as one and the outputs beside it alone
+// (three); else one store per output.
 template <int G, typename T, typename I>
 __device__ __forceinline__ void store_row_tile(T* __restrict__ out, const Output<I>* o, int n,
-                                               const T (&v)[G]) {
+                                               const T (&v)[G], bool pairs = false) {
   constexpr int bytes = sizeof(Pack<T, G>) < 16 ? (int)sizeof(Pack<T, G>) : 16;
   constexpr int per_word = bytes / (int)sizeof(T);
   static_assert(G % per_word == 0, "a tile is whole words");
@@ -202,7 +207,7 @@ __device__ __forceinline__ void store_row_tile(T* __restrict__ out, const Output
   }
   if constexpr (G == 4 && sizeof(T) >= 2) {
     typedef typename Word<2 * sizeof(T)>::type P;
-    if (n == G) {
+    if (pairs && n == G) {
       const auto pair = [&](int j) {
         Pack<T, 2> p;
         p.v[0] = v[j];
@@ -244,7 +249,7 @@ __device__ __forceinline__ void store_row_tile_indices(long long* __restrict__ i
   const int lane = (int)((threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x) & 31;
   const int odd = lane & 1;
   long long* __restrict__ pair = indices + (o[0].oi - odd * G);
-  if ((blockDim.x & 31) == 0 && o[0].o_w + (32 - lane) * G <= ow) {
+  if (warp_in_one_row() && o[0].o_w + (32 - lane) * G <= ow) {
     long long* __restrict__ dst = indices + (o[0].oi - lane * G);
 #pragma unroll
     for (int r = 0; r < G; ++r) {
