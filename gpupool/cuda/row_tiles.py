@@ -142,11 +142,10 @@ def plan_row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, ...
     kernel = ("max_pool_indices" if spec.return_indices else f"{spec.op}_pool") + (
         "_depth_rows" if depth else "_rows")
     packs = f" (aligned packs of {vec * S.ITEMSIZE[spec.geom.dtype]} bytes)" if vec > 1 else ""
+    windows = f"{kh}x{kw} windows of W stride {sw}" + (f" and W dilation {dw}" if dw > 1 else "")
     words.append(f"row tiles: {ROW_TILE} outputs per thread side by side along W, their "
-                 f"{kh}x{kw} windows of W stride {sw}"
-                 + (f" and W dilation {dw}" if dw > 1 else "") + " compiled in; each input row "
-                 f"of a tile "
-                 f"loaded once into registers{packs} and shared by the windows that overlap")
+                 f"{windows} compiled in; each input row of a tile loaded once into "
+                 f"registers{packs} and shared by the windows that overlap")
     words.append(f"split: {planes} planes ({cdiv(planes, tz)} groups on grid "
                  f"{'y' if depth else 'z'}) x {cdiv(rows, ty)} groups of {ty} output rows x "
                  f"{cdiv(ow, tx * ROW_TILE)} chunks of {tx * ROW_TILE} outputs along W")
