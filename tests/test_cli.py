@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -637,6 +638,46 @@ def test_measure_script_times_each_call_and_each_of_its_gpu_events():
         {"cat": "kernel", "name": "grad<float>", "start": pytest.approx(60e-6),
          "seconds": pytest.approx(30e-6)}]
     assert measure.breakdown(calls[:2] + [calls[2][:3]]) is None  # the calls differ
+
+
+def test_issued_script_names_each_launch_by_the_marker_before_it(tmp_path, monkeypatch,
+                                                                capsys):
+    """bench/issued.py parse: ncu's CSV rows grouped into launches, each launch given the case
+    of the marker kernel before it (its grid size the case's number); compare: the model's
+    launch beside the counted one, a bool template argument as either spells it."""
+    issued = _bench_script("issued.py")
+    monkeypatch.setattr(issued, "all_cases", lambda: [types.SimpleNamespace(name=n)
+                                                      for n in ("a", "b", "c")])
+    head = ('"ID","Kernel Name","Block Size","Grid Size","Metric Name","Metric Unit",'
+            '"Metric Value"\n')
+
+    def row(i, name, grid, metric, value):
+        return f'"{i}","{name}","(32, 1, 1)","({grid}, 1, 1)","{metric}","","{value}"\n'
+
+    csv_text = ("==PROF== Connected\n" + head
+                + row(0, "case_marker", 3, "smsp__inst_executed.sum", 5)
+                + row(1, "void k<1, float>(const float *)", 8, "smsp__inst_executed.sum",
+                      "1,200")
+                + row(1, "void k<1, float>(const float *)", 8, "dram__bytes.sum", 64)
+                + row(2, "case_marker", 1, "smsp__inst_executed.sum", 5)
+                + row(3, "void j(int)", 2, "smsp__inst_executed.sum", 30))
+    (tmp_path / "ncu.csv").write_text(csv_text)
+    assert issued.main(["parse", str(tmp_path / "ncu.csv"), "--gpu", "NVIDIA H200",
+                        "--results-dir", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("issued-h200-*.json")
+    result = json.loads(path.read_text())
+    assert result["gpu"] == "NVIDIA H200"
+    assert result["cases"] == [
+        {"case": "c", "launches": [{"kernel": "k<1, float>", "grid": [8, 1, 1],
+                                    "block": [32, 1, 1], "warp_instructions": 1200.0,
+                                    "dram_bytes": 64.0}]},
+        {"case": "a", "launches": [{"kernel": "j", "grid": [2, 1, 1], "block": [32, 1, 1],
+                                    "warp_instructions": 30.0}]}]
+    model = {"cases": [{"case": "c", "launches": [
+        {"kernel": "k<true, float>", "grid": [8, 1, 1], "warp_instructions": 600.0}]}]}
+    (tmp_path / "model.json").write_text(json.dumps(model))
+    assert issued.compare(str(path), [str(tmp_path / "model.json")]) == [
+        ("c", "k<true, float>", 600.0, 1200.0)]
 
 
 def test_measure_script_refuses_to_run_without_a_gpu(capsys):

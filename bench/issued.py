@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Executed warp instructions of every modeled case's launches as the GPU counts them
+(Nsight Compute's ``smsp__inst_executed.sum``), to hold the model's count
+(:mod:`gpumodel.instructions`) against.
+
+On a machine with an NVIDIA GPU, CuPy and Nsight Compute (``.ci/gpu LOGDIR issued`` runs both):
+
+  ncu --profile-from-start off --clock-control none --csv --page details \\
+      --metrics smsp__inst_executed.sum,dram__bytes.sum,gpu__time_duration.sum \\
+      --log-file ncu.csv python bench/issued.py run
+  python bench/issued.py parse ncu.csv    # writes bench/results/issued-<gpu>-<date>.json
+
+and anywhere, the model's count beside the GPU's, launch by launch:
+
+  python bench/issued.py compare bench/results/issued-h200-2026-11-27.json \\
+      bench/results/model-2026-11-27.json bench/results/model-2026-11-27-beyond.json
+
+``run`` calls each case of bench/measure.py (the suite, the published workloads, the cases
+beyond the suite) once to compile it, then once inside the profiler's range, after a marker
+kernel whose grid size is the case's number: ``parse`` names each launch's case by it.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import measure  # noqa: E402
+
+MARKER = "case_marker"
+METRICS = {"smsp__inst_executed.sum": "warp_instructions", "dram__bytes.sum": "dram_bytes",
+           "gpu__time_duration.sum": "nanoseconds"}
+
+
+def all_cases() -> list:
+    """The cases ``run`` calls, in order: the suite and workloads, then those beyond."""
+    return measure.cases(False) + measure.cases(True)
+
+
+def run() -> int:
+    import cupy
+    from cupy.cuda import profiler
+    from gpumodel import benchmodel
+    marker = cupy.RawKernel(f'extern "C" __global__ void {MARKER}() {{}}', MARKER)
+    for number, case in enumerate(all_cases(), 1):
+        x = measure.full_input(case)
+        call = benchmodel.prepared_call(case, x)[0]
+        call()
+        cupy.cuda.Device().synchronize()
+        profiler.start()
+        marker((number,), (1,), ())
+        call()
+        cupy.cuda.Device().synchronize()
+        profiler.stop()
+        print(f"{number} {case.name}", flush=True)
+        del x, call
+        cupy.get_default_memory_pool().free_all_blocks()
+    return 0
+
+
+def parse(path: str, gpu: str) -> dict:
+    """The launches of ncu's CSV (``--csv --page details``) on ``gpu`` grouped by case."""
+    with open(path) as f:
+        rows = list(csv.DictReader(line for line in f if line.startswith('"')))
+    launches: dict[str, dict] = {}
+    for r in rows:
+        launch = launches.setdefault(r["ID"], {
+            "kernel": r["Kernel Name"].removeprefix("void ").split("(")[0],
+            "grid": [int(v) for v in r["Grid Size"].strip("()").split(",")],
+            "block": [int(v) for v in r["Block Size"].strip("()").split(",")]})
+        if r["Metric Name"] in METRICS:
+            launch[METRICS[r["Metric Name"]]] = float(r["Metric Value"].replace(",", ""))
+    names = [c.name for c in all_cases()]
+    cases: list[dict] = []
+    for launch in launches.values():
+        if launch["kernel"] == MARKER:
+            cases.append({"case": names[launch["grid"][0] - 1], "launches": []})
+        elif cases:
+            cases[-1]["launches"].append(launch)
+    return {"date": datetime.date.today().isoformat(), "gpu": gpu,
+            "source": "Nsight Compute, smsp__inst_executed.sum per launch", "cases": cases}
+
+
+def _key(kernel: str, grid) -> tuple:
+    # ncu writes a bool template argument as 1/0, the model as true/false
+    return kernel.replace("true", "1").replace("false", "0"), tuple(grid)
+
+
+def compare(issued_path: str, model_paths: list[str]) -> list[tuple]:
+    """(case, kernel, modeled, counted) for each modeled launch the GPU counted."""
+    with open(issued_path) as f:
+        counted = {(c["case"], _key(l["kernel"], l["grid"])): l["warp_instructions"]
+                   for c in json.load(f)["cases"] for l in c["launches"]}
+    rows = []
+    for path in model_paths:
+        with open(path) as f:
+            for c in json.load(f)["cases"]:
+                for l in c["launches"]:
+                    n = counted.get((c["case"], _key(l["kernel"], l["grid"])))
+                    if n:
+                        rows.append((c["case"], l["kernel"], l["warp_instructions"], n))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/issued.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", help="each case once inside the profiler's range (under ncu)")
+    p = sub.add_parser("parse", help="ncu's CSV to bench/results/issued-<gpu>-<date>.json")
+    p.add_argument("csv")
+    p.add_argument("--gpu", help="the GPU's name (default: the current GPU's, from CuPy)")
+    p.add_argument("--results-dir", default=measure.RESULTS, metavar="DIR")
+    p = sub.add_parser("compare", help="the model's counts beside the GPU's")
+    p.add_argument("issued")
+    p.add_argument("models", nargs="+")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return run()
+    if args.command == "parse":
+        result = parse(args.csv, args.gpu or measure.gpu_name())
+        words = result["gpu"].split()
+        short = (words[1] if len(words) > 1 else "gpu").lower()
+        path = os.path.join(args.results_dir, f"issued-{short}-{result['date']}.json")
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+        print(f"wrote {path}: {sum(len(c['launches']) for c in result['cases'])} launches "
+              f"of {len(result['cases'])} cases")
+        return 0
+    rows = compare(args.issued, args.models)
+    print("| case | kernel | modeled (M) | counted (M) | modeled / counted |\n|---|---|---|---|---|")
+    for case, kernel, modeled, counted in rows:
+        print(f"| {case} | `{kernel}` | {modeled / 1e6:.2f} | {counted / 1e6:.2f} | "
+              f"{modeled / counted:.2f} |")
+    ratios = [m / n for _, _, m, n in rows]
+    if ratios:
+        print(f"\n{len(ratios)} launches: median modeled / counted {statistics.median(ratios):.2f}"
+              f", within 10 %: {sum(abs(r - 1) <= 0.1 for r in ratios)}, within 20 %: "
+              f"{sum(abs(r - 1) <= 0.2 for r in ratios)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
