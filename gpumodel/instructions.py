@@ -18,18 +18,32 @@ count is the flow through it, loops any number of times), found by a small integ
 (:func:`scipy.optimize.milp`) once per distinct count of accesses and lines. So a loop that
 loads runs as often as the trace says, an outer loop once per row, unrolled copies of a loop
 as far as they go and remainders for the rest, and code without loads (a division's slow
-path, a loop that only moves a window's start) its shortest way.
+path, a loop that only moves a window's start) its shortest way. Two kinds of branch without
+loads are not left to that choice:
 
-What this leaves out, so the count is a lower bound in these cases:
+* a branch whose predicate compares kernel parameters with constants only
+  (:func:`parameter_branches`: a divisor given or counted, padding counted or not) goes the
+  way the launch's parameters (:attr:`gpumodel.trace.Launch.parameters`) set it;
+* a region where NVCC lets a warp's lanes diverge (``BSSY`` ... ``BSYNC``) and that makes no
+  global access is charged whole, every side (:func:`_fold_convergent_regions`): lanes on
+  different data (a window's taps compared, a tap in range or not) take every side, and the
+  warp issues them all.
 
-* branches without global accesses are taken their shortest way: a division's 64-bit slow
-  path (the kernels' offsets fit in 32 bits), a skipped ``while`` (a window inside the
-  input);
+What this leaves out, so the count is a lower bound in these cases (``bench/issued.py`` holds
+it against Nsight Compute's counts on a GPU):
+
+* other branches without global accesses are taken their shortest way: a division's 64-bit
+  slow path (the kernels' offsets fit in 32 bits), a skipped ``while`` (a window inside the
+  input), the sides of a branch inside a region that loads, a loop whose lanes run different
+  trip counts (the warp runs the most);
 * the lines of a warp are counted, not the loads of each: the program may put more of a
   window's taps in one row's pass than the hardware does, to run an unrolled body more;
-* a warp whose lanes diverge issues both sides of the branch; one path counts one side (the
-  pooling kernels diverge at the edges of a plane only);
+* a warp whose lanes diverge at a branch that the loads tell apart issues both sides; one
+  path counts one side (the pooling kernels diverge so at the edges of a plane only);
 * a subroutine call (``CALL``) costs the subroutine's shortest path to its ``RET``.
+
+A region charged whole may be charged more than the warp issues where its lanes agree (a
+global average's lanes past the end of a row), so the count can also exceed the GPU's.
 
 When no path matches the trace's counts exactly (the host compiler made a different number
 of accesses than the GPU's, e.g. two loads merged into one wider one), the path that misses
@@ -38,6 +52,7 @@ by the fewest accesses is taken and :attr:`IssueCount.unmatched` says by how man
 from __future__ import annotations
 
 import functools
+import operator
 import re
 from dataclasses import dataclass
 
@@ -70,6 +85,8 @@ class SassInstruction:
     opcode: str  # with its suffixes
     guarded: bool  # a predicate other than PT guards it
     target: str | None  # the label a branch or call names
+    guard: str = ""  # e.g. "@!P0"
+    operands: tuple = ()
 
     @property
     def base(self) -> str:
@@ -111,6 +128,21 @@ class ControlFlow:
     #: per loop level of the load loops, outermost first, the header blocks of that level's
     #: loops (see :func:`load_loop_levels`); the innermost level is left out
     pass_headers: tuple = ()
+    #: the branches that compare kernel parameters only (:func:`parameter_branches`)
+    parameter_branches: tuple = ()
+
+    def edges_not_taken(self, parameters: bytes) -> frozenset:
+        """The edges (block, successor) that no thread of a launch with this parameter buffer
+        (:func:`gpumodel.trace.parameter_buffer`) takes: the side of each parameter branch
+        its comparison rules out."""
+        out = set()
+        for b in self.parameter_branches:
+            taken = b.taken(parameters)
+            if taken is None:
+                continue
+            target, fall = self.blocks[b.block].successors
+            out.add((b.block, fall if taken else target))
+        return frozenset(out)
 
     @property
     def instructions(self) -> int:
@@ -134,7 +166,8 @@ def parse(sass: str) -> tuple[list[SassInstruction], dict[str, int]]:
         target = _TARGET.search(m.group(4))
         code.append(SassInstruction(int(m.group(1), 16), m.group(3),
                                     bool(guard) and guard not in ("@PT",),
-                                    target.group(1) if target else None))
+                                    target.group(1) if target else None, guard,
+                                    tuple(o.strip() for o in m.group(4).split(","))))
     return code, labels
 
 
@@ -185,8 +218,190 @@ def control_flow(sass: str) -> ControlFlow:
                                              for i in block.instructions if i.base == "CALL")
 
     blocks = _blocks(code, labels, 0, end)
-    return ControlFlow(tuple(blocks), tuple(cost_of(b) for b in blocks),
-                       load_loop_levels(blocks))
+    costs = _fold_convergent_regions(blocks, [cost_of(b) for b in blocks], code, labels)
+    return ControlFlow(tuple(blocks), tuple(costs), load_loop_levels(blocks),
+                       parameter_branches(blocks))
+
+
+#: Offset of a kernel's first parameter in constant bank 0 (sm_90).
+PARAMETER_BASE = 0x210
+_CONSTANT = re.compile(r"^c\[0x0\]\[(0x[0-9a-f]+)\]$")
+_COMPARISONS = {"EQ": operator.eq, "NE": operator.ne, "LT": operator.lt, "LE": operator.le,
+                "GT": operator.gt, "GE": operator.ge}
+#: Opcodes whose last operand is a predicate they read (not write).
+_READS_LAST_PREDICATE = ("ISETP", "UISETP", "FSETP", "SEL", "USEL", "FSEL", "PLOP3")
+
+
+@dataclass(frozen=True)
+class ParameterBranch:
+    """A conditional branch or exit whose predicate compares kernel parameters and constants
+    only (``ISETP``), so that every thread of a launch goes the same way."""
+
+    block: int  # the block it ends
+    when: bool  # taken when the comparison holds (else when it fails)
+    compare: str  # EQ, NE, LT, LE, GT, GE
+    unsigned: bool
+    operands: tuple  # each an int, or ("parameter", offset in the constant bank)
+
+    def taken(self, parameters: bytes) -> bool | None:
+        """Whether the launch with this parameter buffer takes it; None: a parameter it
+        reads lies outside the buffer."""
+        values = []
+        for o in self.operands:
+            if isinstance(o, tuple):
+                at = o[1] - PARAMETER_BASE
+                if at < 0 or at + 4 > len(parameters):
+                    return None
+                o = int.from_bytes(parameters[at:at + 4], "little", signed=not self.unsigned)
+            elif self.unsigned:
+                o &= 0xFFFFFFFF
+            values.append(o)
+        return _COMPARISONS[self.compare](*values) == self.when
+
+
+def parameter_branches(blocks) -> tuple:
+    """The :class:`ParameterBranch` es among the blocks' closing branches and exits: the
+    predicate set by an ``ISETP`` of immediates and uniform registers, each loaded
+    (``ULDC``) from a kernel parameter, each definition the nearest before its use and in a
+    block that dominates it, with no loop around one and not the other."""
+    code = [(k, i) for k, b in enumerate(blocks) for i in b.instructions]  # index: address order
+    dominators = _dominators(blocks)
+    back = [(s, b) for b, block in enumerate(blocks) for s in block.successors if 0 <= s <= b]
+
+    def reaches(d: int, u: int) -> bool:  # the definition in block d reaches its use in u
+        return d in dominators[u] and all(
+            b < d or s > u or (s <= d and b >= u) for s, b in back)
+
+    def definition(n: int, register: str) -> int | None:
+        """Index in code of the nearest instruction before n that may write ``register`` (a
+        register: its first operand, or the pair a 64-bit ULDC loads; a predicate: any
+        operand but the predicate read last by a compare or select)."""
+        predicate = "P" in register
+        for j in range(n - 1, -1, -1):
+            ins = code[j][1]
+            ops = [o.lstrip("!") for o in ins.operands]
+            if not predicate:
+                if ops[0] == register or (ins.base == "ULDC" and ".64" in ins.opcode
+                                          and _next_register(ops[0]) == register):
+                    return j
+                continue
+            where = [i for i, o in enumerate(ops) if o == register]
+            if where and not (ins.base in _READS_LAST_PREDICATE and where == [len(ops) - 1]):
+                return j
+        return None
+
+    def operand(n: int, text: str):
+        if text in ("RZ", "URZ"):
+            return 0
+        if re.fullmatch(r"-?0x[0-9a-f]+|-?\d+", text):
+            return int(text, 0)
+        j = definition(n, text) if text.startswith("UR") else None
+        if j is None or not reaches(code[j][0], code[n][0]):
+            return None
+        ins = code[j][1]
+        m = _CONSTANT.match(ins.operands[1]) if ins.base == "ULDC" else None
+        if not m:
+            return None
+        return ("parameter", int(m.group(1), 16) + 4 * (ins.operands[0] != text))
+
+    out = []
+    for k, block in enumerate(blocks):
+        last = block.instructions[-1]
+        if last.base not in ("BRA", "EXIT") or len(block.successors) != 2 or not last.guarded:
+            continue
+        predicate = last.guard.lstrip("@!")
+        j = definition(block.start + len(block.instructions) - 1, predicate)
+        if j is None or not reaches(code[j][0], k):
+            continue
+        ins = code[j][1]
+        parts = ins.opcode.split(".")
+        if (ins.base not in ("ISETP", "UISETP") or len(ins.operands) != 5
+                or ins.operands[0] != predicate or ins.operands[1] not in ("PT", "UPT")
+                or ins.operands[4] not in ("PT", "UPT") or "AND" not in parts
+                or not _COMPARISONS.keys() & set(parts)):
+            continue
+        a, b = operand(j, ins.operands[2]), operand(j, ins.operands[3])
+        if a is None or b is None:
+            continue
+        compare = next(p for p in parts if p in _COMPARISONS)
+        out.append(ParameterBranch(k, not last.guard.startswith("@!"), compare,
+                                   "U32" in parts, (a, b)))
+    return tuple(out)
+
+
+def _next_register(name: str) -> str:
+    m = re.fullmatch(r"(U?R)(\d+)", name)
+    return f"{m.group(1)}{int(m.group(2)) + 1}" if m else ""
+
+
+def _dominators(blocks) -> list[set]:
+    """Each block's dominators (itself included), block 0 the entry."""
+    preds = [[] for _ in blocks]
+    for b, block in enumerate(blocks):
+        for s in block.successors:
+            if s >= 0:
+                preds[s].append(b)
+    every = set(range(len(blocks)))
+    dom = [{0}] + [set(every) for _ in blocks[1:]]
+    changed = True
+    while changed:
+        changed = False
+        for b in range(1, len(blocks)):
+            new = {b} | (set.intersection(*(dom[p] for p in preds[b])) if preds[b] else set())
+            if new != dom[b]:
+                dom[b], changed = new, True
+    return dom
+
+
+def _fold_convergent_regions(blocks, costs, code, labels) -> list:
+    """``costs`` with each branching region that makes no global access charged whole to the
+    block that opens it. NVCC opens a region where a warp's lanes may diverge with ``BSSY``
+    (closed by the ``BSYNC`` before its label): a warp runs every side that one of its lanes
+    takes, and with lanes on different data (a window's taps compared, a tap in range or
+    not, an empty window) that is every side, except a block that calls a subroutine (a
+    division's slow path, which no lane takes on ordinary operands).
+
+    A region is folded only if it holds no global access (the trace then picks the path), no
+    exit, no backward branch (a loop's count is unknown) and no region of its own other than
+    a slow path's (a region around a call). A region holding others chooses among whole
+    alternatives (a divisor given or counted, a tile whole or cut), which the lanes of a
+    warp take alike: those are left to the shortest path, their inner regions folded."""
+    costs = list(costs)
+    starts = [b.start for b in blocks]
+
+    def inside(first: int, label: str) -> list:
+        return [k for k, s in enumerate(starts) if first < s < labels[label]]
+
+    def openings(ks) -> list:
+        return [(blocks[k].start, i.target) for k in ks for i in blocks[k].instructions
+                if i.base == "BSSY" and i.target in labels]
+
+    def calls(k: int) -> bool:
+        return any(i.base == "CALL" for i in blocks[k].instructions)
+
+    def slow_path(first: int, label: str) -> bool:
+        ks = inside(first, label)
+        return any(calls(k) for k in ks) and not openings(ks)
+
+    folded = set()
+    for opener, block in enumerate(blocks):
+        if opener in folded:
+            continue
+        for ins in block.instructions:
+            if ins.base != "BSSY" or ins.target not in labels:
+                continue
+            ks = inside(block.start, ins.target)
+            if not ks or any(
+                    blocks[k].accesses() or k in folded
+                    or any(i.base in ("EXIT", "RET", "KILL") for i in blocks[k].instructions)
+                    or any(0 <= s <= k for s in blocks[k].successors)
+                    for k in ks) or not all(slow_path(*o) for o in openings(ks)):
+                continue
+            costs[opener] += sum(costs[k] for k in ks if not calls(k))
+            for k in ks:
+                costs[k] = 0
+            folded.update(ks)
+    return costs
 
 
 def load_loop_levels(blocks) -> tuple:
@@ -216,13 +431,14 @@ def _shortest(blocks, costs) -> float:
     return _solve(blocks, tuple(costs), ())[0]
 
 
-def _solve(blocks, costs, targets, passes=()) -> tuple[float, float]:
+def _solve(blocks, costs, targets, passes=(), not_taken=frozenset()) -> tuple[float, float]:
     """(instructions, accesses missed) of the cheapest unit flow from block 0 to the exit
     whose global accesses meet ``targets`` ((class, count) pairs; class (write, bytes): a
     count between the flow's unguarded accesses and all of them) and
     whose loop headers run ``passes`` ((header blocks, count) pairs) times, as nearly as
-    they can (a missed pass costs PASS_MISMATCH_COST)."""
-    from scipy.optimize import LinearConstraint, milp
+    they can (a missed pass costs PASS_MISMATCH_COST), and that takes no edge of
+    ``not_taken``."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
     edges = [(b, s) for b, block in enumerate(blocks) for s in block.successors]
     n_edges = len(edges)
     classes = [k for k, _ in targets]
@@ -267,8 +483,10 @@ def _solve(blocks, costs, targets, passes=()) -> tuple[float, float]:
         want = np.array([c for _, c in passes], float)
         constraints.append(LinearConstraint(runs, want, want))
         objective[first:] = PASS_MISMATCH_COST
+    upper = np.full(n_vars, np.inf)
+    upper[[e for e, edge in enumerate(edges) if edge in not_taken]] = 0
     done = milp(objective, constraints=constraints, integrality=np.ones(n_vars),
-                bounds=(0, np.inf))
+                bounds=Bounds(0, upper))
     if done.x is None:
         raise RuntimeError(f"gpumodel.instructions: no path through the kernel ({done.message})")
     flow = np.round(done.x)
@@ -312,28 +530,29 @@ def count(launch, flow: ControlFlow) -> IssueCount:
         empty = ((), (0,) * levels)
         signatures[empty] = signatures.get(empty, 0) + silent
     paths, total, missed = {}, 0.0, 0.0
+    not_taken = flow.edges_not_taken(launch.parameters)
     for sig, n in signatures.items():
-        instructions, miss = _path(flow, sig)
+        instructions, miss = _path(flow, sig, not_taken)
         paths[sig] = (n, instructions)
         total += n * instructions
         missed += n * miss
     return IssueCount(total, warps, missed, paths)
 
 
-def _path(flow: ControlFlow, signature: tuple) -> tuple[float, float]:
+def _path(flow: ControlFlow, signature: tuple, not_taken=frozenset()) -> tuple[float, float]:
     """(instructions, accesses missed) of a warp making ``signature``'s accesses (and walking
     its lines, :func:`gpumodel.traffic.line_counts`): per class (write, bytes) if some path
     matches that, else per direction, bytes apart."""
     signature, lines = signature
     # the outermost pass level walks the trace's highest line level
     passes = tuple((headers, n) for headers, n in zip(flow.pass_headers, lines[::-1]))
-    instructions, missed = _solve(flow.blocks, flow.costs, signature, passes)
+    instructions, missed = _solve(flow.blocks, flow.costs, signature, passes, not_taken)
     if missed:
         merged: dict[tuple, int] = {}
         for (write, size), n in signature:
             merged[write] = merged.get(write, 0) + n
         coarse = _solve(_by_direction(flow.blocks), flow.costs, tuple(
-            ((w, 0), n) for w, n in sorted(merged.items())), passes)
+            ((w, 0), n) for w, n in sorted(merged.items())), passes, not_taken)
         if coarse[1] < missed:
             instructions, missed = coarse
     return instructions, missed
@@ -346,7 +565,8 @@ def _by_direction(blocks):
         a = ins.access()
         if a is None:
             return ins
-        return _Widthless(ins.address, ins.opcode, ins.guarded, ins.target)
+        return _Widthless(ins.address, ins.opcode, ins.guarded, ins.target, ins.guard,
+                          ins.operands)
     return tuple(Block(b.start, tuple(widthless(i) for i in b.instructions), b.successors)
                  for b in blocks)
 

@@ -48,7 +48,8 @@ class Array:
 @dataclass
 class Launch:
     """One traced launch: the kernel's name expression, grid, block, array arguments (in
-    parameter order) and its records (``RECORD``, in the order they were made)."""
+    parameter order), its records (``RECORD``, in the order they were made) and its
+    parameter buffer (:func:`parameter_buffer`)."""
 
     name: str
     grid: tuple[int, int, int]
@@ -58,6 +59,7 @@ class Launch:
     library: Path
     base: int  # load address of the library: a site minus base is an offset in the file
     recorded_blocks: int  # the blocks of the lowest linear indices whose accesses it holds
+    parameters: bytes
 
     @property
     def threads_per_block(self) -> int:
@@ -98,6 +100,15 @@ class Launch:
             if file.endswith("kernel.cu") and number.isdigit():
                 lines[s] = int(number)
         return lines
+
+
+def parameter_buffer(parameters) -> bytes:
+    """A kernel's parameters laid out as the GPU's constant bank holds them from its first
+    parameter on (each aligned to its size; at ``c[0x0][0x210]`` on sm_90)."""
+    out = bytearray()
+    for p in parameters:
+        out += bytes(-len(out) % len(p)) + p
+    return bytes(out)
 
 
 def trace_source(code: str) -> str:
@@ -149,9 +160,9 @@ class Recorder:
 
     build_library = staticmethod(build_library)
 
-    def begin(self, kernel: executor.Kernel, grid, block, ranges) -> None:
+    def begin(self, kernel: executor.Kernel, grid, block, ranges, parameters) -> None:
         """Before ``kernel``'s launch: record accesses to ``ranges`` ((address, nbytes) of each
-        array argument, in parameter order)."""
+        array argument, in parameter order); ``parameters``: each parameter's bytes."""
         lib = kernel.library.lib
         try:
             start = lib.cudacpu_trace_begin
@@ -170,7 +181,8 @@ class Recorder:
         pointer_params = [p for p in kernel.params if p.kind == "p"]
         arrays = [Array(a, nb, p.const) for (a, nb), p in zip(ranges, pointer_params)]
         self._pending = (tuple((tuple(grid) + (1, 1, 1))[:3]),
-                         tuple((tuple(block) + (1, 1, 1))[:3]), arrays)
+                         tuple((tuple(block) + (1, 1, 1))[:3]), arrays,
+                         parameter_buffer(parameters))
 
     def end(self, kernel: executor.Kernel) -> None:
         """After ``kernel``'s launch: keep its records as a :class:`Launch`."""
@@ -189,8 +201,8 @@ class Recorder:
             raw = (ctypes.c_char * (count * RECORD.itemsize)).from_address(
                 lib.cudacpu_trace_records())
             records = np.frombuffer(raw, RECORD).copy()
-        grid, block, arrays = self._pending
+        grid, block, arrays, parameters = self._pending
         blocks = grid[0] * grid[1] * grid[2]
         self.launches.append(Launch(kernel.name, grid, block, arrays, records,
                                     kernel.library.path, int(lib.cudacpu_trace_base()),
-                                    min(blocks, self.block_limit or blocks)))
+                                    min(blocks, self.block_limit or blocks), parameters))

@@ -104,6 +104,15 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(f"{left_out} gpu tests {GPU_RUNTIME_WORDS}")
 
 
+@pytest.fixture(scope="session")
+def modeled_suite():
+    """The GPU model (gpumodel) of every benchmark case, by name: traced on the CPU executor,
+    compiled with the real NVRTC."""
+    from gpumodel import benchmodel
+    models = benchmodel.model_suite(benchmodel.modeled_cases(), REAL_NVRTC)
+    return {m.case.name: m for m in models}
+
+
 @pytest.fixture
 def real_nvrtc():
     """CuPy's NVRTC compiler pieces (no GPU needed); skips where CuPy is not installed."""

@@ -54,8 +54,9 @@ _LIBC.free.argtypes = [ctypes.c_void_p]
 
 #: The recorder of ``trace.py`` while one is active, else None: it builds the libraries
 #: (``tracer.build_library``, same arguments as :func:`build_library`) and is told of each launch
-#: (``tracer.begin(kernel, grid, block, arrays)`` with the address and size of each array
-#: argument's guarded copy, then ``tracer.end(kernel)``).
+#: (``tracer.begin(kernel, grid, block, arrays, parameters)`` with the address and size of each
+#: array argument's guarded copy and the bytes of each parameter, a pointer's as 8 zero bytes;
+#: then ``tracer.end(kernel)``).
 tracer = None
 
 
@@ -315,23 +316,26 @@ class Kernel:
                     self._refuse(f"arguments {i} and {j} overlap, and one is written "
                                  f"(the kernel declares them __restrict__)")
         asan = Build.from_env().asan
-        cells, guards = [], []
+        cells, guards, parameters = [], [], []
         try:
             for a, p in zip(args, self.params):
                 if p.kind == "p":
                     guard = _AsanCopy(a) if asan else _CanaryCopy(a)
                     guards.append((guard, a, not p.const))
                     cells.append(ctypes.c_void_p(guard.address))
+                    parameters.append(bytes(8))
                 else:
                     scalar = a if isinstance(a, np.generic) else _PY_SCALARS[type(a)](a)
                     cells.append(ctypes.create_string_buffer(scalar.tobytes(), p.size))
+                    parameters.append(scalar.tobytes())
             pointers = (ctypes.c_void_p * max(1, len(cells)))(
                 *[ctypes.cast(ctypes.pointer(c), ctypes.c_void_p).value for c in cells])
             g3 = (ctypes.c_uint * 3)(*(tuple(grid) + (1, 1, 1))[:3])
             b3 = (ctypes.c_uint * 3)(*(tuple(block) + (1, 1, 1))[:3])
             err = ctypes.create_string_buffer(4096)
             if tracer is not None:
-                tracer.begin(self, grid, block, [(g.address, g.nbytes) for g, _, _ in guards])
+                tracer.begin(self, grid, block, [(g.address, g.nbytes) for g, _, _ in guards],
+                             parameters)
             rc = self._launch(g3, b3, pointers, err, len(err))
             if tracer is not None:
                 tracer.end(self)
