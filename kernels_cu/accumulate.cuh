@@ -81,6 +81,15 @@ struct MaxOfTaps {
       m = v;
     }
   }
+  // With IDX: take() of the tap if ok, by selects: no branch that a warp's lanes split over
+  // (a tap in range or not, a new max or not), so that the warp runs each tap once.
+  __device__ __forceinline__ void take_if(T raw, I pos, bool ok) {
+    static_assert(IDX, "values only take every slot");
+    const A v = Num<T>::load(raw);
+    const bool t = ok & ((best < 0) | (v > m) | Num<A>::is_nan(v));
+    m = t ? v : m;
+    best = t ? pos : best;
+  }
   // Values only: take() of the window's first tap, m still the lowest value (which the tap
   // replaces unless it is the lowest value too).
   __device__ __forceinline__ void first(T raw) {

@@ -89,10 +89,12 @@ __global__ void __launch_bounds__(GP_BLOCK_THREADS, 2)
 // 1-D and 2-D planes (a 3-D pooling takes max_pool_indices_depth_rows: its indices count
 // the D slices of the plane). Geometry as max_pool_rows; a tile's values and indices are
 // stored in whole sectors where the tiles allow (gp::store_row_tile_indices). Bound: 256
-// threads, 1 block (a window's indices beside its taps need more registers than the 80 ptxas
-// gives 256-thread blocks by default: a 5 x 5 float window spilled).
+// threads, 4 blocks for float and half windows of at most 9 taps (their taps' selects keep 4
+// maxima and indices live: ptxas took 70 registers of its own, 3 blocks), else 1 (a window's
+// indices beside its taps need more registers than the 80 ptxas gives 256-thread blocks by
+// default: a 5 x 5 float window spilled).
 template <typename T, int KH, int KW, int SW, int DW, int VEC, int LEAD>
-__global__ void __launch_bounds__(GP_BLOCK_THREADS, 1)
+__global__ void GP_WINDOW_BOUNDS(T, int, KH * KW <= 9 ? 4 : 1)
     max_pool_indices_rows(const T* __restrict__ x, T* __restrict__ out,
                           long long* __restrict__ indices, GP_GEO_PARAMS(int)) {
   GP_GEO(int);

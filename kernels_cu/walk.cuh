@@ -676,7 +676,8 @@ struct RowTaps {
 
   // f[j].take(v, pos) for the taps of window j < G in row-major order, those of D slice
   // `slice`: every slot (values-only max: a slot outside the plane loads the lowest value,
-  // which never wins) or the valid ones (F::skips). Windows j >= n are taken too and never
+  // which never wins) or the valid ones (F::skips: take_if, the slot's validity its flag,
+  // with no branch). Windows j >= n are taken too and never
   // stored. WHOLE: these are the windows' every tap (a 1-D or 2-D tile, not one D slice of
   // DepthRowTaps): a values-only max takes the first slot by f[j].first, and takes 2-byte
   // values after each way of loading them (load_slices' EACH; in DepthRowTaps' loop over
@@ -698,7 +699,7 @@ struct RowTaps {
           for (int k = 0; k < KW; ++k) {
             const int c = j * SW + k * DW;
             if constexpr (F::skips) {
-              if (rok[b] && cok[c]) f[j].take(v[b][c], base[b] + c);
+              f[j].take_if(v[b][c], base[b] + c, rok[b] && cok[c]);
             } else if (WHOLE && b == 0 && k == 0) {
               f[j].first(v[b][c]);
             } else {
