@@ -6,8 +6,7 @@
 On a machine with an NVIDIA GPU, CuPy and Nsight Compute (``.ci/gpu LOGDIR issued`` runs both):
 
   ncu --profile-from-start off --clock-control none --csv --page details \\
-      --metrics smsp__inst_executed.sum,dram__bytes.sum,gpu__time_duration.sum \\
-      --log-file ncu.csv python bench/issued.py run
+      --metrics "$(python bench/issued.py metrics)" --log-file ncu.csv python bench/issued.py run
   python bench/issued.py parse ncu.csv    # writes bench/results/issued-<gpu>-<date>.json
 
 and anywhere, the model's count beside the GPU's, launch by launch:
@@ -34,8 +33,16 @@ sys.path.insert(0, HERE)
 import measure  # noqa: E402
 
 MARKER = "case_marker"
+#: ncu's metrics kept, by the name each is kept under (per launch)
 METRICS = {"smsp__inst_executed.sum": "warp_instructions", "dram__bytes.sum": "dram_bytes",
-           "gpu__time_duration.sum": "nanoseconds"}
+           "gpu__time_duration.sum": "nanoseconds",
+           # the warp instructions each pipe executed; how busy the ALU, FMA and schedulers were
+           **{f"smsp__inst_executed_pipe_{p}.sum": f"{p}_warp_instructions"
+              for p in ("alu", "fma", "fmaheavy", "fmalite", "lsu", "xu", "uniform", "cbu",
+                        "adu")},
+           "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active": "alu_busy_percent",
+           "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active": "fma_busy_percent",
+           "smsp__issue_active.avg.pct_of_peak_sustained_active": "scheduler_busy_percent"}
 
 
 def all_cases() -> list:
@@ -113,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("run", help="each case once inside the profiler's range (under ncu)")
+    sub.add_parser("metrics", help="the metrics to ask ncu for, comma-separated")
     p = sub.add_parser("parse", help="ncu's CSV to bench/results/issued-<gpu>-<date>.json")
     p.add_argument("csv")
     p.add_argument("--gpu", help="the GPU's name (default: the current GPU's, from CuPy)")
@@ -123,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "run":
         return run()
+    if args.command == "metrics":
+        print(",".join(METRICS))
+        return 0
     if args.command == "parse":
         result = parse(args.csv, args.gpu or measure.gpu_name())
         words = result["gpu"].split()
