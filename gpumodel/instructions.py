@@ -83,10 +83,14 @@ _TARGET = re.compile(r"`\(([^)]+)\)")
 class SassInstruction:
     address: int
     opcode: str  # with its suffixes
-    guarded: bool  # a predicate other than PT guards it
     target: str | None  # the label a branch or call names
-    guard: str = ""  # e.g. "@!P0"
-    operands: tuple = ()
+    guard: str  # its predicate, e.g. "@!P0" ("" or "@PT": none)
+    operands: tuple
+
+    @property
+    def guarded(self) -> bool:
+        """A predicate other than PT guards it."""
+        return self.guard not in ("", "@PT")
 
     @property
     def base(self) -> str:
@@ -165,7 +169,6 @@ def parse(sass: str) -> tuple[list[SassInstruction], dict[str, int]]:
         guard = (m.group(2) or "").strip()
         target = _TARGET.search(m.group(4))
         code.append(SassInstruction(int(m.group(1), 16), m.group(3),
-                                    bool(guard) and guard not in ("@PT",),
                                     target.group(1) if target else None, guard,
                                     tuple(o.strip() for o in m.group(4).split(","))))
     return code, labels
@@ -218,7 +221,7 @@ def control_flow(sass: str) -> ControlFlow:
                                              for i in block.instructions if i.base == "CALL")
 
     blocks = _blocks(code, labels, 0, end)
-    costs = _fold_convergent_regions(blocks, [cost_of(b) for b in blocks], code, labels)
+    costs = _fold_convergent_regions(blocks, [cost_of(b) for b in blocks], labels)
     return ControlFlow(tuple(blocks), tuple(costs), load_loop_levels(blocks),
                        parameter_branches(blocks))
 
@@ -353,7 +356,7 @@ def _dominators(blocks) -> list[set]:
     return dom
 
 
-def _fold_convergent_regions(blocks, costs, code, labels) -> list:
+def _fold_convergent_regions(blocks, costs, labels) -> list:
     """``costs`` with each branching region that makes no global access charged whole to the
     block that opens it. NVCC opens a region where a warp's lanes may diverge with ``BSSY``
     (closed by the ``BSYNC`` before its label): a warp runs every side that one of its lanes
@@ -565,8 +568,7 @@ def _by_direction(blocks):
         a = ins.access()
         if a is None:
             return ins
-        return _Widthless(ins.address, ins.opcode, ins.guarded, ins.target, ins.guard,
-                          ins.operands)
+        return _Widthless(ins.address, ins.opcode, ins.target, ins.guard, ins.operands)
     return tuple(Block(b.start, tuple(widthless(i) for i in b.instructions), b.successors)
                  for b in blocks)
 

@@ -326,8 +326,8 @@ class Kernel:
                     parameters.append(bytes(8))
                 else:
                     scalar = a if isinstance(a, np.generic) else _PY_SCALARS[type(a)](a)
-                    cells.append(ctypes.create_string_buffer(scalar.tobytes(), p.size))
                     parameters.append(scalar.tobytes())
+                    cells.append(ctypes.create_string_buffer(parameters[-1], p.size))
             pointers = (ctypes.c_void_p * max(1, len(cells)))(
                 *[ctypes.cast(ctypes.pointer(c), ctypes.c_void_p).value for c in cells])
             g3 = (ctypes.c_uint * 3)(*(tuple(grid) + (1, 1, 1))[:3])
