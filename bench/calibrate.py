@@ -6,14 +6,19 @@ file, modeled (traced on the CPU executor, no GPU) and set beside the measured t
 The device's two fitted constants (issue efficiency, fixed time per launch) are refitted on
 the file's fit rows (gpumodel.calibration.FIT_ROWS) and both fits are reported: the one
 the model ships (gpumodel.device) and the refit. Rows whose kernel the calibration source
-lacks are listed with the reason.
+lacks are listed with the reason. The pipe efficiency (gpumodel.device.PIPE_EFFICIENCY) is
+refitted too, on Nsight Compute's counts of gpupool's own kernels (bench/issued.py).
 
   python bench/calibrate.py
-  python bench/calibrate.py --measured other-measured.json
+  python bench/calibrate.py --measured other-measured.json --issued issued-h200-DATE.json
 """
 from __future__ import annotations
 
 import argparse
+import glob
+import json
+import os
+import statistics
 import sys
 
 from gpumodel import calibration, device as devices
@@ -49,11 +54,23 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--measured", default=str(calibration.calibration_file("measured.json")),
                         metavar="FILE", help="measured rows (default: %(default)s)")
+    issued = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "results",
+                                           "issued-h200-*.json")))
+    parser.add_argument("--issued", default=issued[-1] if issued else None, metavar="FILE",
+                        help="Nsight Compute's per-pipe counts of gpupool's kernels on an H200 "
+                             "at 1500 MHz (default: %(default)s)")
     args = parser.parse_args(argv)
     results = calibration.torch_rows(calibration.load(args.measured))
     shipped = devices.h200()
     refit = calibration.fit(results, shipped)
     print("\n".join(report(results, shipped, refit)))
+    if args.issued:
+        with open(args.issued) as f:
+            fills = calibration.pipe_efficiency(json.load(f), shipped)
+        print(f"pipe efficiency: shipped {shipped.pipe_efficiency:.3f}, refit "
+              f"{statistics.median(fills):.3f} (median of {len(fills)} ALU-bound launches, "
+              f"{min(fills):.3f}-{max(fills):.3f}; {args.issued})" if fills else
+              f"pipe efficiency: no ALU-bound launch in {args.issued}")
     return 0
 
 

@@ -12,7 +12,7 @@ On a machine with an NVIDIA GPU, CuPy and Nsight Compute (``.ci/gpu LOGDIR issue
 and anywhere, the model's count beside the GPU's, launch by launch:
 
   python bench/issued.py compare bench/results/issued-h200-2026-11-27.json \\
-      bench/results/model-2026-11-27.json bench/results/model-2026-11-27-beyond.json
+      bench/results/model-2026-11-28.json bench/results/model-2026-11-28-beyond.json
 
 ``run`` calls each case of bench/measure.py (the suite, the published workloads, the cases
 beyond the suite) once to compile it, then once inside the profiler's range, after a marker

@@ -15,7 +15,7 @@ measurements' clock) for figures comparable with the model's.
   python bench/measure.py                       # writes bench/results/measured-<gpu>-<date>.json
   python bench/measure.py --beyond
   python bench/measure.py --compare bench/results/measured-h100-2026-11-26.json \\
-      bench/results/model-2026-11-27.json        # measured beside modeled (no GPU needed)
+      bench/results/model-2026-11-28.json        # measured beside modeled (no GPU needed)
 
 Before timing, ``--compile-workers`` processes run each case once, so that NVRTC's compiles
 run in parallel and land in gpupool's kernel cache.
@@ -283,7 +283,7 @@ def device_label(gpu: str, labels) -> str | None:
 def compared(measured: dict, models: list[dict]) -> str:
     """Markdown: each measured case with its modeled time and bound on the measured GPU's
     profile (bound names as bench/model.py's tables give them)."""
-    from bench.model import BOUND_NAMES
+    from bench.model import bound_name
     modeled = {row["case"]: row for m in models for row in m["cases"]}
     labels = [label for m in models for label in m["devices"]]
     label = device_label(measured["gpu"], labels)
@@ -301,7 +301,7 @@ def compared(measured: dict, models: list[dict]) -> str:
                  f"{seconds * 1e6:.1f}" if seconds else row.get("error", "-")[:60],
                  f"{row['sm_clock_mhz']:.0f}" if row.get("sm_clock_mhz") else "-",
                  f"{model['seconds'] * 1e6:.1f}" if model else "-",
-                 BOUND_NAMES.get(model["bound"], model["bound"]) if model else "-",
+                 bound_name(model) if model else "-",
                  f"{seconds / model['seconds']:.2f}" if model and seconds else "-",
                  f"{torch_seconds * 1e6:.1f}" if torch_seconds else "-"]
         lines.append("| " + " | ".join(cells) + " |")

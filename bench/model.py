@@ -70,6 +70,7 @@ def selected(case, ops) -> bool:
 
 def case_row(model, devices, best) -> dict:
     """One case as JSON: per device its time, bound and limits; its counts."""
+    from gpumodel import pipes
     first = devices[0]
     public = fastest_public(best, model.case)
     row = {
@@ -80,12 +81,14 @@ def case_row(model, devices, best) -> dict:
         "warp_instructions_per_output": model.warp_instructions / model.outputs,
         "devices": {d.label(): {
             "seconds": model.seconds(d), "bound": model.bound(d),
+            "issue_part": model.longest(d).issue_part,
             "percent_of_triad_time": model.percent_of_triad(d),
             "memory_floor_seconds": model.floor_seconds(d)} for d in devices},
         "launches": [{
             "kernel": la.name, "grid": list(la.grid), "block": list(la.block),
             "registers": la.counts.registers, "occupancy": la.counts.occupancy.fraction,
             "warp_instructions": la.counts.warp_instructions,
+            "pipe_warp_instructions": pipes.by_pipe(la.counts.opcodes),
             "unmatched_accesses": la.counts.unmatched, "dram_bytes": la.counts.dram_bytes,
             "compiled_loads_per_run": la.traffic.batch,
             "limits_seconds": {d.label(): la.counts.time(d).limits for d in devices},
@@ -104,8 +107,18 @@ TABLE_HEAD = ("| case | {0} us | bound | {1} us | warp instr / output | % of tri
               "fastest public us (impl) | ratio |")
 
 
-#: How a table names a binding limit ("issue": instruction issue).
+#: How a table names a binding limit ("issue": instruction issue) and a pipe that binds it.
 BOUND_NAMES = {"issue": "instructions"}
+PIPE_NAMES = {"alu": "ALU", "fmaheavy": "integer FMA", "fma": "FMA", "fp64": "FP64",
+              "xu": "XU"}
+
+
+def bound_name(limits: dict) -> str:
+    """A device's binding limit as a table names it (``limits``: a row's ``devices`` entry)."""
+    name = BOUND_NAMES.get(limits["bound"], limits["bound"])
+    part = limits.get("issue_part", "scheduler")
+    return f"{name} ({PIPE_NAMES[part]})" if limits["bound"] == "issue" and part in PIPE_NAMES \
+        else name
 
 
 def table(rows, labels) -> list[str]:
@@ -116,7 +129,7 @@ def table(rows, labels) -> list[str]:
         da, db = r["devices"][a], r["devices"][b]
         public = r.get("fastest_public")
         lines.append(
-            f"| {r['case']} | {da['seconds'] * 1e6:.1f} | {BOUND_NAMES.get(da['bound'], da['bound'])} | "
+            f"| {r['case']} | {da['seconds'] * 1e6:.1f} | {bound_name(da)} | "
             f"{db['seconds'] * 1e6:.1f} | {r['warp_instructions_per_output']:.2f} | "
             f"{da['percent_of_triad_time']:.0f} | "
             + (f"{public['time_us']:g} ({public['impl']}) | "
@@ -129,8 +142,10 @@ def markdown(sections, skipped, meta, devices) -> str:
     lines = [f"# gpupool: calibrated GPU time model ({meta['date']})", "", f"**{HEADER}**", "",
              f"Devices: {', '.join(x.label() for x in devices)}; 132 SMs, 4 warp schedulers "
              f"per SM issuing one warp instruction per clock at an issue efficiency of "
-             f"{d.ISSUE_EFFICIENCY} (fitted), plus {d.LAUNCH_SECONDS * 1e6:.2f} us per launch "
-             f"(fitted); DRAM at the STREAM triad ({d.DRAM_TRIAD_FRACTION:.3f} of peak: "
+             f"{d.ISSUE_EFFICIENCY} (fitted), the ALU and integer FMA pipes half a warp "
+             f"instruction per clock and conversions an eighth at a pipe efficiency of "
+             f"{d.PIPE_EFFICIENCY} (fitted; the bound names such a pipe where it binds), plus "
+             f"{d.LAUNCH_SECONDS * 1e6:.2f} us per launch (fitted); DRAM at the STREAM triad ({d.DRAM_TRIAD_FRACTION:.3f} of peak: "
              f"{devices[0].dram_bandwidth / 1e12:.2f} and {devices[1].dram_bandwidth / 1e12:.2f}"
              f" TB/s). Time = the largest of the DRAM, L2, L1, latency and issue limits, plus "
              f"the fixed cost, per launch (gpumodel/device.py names every constant and its "
@@ -248,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": datetime.date.today().isoformat(), "modeled_not_measured": HEADER,
             "devices": [d.label() for d in devices],
             "constants": {"issue_efficiency": device.ISSUE_EFFICIENCY,
+                          "pipe_efficiency": device.PIPE_EFFICIENCY,
+                          "issue_warps": device.ISSUE_WARPS,
                           "launch_seconds": device.LAUNCH_SECONDS,
                           "dram_triad_fraction": device.DRAM_TRIAD_FRACTION,
                           "dram_latency": device.DRAM_LATENCY, "l1_latency": device.L1_LATENCY},

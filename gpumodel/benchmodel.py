@@ -388,10 +388,13 @@ class CaseModel:
     def seconds(self, device: devices.Device) -> float:
         return sum(la.counts.time(device).seconds for la in self.launches)
 
+    def longest(self, device: devices.Device) -> devices.LaunchTime:
+        """The time of the launch that takes longest."""
+        return max((la.counts.time(device) for la in self.launches), key=lambda t: t.seconds)
+
     def bound(self, device: devices.Device) -> str:
         """The binding limit of the launch that takes longest."""
-        return max((la.counts.time(device) for la in self.launches),
-                   key=lambda t: t.seconds).bound
+        return self.longest(device).bound
 
     def floor_seconds(self, device: devices.Device) -> float:
         """The memory floor: the ideal bytes at the triad bandwidth, plus the fixed cost of

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from . import device as devices
-from . import instructions, sass, trace, traffic
+from . import instructions, pipes, sass, trace, traffic
 from .counts import Counts, launch_counts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -301,3 +301,20 @@ def fit(results: list[RowResult], device: devices.Device) -> devices.Device:
                          bounds=([0.05, 0.0], [1.0, 50.0]))
     return replace(device, issue_efficiency=float(done.x[0]),
                    launch_seconds=float(done.x[1]) * 1e-6)
+
+
+#: ALU busy percentage (Nsight Compute's) from which a launch is taken as bound by its ALU.
+ALU_BOUND_PERCENT = 80
+
+
+def pipe_efficiency(issued: dict, device: devices.Device) -> list[float]:
+    """The fraction of its ALU's issue slots each launch of ``issued`` (a file of
+    ``bench/issued.py parse``: per-pipe counts and times on ``device``'s GPU and clock) that
+    Nsight Compute found more than ALU_BOUND_PERCENT busy on its ALU filled: its ALU warp
+    instructions at the ALU's rate over its time less the fixed cost per launch.
+    PIPE_EFFICIENCY is their median."""
+    rate = device.issue_rate * pipes.RATES["alu"]
+    return [launch["alu_warp_instructions"] / rate
+            / (launch["nanoseconds"] * 1e-9 - device.launch_seconds)
+            for case in issued["cases"] for launch in case["launches"]
+            if launch.get("alu_busy_percent", 0) > ALU_BOUND_PERCENT]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import device as devices
-from . import instructions, traffic
+from . import instructions, pipes, traffic
 
 
 @dataclass
@@ -15,6 +15,7 @@ class Counts:
 
     kernel: str
     warp_instructions: float
+    opcodes: dict  # warp instructions per opcode (with its suffixes)
     unmatched: float  # trace accesses no path of the machine code makes (instructions.IssueCount)
     dram_bytes: float
     l2_bytes: float
@@ -33,6 +34,7 @@ class Counts:
             l1_wavefronts=self.l1_wavefronts, block_rounds=self.block_rounds,
             resident_blocks=min(self.blocks, device.sm_count * self.occupancy.blocks_per_sm),
             warp_instructions=self.warp_instructions,
+            pipe_instructions=pipes.by_pipe(self.opcodes),
             warps_per_scheduler=self.occupancy.warps_per_sm / device.schedulers_per_sm)
 
 
@@ -46,7 +48,8 @@ def launch_counts(launch, flow: instructions.ControlFlow, batching, usage, work:
     count = instructions.count(launch, flow)
     registers, shared = usage if usage else (None, 0)
     occ = traffic.occupancy(launch.threads_per_block, registers, shared)
-    return Counts(launch.name, work * count.warp_instructions, work * count.unmatched,
+    return Counts(launch.name, work * count.warp_instructions,
+                  {op: work * n for op, n in count.opcodes.items()}, work * count.unmatched,
                   t.dram_bytes_scaled(dram_scales),
                   work * traffic.SECTOR * (t.l2_read_sectors + t.l2_write_sectors),
                   work * t.l1_wavefronts, work * t.block_rounds, full_blocks, t, count, occ,

@@ -11,8 +11,11 @@ A launch's time (:func:`launch_time`) is the largest of its limits, plus a fixed
   waits DRAM_LATENCY when one misses L1, L1_LATENCY when all hit, see
   :mod:`gpumodel.traffic`), over the resident blocks;
 * issue: its executed warp instructions (:mod:`gpumodel.instructions`) at one per scheduler per
-  clock, over ISSUE_EFFICIENCY, and over the share of ISSUE_WARPS its resident warps give each
-  scheduler where they are fewer (too few warps cannot hide each other's dependent latencies);
+  clock, or those of one pipe at that pipe's rate where that takes longer (an integer- and
+  compare-heavy kernel waits on its half-rate ALU, :mod:`gpumodel.pipes`), over
+  ISSUE_EFFICIENCY (a pipe's over PIPE_EFFICIENCY), and over the share of ISSUE_WARPS its
+  resident warps give each scheduler where they are fewer (too few warps cannot hide each
+  other's dependent latencies);
 
 and LAUNCH_SECONDS, the part of a kernel's device time no limit sees: launch, the last
 wave's tail, the first touches of a cold L2 (the measurements flush L2 before each run).
@@ -20,6 +23,8 @@ wave's tail, the first touches of a cold L2 (the measurements flush L2 before ea
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+from . import pipes
 
 #: SMs of H100 SXM5 and of H200 (NVIDIA H100 Tensor Core GPU Architecture whitepaper; H200
 #: datasheet: the same GH100 die).
@@ -51,12 +56,21 @@ L1_LATENCY = 40 / 1.755e9
 #: pinned-clock H200 float16 rows of ../shared/calibration/measured.json; bench/calibrate.py
 #: refits and reports it).
 ISSUE_EFFICIENCY = 0.762
+#: Fraction of a pipe's issue slots a kernel bound by that pipe fills (fitted: the median, over
+#: the launches of gpupool's kernels whose ALU Nsight Compute found over 80 % busy, of their
+#: ALU warp instructions at half a warp instruction per clock over their time less
+#: LAUNCH_SECONDS, in bench/results/issued-h200-2026-11-27.json, H200 at 1500 MHz;
+#: gpumodel.calibration.pipe_efficiency computes it: 7 launches, 0.848 to 0.875).
+#: Higher than ISSUE_EFFICIENCY: the scheduler issues other pipes' instructions in between.
+PIPE_EFFICIENCY = 0.865
 #: Resident warps per scheduler below which issue slows in proportion (fitted: gpupool's own
-#: H200 measurement at 1500 MHz, bench/results/measured-h200-2026-11-27-beyond.json, of
-#: avg_cells_backward<float, 1> with 198 registers, 2 warps per scheduler: 3.75 times its issue
-#: time at ISSUE_EFFICIENCY; PyTorch's kernels of the published rows hold 16, so the
-#: calibration does not see it).
-ISSUE_WARPS = 8
+#: H200 measurement at 1500 MHz, bench/results/issued-h200-2026-11-27.json, of
+#: max_window_backward<float, int, true, 3>, 96 registers, 4 warps per scheduler, the one
+#: launch measured with fewer than 6: Nsight Compute's count of its warp instructions at
+#: ISSUE_EFFICIENCY fills 0.857 of its time less LAUNCH_SECONDS; the launches measured at 6
+#: and 7 warps per scheduler fill 0.89 to 1.00 by their counts, scheduler's or ALU's.
+#: PyTorch's kernels of the published rows hold 16, so the calibration does not see it).
+ISSUE_WARPS = 4.67
 #: Device time of a launch that no limit covers, s (fitted with ISSUE_EFFICIENCY).
 LAUNCH_SECONDS = 3.56e-6
 #: The SM clock of the published H200 measurements (SM 1500 MHz pinned), Hz.
@@ -73,6 +87,7 @@ class Device:
     sm_count: int = SM_COUNT
     schedulers_per_sm: int = SCHEDULERS_PER_SM
     issue_efficiency: float = ISSUE_EFFICIENCY
+    pipe_efficiency: float = PIPE_EFFICIENCY
     launch_seconds: float = LAUNCH_SECONDS
 
     @property
@@ -110,6 +125,7 @@ class LaunchTime:
     latency: float
     issue: float
     fixed: float
+    issue_part: str = "scheduler"  # what sets the issue limit: the scheduler or a pipe
 
     @property
     def limits(self) -> dict[str, float]:
@@ -128,15 +144,20 @@ class LaunchTime:
 
 def launch_time(device: Device, *, dram_bytes: float, l2_bytes: float, l1_wavefronts: float,
                 block_rounds: float, resident_blocks: int, warp_instructions: float,
-                warps_per_scheduler: float = ISSUE_WARPS) -> LaunchTime:
+                warps_per_scheduler: float = ISSUE_WARPS,
+                pipe_instructions: dict | None = None) -> LaunchTime:
     """The time of a launch on ``device`` from its full-size counts: DRAM and L2 bytes, L1
     wavefronts, rounds of its blocks' slowest warps, blocks resident at once, warp
-    instructions, and the warps an SM's occupancy gives each of its schedulers."""
+    instructions (and per pipe, :func:`gpumodel.pipes.by_pipe`; None: the scheduler's rate
+    only), and the warps an SM's occupancy gives each of its schedulers."""
     issue_share = min(1.0, warps_per_scheduler / ISSUE_WARPS)
+    issue = {part: clocks / (device.issue_rate * issue_share * (
+        device.issue_efficiency if part == "scheduler" else device.pipe_efficiency))
+        for part, clocks in pipes.issue_clocks(warp_instructions, pipe_instructions).items()}
+    part = max(issue, key=issue.get)
     return LaunchTime(
         dram=dram_bytes / device.dram_bandwidth,
         l2=l2_bytes / (L2_BYTES_PER_CLOCK * device.sm_clock),
         l1=l1_wavefronts / (device.sm_count * device.sm_clock * L1_WAVEFRONTS_PER_CLOCK),
         latency=block_rounds * DRAM_LATENCY / resident_blocks if resident_blocks else 0.0,
-        issue=warp_instructions / (device.issue_rate * device.issue_efficiency * issue_share),
-        fixed=device.launch_seconds)
+        issue=issue[part], fixed=device.launch_seconds, issue_part=part)

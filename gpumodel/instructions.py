@@ -54,7 +54,7 @@ from __future__ import annotations
 import functools
 import operator
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -96,6 +96,12 @@ class SassInstruction:
     def base(self) -> str:
         return self.opcode.split(".")[0]
 
+    @property
+    def name(self) -> str:
+        """The opcode with its suffixes, and the special register a read of one names
+        (``S2R SR_TID.X``): the pipe that runs it depends on which."""
+        return f"{self.opcode} {self.operands[-1]}" if self.base == "S2R" else self.opcode
+
     def access(self) -> tuple[int, int] | None:
         """(write 0/1, bytes per lane) of a global load or store, else None."""
         if self.base not in GLOBAL_LOADS and self.base not in GLOBAL_STORES:
@@ -125,7 +131,7 @@ class Block:
 @dataclass(frozen=True)
 class ControlFlow:
     """A kernel's basic blocks (the entry is block 0), each with its cost in issued
-    instructions (a call costing its subroutine's shortest path)."""
+    instructions (a call costing its subroutine's shortest path), by opcode too."""
 
     blocks: tuple
     costs: tuple
@@ -134,6 +140,10 @@ class ControlFlow:
     pass_headers: tuple = ()
     #: the branches that compare kernel parameters only (:func:`parameter_branches`)
     parameter_branches: tuple = ()
+    #: the kernel's opcodes (:attr:`SassInstruction.name`) and, per block, how many of each
+    #: its cost holds (rows summing to ``costs``)
+    opcodes: tuple = ()
+    opcode_costs: np.ndarray | None = field(default=None, compare=False)
 
     def edges_not_taken(self, parameters: bytes) -> frozenset:
         """The edges (block, successor) that no thread of a launch with this parameter buffer
@@ -209,21 +219,28 @@ def control_flow(sass: str) -> ControlFlow:
     end = subroutines[0] if subroutines else len(code)
     bounds = {i: (subroutines[k + 1] if k + 1 < len(subroutines) else len(code))
               for k, i in enumerate(subroutines)}
+    opcodes = tuple(sorted({i.name for i in code}))
+    column = {name: k for k, name in enumerate(opcodes)}
 
     @functools.lru_cache(maxsize=None)
-    def subroutine_cost(name: str) -> float:
+    def subroutine_mix(name: str) -> np.ndarray:
         first = labels[name]
         blocks = _blocks(code, labels, first, bounds[first])
-        return _shortest(blocks, [cost_of(b) for b in blocks])
+        mixes = np.array([mix_of(b) for b in blocks])
+        return _solve(blocks, tuple(mixes.sum(axis=1)), ())[2] @ mixes
 
-    def cost_of(block: Block) -> float:
-        return len(block.instructions) + sum(subroutine_cost(i.target)
-                                             for i in block.instructions if i.base == "CALL")
+    def mix_of(block: Block) -> np.ndarray:
+        mix = np.zeros(len(opcodes))
+        for i in block.instructions:
+            mix[column[i.name]] += 1
+            if i.base == "CALL":
+                mix += subroutine_mix(i.target)
+        return mix
 
     blocks = _blocks(code, labels, 0, end)
-    costs = _fold_convergent_regions(blocks, [cost_of(b) for b in blocks], labels)
-    return ControlFlow(tuple(blocks), tuple(costs), load_loop_levels(blocks),
-                       parameter_branches(blocks))
+    mixes = _fold_convergent_regions(blocks, labels) @ np.array([mix_of(b) for b in blocks])
+    return ControlFlow(tuple(blocks), tuple(mixes.sum(axis=1).tolist()),
+                       load_loop_levels(blocks), parameter_branches(blocks), opcodes, mixes)
 
 
 #: Offset of a kernel's first parameter in constant bank 0 (sm_90).
@@ -356,20 +373,21 @@ def _dominators(blocks) -> list[set]:
     return dom
 
 
-def _fold_convergent_regions(blocks, costs, labels) -> list:
-    """``costs`` with each branching region that makes no global access charged whole to the
-    block that opens it. NVCC opens a region where a warp's lanes may diverge with ``BSSY``
-    (closed by the ``BSYNC`` before its label): a warp runs every side that one of its lanes
-    takes, and with lanes on different data (a window's taps compared, a tap in range or
-    not, an empty window) that is every side, except a block that calls a subroutine (a
-    division's slow path, which no lane takes on ordinary operands).
+def _fold_convergent_regions(blocks, labels) -> np.ndarray:
+    """The matrix that charges each branching region making no global access whole to the
+    block that opens it (row: the block charged, column: the block whose instructions). NVCC
+    opens a region where a warp's lanes may diverge with ``BSSY`` (closed by the ``BSYNC``
+    before its label): a warp runs every side that one of its lanes takes, and with lanes on
+    different data (a window's taps compared, a tap in range or not, an empty window) that
+    is every side, except a block that calls a subroutine (a division's slow path, which no
+    lane takes on ordinary operands).
 
     A region is folded only if it holds no global access (the trace then picks the path), no
     exit, no backward branch (a loop's count is unknown) and no region of its own other than
     a slow path's (a region around a call). A region holding others chooses among whole
     alternatives (a divisor given or counted, a tile whole or cut), which the lanes of a
     warp take alike: those are left to the shortest path, their inner regions folded."""
-    costs = list(costs)
+    charge = np.eye(len(blocks))
     starts = [b.start for b in blocks]
 
     def inside(first: int, label: str) -> list:
@@ -400,11 +418,12 @@ def _fold_convergent_regions(blocks, costs, labels) -> list:
                     or any(0 <= s <= k for s in blocks[k].successors)
                     for k in ks) or not all(slow_path(*o) for o in openings(ks)):
                 continue
-            costs[opener] += sum(costs[k] for k in ks if not calls(k))
             for k in ks:
-                costs[k] = 0
+                if not calls(k):
+                    charge[opener] += charge[k]
+                charge[k] = 0
             folded.update(ks)
-    return costs
+    return charge
 
 
 def load_loop_levels(blocks) -> tuple:
@@ -430,15 +449,11 @@ def load_loop_levels(blocks) -> tuple:
     return tuple(tuple(sorted(h for h in depth if depth[h] == d)) for d in range(levels - 1))
 
 
-def _shortest(blocks, costs) -> float:
-    return _solve(blocks, tuple(costs), ())[0]
-
-
-def _solve(blocks, costs, targets, passes=(), not_taken=frozenset()) -> tuple[float, float]:
-    """(instructions, accesses missed) of the cheapest unit flow from block 0 to the exit
-    whose global accesses meet ``targets`` ((class, count) pairs; class (write, bytes): a
-    count between the flow's unguarded accesses and all of them) and
-    whose loop headers run ``passes`` ((header blocks, count) pairs) times, as nearly as
+def _solve(blocks, costs, targets, passes=(), not_taken=frozenset()) -> tuple:
+    """(instructions, accesses missed, runs of each block) of the cheapest unit flow from
+    block 0 to the exit whose global accesses meet ``targets`` ((class, count) pairs; class
+    (write, bytes): a count between the flow's unguarded accesses and all of them) and whose
+    loop headers run ``passes`` ((header blocks, count) pairs) times, as nearly as
     they can (a missed pass costs PASS_MISMATCH_COST), and that takes no edge of
     ``not_taken``."""
     from scipy.optimize import Bounds, LinearConstraint, milp
@@ -493,8 +508,10 @@ def _solve(blocks, costs, targets, passes=(), not_taken=frozenset()) -> tuple[fl
     if done.x is None:
         raise RuntimeError(f"gpumodel.instructions: no path through the kernel ({done.message})")
     flow = np.round(done.x)
+    runs = np.zeros(len(blocks))
+    np.add.at(runs, [b for b, _ in edges], flow[:n_edges])
     return (float(objective[:n_edges] @ flow[:n_edges]),
-            float(flow[n_edges:n_edges + 2 * len(classes)].sum()))
+            float(flow[n_edges:n_edges + 2 * len(classes)].sum()), runs)
 
 
 @dataclass(frozen=True)
@@ -505,6 +522,7 @@ class IssueCount:
     warps: int
     unmatched: float  # accesses of the trace no path of the machine code makes, over warps
     paths: dict  # warp accesses ((class, count), ...) -> (warps, instructions per warp)
+    opcodes: dict  # opcode (SassInstruction.name) -> warp instructions
 
 
 def count(launch, flow: ControlFlow) -> IssueCount:
@@ -533,23 +551,25 @@ def count(launch, flow: ControlFlow) -> IssueCount:
         empty = ((), (0,) * levels)
         signatures[empty] = signatures.get(empty, 0) + silent
     paths, total, missed = {}, 0.0, 0.0
+    mix = np.zeros(len(flow.opcodes))
     not_taken = flow.edges_not_taken(launch.parameters)
     for sig, n in signatures.items():
-        instructions, miss = _path(flow, sig, not_taken)
+        instructions, miss, runs = _path(flow, sig, not_taken)
         paths[sig] = (n, instructions)
         total += n * instructions
         missed += n * miss
-    return IssueCount(total, warps, missed, paths)
+        mix += n * (runs @ flow.opcode_costs)
+    return IssueCount(total, warps, missed, paths, dict(zip(flow.opcodes, mix.tolist())))
 
 
-def _path(flow: ControlFlow, signature: tuple, not_taken=frozenset()) -> tuple[float, float]:
-    """(instructions, accesses missed) of a warp making ``signature``'s accesses (and walking
-    its lines, :func:`gpumodel.traffic.line_counts`): per class (write, bytes) if some path
-    matches that, else per direction, bytes apart."""
+def _path(flow: ControlFlow, signature: tuple, not_taken=frozenset()) -> tuple:
+    """(instructions, accesses missed, runs of each block) of a warp making ``signature``'s
+    accesses (and walking its lines, :func:`gpumodel.traffic.line_counts`): per class
+    (write, bytes) if some path matches that, else per direction, bytes apart."""
     signature, lines = signature
     # the outermost pass level walks the trace's highest line level
     passes = tuple((headers, n) for headers, n in zip(flow.pass_headers, lines[::-1]))
-    instructions, missed = _solve(flow.blocks, flow.costs, signature, passes, not_taken)
+    instructions, missed, runs = _solve(flow.blocks, flow.costs, signature, passes, not_taken)
     if missed:
         merged: dict[tuple, int] = {}
         for (write, size), n in signature:
@@ -557,8 +577,8 @@ def _path(flow: ControlFlow, signature: tuple, not_taken=frozenset()) -> tuple[f
         coarse = _solve(_by_direction(flow.blocks), flow.costs, tuple(
             ((w, 0), n) for w, n in sorted(merged.items())), passes, not_taken)
         if coarse[1] < missed:
-            instructions, missed = coarse
-    return instructions, missed
+            instructions, missed, runs = coarse
+    return instructions, missed, runs
 
 
 @functools.lru_cache(maxsize=64)

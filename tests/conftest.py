@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import sys
 
 import numpy as np
@@ -70,6 +71,9 @@ def configure_memory_pool(cupy, environ) -> None:
         cupy.cuda.set_allocator(None)
 
 
+#: Nsight Compute's executed warp instructions, in all and per pipe, of every modeled case's
+#: launches on an H200 at 1500 MHz (``bench/issued.py``).
+ISSUED = pathlib.Path(__file__).parents[1] / "bench" / "results" / "issued-h200-2026-11-27.json"
 #: CuPy's NVRTC (compiler, core) for the compile tests, captured before the stand-in.
 REAL_NVRTC = cudacpu.real_nvrtc()
 GPU_RUNTIME, GPU_RUNTIME_WORDS = _choose_gpu_runtime()

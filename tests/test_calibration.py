@@ -7,6 +7,7 @@ NVRTC (their machine code) and traced on the CPU executor.
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -77,6 +78,13 @@ def test_the_shipped_constants_are_the_calibration_fit(results):
     fitted = calibration.fit(results, device.h200())
     assert fitted.issue_efficiency == pytest.approx(device.ISSUE_EFFICIENCY, rel=0.01)
     assert fitted.launch_seconds == pytest.approx(device.LAUNCH_SECONDS, rel=0.01)
+
+
+def test_the_shipped_pipe_efficiency_is_the_fit_on_gpupools_alu_bound_launches():
+    fills = calibration.pipe_efficiency(json.loads(conftest.ISSUED.read_text()), device.h200())
+    assert len(fills) >= 5
+    assert statistics.median(fills) == pytest.approx(device.PIPE_EFFICIENCY, abs=0.002)
+    assert max(fills) - min(fills) < 0.05  # one efficiency fits them all
 
 
 def test_the_measured_max_kernels_are_issue_bound(results):

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import conftest
 from cudacpu import executor, installed_cupy
-from gpumodel import benchmodel, calibration, instructions, sass, trace
+from gpumodel import benchmodel, calibration, instructions, pipes, sass, trace
 
 pytestmark = [
     pytest.mark.skipif(executor.host_compiler_reason() is not None,
@@ -277,9 +276,7 @@ def test_the_count_of_pytorchs_avg_kernel_against_ncu(workload):
     assert NCU_SHARE[0] <= share <= NCU_SHARE[1], share
 
 
-#: Nsight Compute's executed warp instructions of every suite case's launches on an H200
-#: (``bench/issued.py``, smsp__inst_executed.sum).
-ISSUED = Path(__file__).parents[1] / "bench" / "results" / "issued-h200-2026-11-27.json"
+ISSUED = conftest.ISSUED
 #: The model's count over ncu's, at least (0.05 under what it was when counted), where it is
 #: under 0.9: a warp's path there turns on what no load or store tells apart, which the model
 #: takes its shortest way (a lane's loop over an adaptive window or a general walk's taps, the
@@ -296,9 +293,9 @@ ISSUED_EXACT = ("resnet stem max 3x3 s2 p1", "resnet stem max f16", "vgg max 2x2
                 "1d max 3 s2 p1", "seed [64,56,56] max 2x2 s2")
 
 
-def _issued() -> dict:
+def _issued(count: str = "warp_instructions") -> dict:
     with open(ISSUED) as f:
-        return {c["case"]: sum(la["warp_instructions"] for la in c["launches"])
+        return {c["case"]: sum(la[count] for la in c["launches"])
                 for c in json.load(f)["cases"]}
 
 
@@ -310,3 +307,21 @@ def test_the_count_of_gpupools_kernels_against_ncu(modeled_suite, name):
     if name in ISSUED_EXACT:
         assert ratio == pytest.approx(1, abs=0.005)
     assert ISSUED_AT_LEAST.get(name, 0.9) <= ratio <= 1.1, ratio
+
+
+@pytest.mark.skipif(conftest.GPU_RUNTIME != "executor",
+                    reason="traces gpupool on the CPU executor's stand-in CuPy (a GPU is in use)")
+@pytest.mark.parametrize("name", ISSUED_EXACT)
+def test_the_pipes_of_gpupools_kernels_against_ncu(modeled_suite, name):
+    """Where the count is exact, so is every pipe's: each opcode goes where ncu counts it."""
+    modeled = {p: 0.0 for p in pipes.PIPES}
+    for la in modeled_suite[name].launches:
+        for p, n in pipes.by_pipe(la.counts.opcodes).items():
+            modeled[p] += n
+    modeled["fma"] += modeled.pop("fmaheavy")  # ncu's fma: both FMA pipes
+    counted = {p: _issued(f"{p}_warp_instructions")[name] for p in pipes.PIPES
+               if p not in ("fmaheavy", "fp64", "other")}
+    counted["other"] = _issued()[name] - sum(counted.values())
+    total = _issued()[name]
+    for p, n in counted.items():
+        assert modeled[p] == pytest.approx(n, abs=0.005 * total), p
