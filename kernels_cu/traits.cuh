@@ -62,6 +62,19 @@ GP_TRAITS(int, (int)(-2147483647 - 1), ((void)v, false))
 GP_TRAITS(long long, (long long)(-9223372036854775807LL - 1), ((void)v, false))
 #undef GP_TRAITS
 
+// The max of two elements as stored where one instruction takes it: the 16-bit floats'
+// HMNMX2 (NaN if either is NaN, as 0x7FFF, the NaN every 16-bit float result carries; of -0
+// and +0 either may come out). The values-only max of the row tiles reduces their taps so.
+template <typename T> struct StoredMax { static constexpr bool exists = false; };
+#define GP_STORED_MAX(T)                                                           \
+  template <> struct StoredMax<T> {                                                \
+    static constexpr bool exists = true;                                           \
+    static __device__ __forceinline__ T of(T a, T b) { return __hmax_nan(a, b); } \
+  };
+GP_STORED_MAX(__half)
+GP_STORED_MAX(__nv_bfloat16)
+#undef GP_STORED_MAX
+
 // PyTorch's max rule: NaN wins and stays (a later NaN replaces it), ties keep the first.
 template <typename A>
 __device__ __forceinline__ bool max_takes(A v, A m) {

@@ -681,7 +681,8 @@ struct RowTaps {
   // stored. WHOLE: these are the windows' every tap (a 1-D or 2-D tile, not one D slice of
   // DepthRowTaps): a values-only max takes the first slot by f[j].first, and takes 2-byte
   // values after each way of loading them (load_slices' EACH; in DepthRowTaps' loop over
-  // the slices that spilled). `inside`: tiles_inside().
+  // the slices that spilled); where its type has a StoredMax, it reduces the taps as stored,
+  // separably, and gives f[j].first their max. `inside`: tiles_inside().
   template <int G, bool WHOLE, typename F>
   __device__ __forceinline__ void batched(const Output<int>* o, F* f, int slice,
                                           bool inside) const {
@@ -690,20 +691,40 @@ struct RowTaps {
     bool rok[KH], cok[span];
     int base[KH];
     constexpr bool each = WHOLE && sizeof(typename F::value) == 2;
+    typedef StoredMax<typename F::value> Stored;
     load<each>(o[0], f[0], v, rok, cok, base, slice, inside, [&] {
+      if constexpr (WHOLE && !F::skips && Stored::exists) {
+        // separable, as stored: each column's max over the rows once, shared by the windows
+        // that overlap, then each window's over its columns
+        typename F::value column[span];
 #pragma unroll
-      for (int b = 0; b < KH; ++b) {
+        for (int c = 0; c < span; ++c) {
+          column[c] = v[0][c];
+#pragma unroll
+          for (int b = 1; b < KH; ++b) column[c] = Stored::of(column[c], v[b][c]);
+        }
 #pragma unroll
         for (int j = 0; j < G; ++j) {
+          typename F::value m = column[j * SW];
 #pragma unroll
-          for (int k = 0; k < KW; ++k) {
-            const int c = j * SW + k * DW;
-            if constexpr (F::skips) {
-              f[j].take_if(v[b][c], base[b] + c, rok[b] && cok[c]);
-            } else if (WHOLE && b == 0 && k == 0) {
-              f[j].first(v[b][c]);
-            } else {
-              f[j].take(v[b][c], base[b] + c);
+          for (int k = 1; k < KW; ++k) m = Stored::of(m, column[j * SW + k * DW]);
+          f[j].first(m);
+        }
+      } else {
+#pragma unroll
+        for (int b = 0; b < KH; ++b) {
+#pragma unroll
+          for (int j = 0; j < G; ++j) {
+#pragma unroll
+            for (int k = 0; k < KW; ++k) {
+              const int c = j * SW + k * DW;
+              if constexpr (F::skips) {
+                f[j].take_if(v[b][c], base[b] + c, rok[b] && cok[c]);
+              } else if (WHOLE && b == 0 && k == 0) {
+                f[j].first(v[b][c]);
+              } else {
+                f[j].take(v[b][c], base[b] + c);
+              }
             }
           }
         }

@@ -996,6 +996,31 @@ def test_max_returns_the_winning_element_bit_for_bit(kind, dtype, backend, cupy)
     assert got == dict.fromkeys(TIE_OPS, want)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16_bit_row_tiles_give_an_equal_value_of_tied_zeros(dtype, cupy, monkeypatch):
+    """The values-only max of the 16-bit float row tiles reduces its taps as stored (HMNMX2,
+    separable: each column over the rows, then each window over its columns): tied zeros
+    give a zero of either sign, a window holding a NaN 0x7FFF, every other window the
+    reference's max; with indices, the winning element itself."""
+    import reference as ref
+    rng = np.random.default_rng(5)
+    x = np.where(rng.random((1, 2, 6, 64)) < 0.5, -0.0, 0.0).astype(numpy_dtype(dtype))
+    x[rng.random(x.shape) < 0.1] = 1.5
+    x[rng.random(x.shape) < 0.02] = np.nan
+    want, where = ref.max_pool(x.astype(np.float64), 3, 2, 1)
+    rec = record(monkeypatch)
+    got = cupy.asnumpy(gpupool.max_pool(cupy.asarray(x), 3, 2, 1))
+    assert [n.split("<")[0] for _, n in rec.names] == ["max_pool_rows"]
+    nan = np.isnan(want)
+    assert (np.isnan(got) == nan).all() and (got.view(np.uint16)[nan] == 0x7FFF).all()
+    assert (got[~nan] == want[~nan]).all() and (want == 0).any() and (want == 1.5).any()
+    values, indices = gpupool.max_pool(cupy.asarray(x), 3, 2, 1, return_indices=True)
+    winners = np.take_along_axis(x.reshape(1, 2, -1), cupy.asnumpy(indices).reshape(1, 2, -1),
+                                 2).reshape(want.shape)
+    assert (cupy.asnumpy(indices) == where).all()
+    assert (cupy.asnumpy(values).view(np.uint16)[~nan] == winners.view(np.uint16)[~nan]).all()
+
+
 def lane_tie_input(kind: str) -> np.ndarray:
     """A (1, 1, 3, 40) float32 plane whose max over each adaptive window to (1, 1) is decided
     across window columns and column passes of the lane-group kernels (40 columns: 32 lanes,

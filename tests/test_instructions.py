@@ -289,8 +289,11 @@ ISSUED_AT_LEAST = {
     "int8 max 2x2 s2": 0.34, "int8 avg 2x2 s2": 0.42, "resnet stem max 3x3 s2 p1 backward": 0.59,
     "densenet avg 2x2 s2 backward": 0.84, "resnet50 head global avg backward": 0.61,
 }
-ISSUED_EXACT = ("resnet stem max 3x3 s2 p1", "resnet stem max f16", "vgg max 2x2 s2",
-                "1d max 3 s2 p1", "seed [64,56,56] max 2x2 s2")
+ISSUED_EXACT = ("resnet stem max 3x3 s2 p1", "vgg max 2x2 s2", "1d max 3 s2 p1",
+                "seed [64,56,56] max 2x2 s2")
+#: Cases whose kernels changed since ncu counted them: a GPU must count them again.
+COUNTED_BEFORE = {"resnet stem max f16": "the float16 values-only row tiles reduce their taps "
+                                         "as stored (HMNMX2), separably"}
 
 
 def _issued(count: str = "warp_instructions") -> dict:
@@ -303,6 +306,8 @@ def _issued(count: str = "warp_instructions") -> dict:
                     reason="traces gpupool on the CPU executor's stand-in CuPy (a GPU is in use)")
 @pytest.mark.parametrize("name", [c.name for c in benchmodel.modeled_cases()])
 def test_the_count_of_gpupools_kernels_against_ncu(modeled_suite, name):
+    if name in COUNTED_BEFORE:
+        pytest.skip(f"counted before its kernel changed: {COUNTED_BEFORE[name]}")
     ratio = modeled_suite[name].warp_instructions / _issued()[name]
     if name in ISSUED_EXACT:
         assert ratio == pytest.approx(1, abs=0.005)
