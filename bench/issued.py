@@ -9,7 +9,7 @@ On a machine with an NVIDIA GPU, CuPy and Nsight Compute (``.ci/gpu LOGDIR issue
       --metrics "$(python bench/issued.py metrics)" --log-file ncu.csv python bench/issued.py run
   python bench/issued.py parse ncu.csv    # writes bench/results/issued-<gpu>-<date>.json
 
-and anywhere, the model's count beside the GPU's, launch by launch:
+and anywhere, the model's count beside the GPU's, launch by launch (in all and on the ALU):
 
   python bench/issued.py compare bench/results/issued-h200-2026-11-27.json \\
       bench/results/model-2026-11-28.json bench/results/model-2026-11-28-beyond.json
@@ -100,9 +100,11 @@ def _key(kernel: str, grid) -> tuple:
 
 
 def compare(issued_path: str, model_paths: list[str]) -> list[tuple]:
-    """(case, kernel, modeled, counted) for each modeled launch the GPU counted."""
+    """(case, kernel, modeled, counted, modeled ALU, counted ALU) for each modeled launch the
+    GPU counted: warp instructions, in all and on the ALU pipe (None where a file lacks the
+    pipe's count)."""
     with open(issued_path) as f:
-        counted = {(c["case"], _key(l["kernel"], l["grid"])): l["warp_instructions"]
+        counted = {(c["case"], _key(l["kernel"], l["grid"])): l
                    for c in json.load(f)["cases"] for l in c["launches"]}
     rows = []
     for path in model_paths:
@@ -111,7 +113,10 @@ def compare(issued_path: str, model_paths: list[str]) -> list[tuple]:
                 for l in c["launches"]:
                     n = counted.get((c["case"], _key(l["kernel"], l["grid"])))
                     if n:
-                        rows.append((c["case"], l["kernel"], l["warp_instructions"], n))
+                        rows.append((c["case"], l["kernel"], l["warp_instructions"],
+                                     n["warp_instructions"],
+                                     l.get("pipe_warp_instructions", {}).get("alu"),
+                                     n.get("alu_warp_instructions")))
     return rows
 
 
@@ -146,11 +151,13 @@ def main(argv: list[str] | None = None) -> int:
               f"of {len(result['cases'])} cases")
         return 0
     rows = compare(args.issued, args.models)
-    print("| case | kernel | modeled (M) | counted (M) | modeled / counted |\n|---|---|---|---|---|")
-    for case, kernel, modeled, counted in rows:
+    print("| case | kernel | modeled (M) | counted (M) | modeled / counted | ALU: modeled / "
+          "counted |\n|---|---|---|---|---|---|")
+    for case, kernel, modeled, counted, alu, counted_alu in rows:
         print(f"| {case} | `{kernel}` | {modeled / 1e6:.2f} | {counted / 1e6:.2f} | "
-              f"{modeled / counted:.2f} |")
-    ratios = [m / n for _, _, m, n in rows]
+              f"{modeled / counted:.2f} | "
+              f"{f'{alu / counted_alu:.2f}' if alu is not None and counted_alu else '-'} |")
+    ratios = [row[2] / row[3] for row in rows]
     if ratios:
         print(f"\n{len(ratios)} launches: median modeled / counted {statistics.median(ratios):.2f}"
               f", within 10 %: {sum(abs(r - 1) <= 0.1 for r in ratios)}, within 20 %: "

@@ -62,6 +62,7 @@ ISSUE_EFFICIENCY = 0.762
 #: LAUNCH_SECONDS, in bench/results/issued-h200-2026-11-27.json, H200 at 1500 MHz;
 #: gpumodel.calibration.pipe_efficiency computes it: 7 launches, 0.848 to 0.875).
 #: Higher than ISSUE_EFFICIENCY: the scheduler issues other pipes' instructions in between.
+#: Taken for the other pipes too (assumption: no kernel measured is bound by one of them).
 PIPE_EFFICIENCY = 0.865
 #: Resident warps per scheduler below which issue slows in proportion (fitted: gpupool's own
 #: H200 measurement at 1500 MHz, bench/results/issued-h200-2026-11-27.json, of

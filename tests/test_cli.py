@@ -659,6 +659,8 @@ def test_issued_script_names_each_launch_by_the_marker_before_it(tmp_path, monke
                 + row(1, "void k<1, float>(const float *)", 8, "smsp__inst_executed.sum",
                       "1,200")
                 + row(1, "void k<1, float>(const float *)", 8, "dram__bytes.sum", 64)
+                + row(1, "void k<1, float>(const float *)", 8,
+                      "smsp__inst_executed_pipe_alu.sum", 600)
                 + row(2, "case_marker", 1, "smsp__inst_executed.sum", 5)
                 + row(3, "void j(int)", 2, "smsp__inst_executed.sum", 30))
     (tmp_path / "ncu.csv").write_text(csv_text)
@@ -670,14 +672,21 @@ def test_issued_script_names_each_launch_by_the_marker_before_it(tmp_path, monke
     assert result["cases"] == [
         {"case": "c", "launches": [{"kernel": "k<1, float>", "grid": [8, 1, 1],
                                     "block": [32, 1, 1], "warp_instructions": 1200.0,
-                                    "dram_bytes": 64.0}]},
+                                    "dram_bytes": 64.0, "alu_warp_instructions": 600.0}]},
         {"case": "a", "launches": [{"kernel": "j", "grid": [2, 1, 1], "block": [32, 1, 1],
                                     "warp_instructions": 30.0}]}]
     model = {"cases": [{"case": "c", "launches": [
-        {"kernel": "k<true, float>", "grid": [8, 1, 1], "warp_instructions": 600.0}]}]}
+        {"kernel": "k<true, float>", "grid": [8, 1, 1], "warp_instructions": 600.0,
+         "pipe_warp_instructions": {"alu": 300.0}}]},
+        {"case": "a", "launches": [{"kernel": "j", "grid": [2, 1, 1],
+                                    "warp_instructions": 20.0}]}]}
     (tmp_path / "model.json").write_text(json.dumps(model))
     assert issued.compare(str(path), [str(tmp_path / "model.json")]) == [
-        ("c", "k<true, float>", 600.0, 1200.0)]
+        ("c", "k<true, float>", 600.0, 1200.0, 300.0, 600.0), ("a", "j", 20.0, 30.0, None, None)]
+    assert issued.main(["compare", str(path), str(tmp_path / "model.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| c | `k<true, float>` | 0.00 | 0.00 | 0.50 | 0.50 |" in out
+    assert "| a | `j` | 0.00 | 0.00 | 0.67 | - |" in out
 
 
 def test_measure_script_refuses_to_run_without_a_gpu(capsys):
