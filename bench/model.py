@@ -70,7 +70,6 @@ def selected(case, ops) -> bool:
 
 def case_row(model, devices, best) -> dict:
     """One case as JSON: per device its time, bound and limits; its counts."""
-    from gpumodel import pipes
     first = devices[0]
     public = fastest_public(best, model.case)
     row = {
@@ -88,7 +87,7 @@ def case_row(model, devices, best) -> dict:
             "kernel": la.name, "grid": list(la.grid), "block": list(la.block),
             "registers": la.counts.registers, "occupancy": la.counts.occupancy.fraction,
             "warp_instructions": la.counts.warp_instructions,
-            "pipe_warp_instructions": pipes.by_pipe(la.counts.opcodes),
+            "pipe_warp_instructions": la.counts.pipe_instructions,
             "unmatched_accesses": la.counts.unmatched, "dram_bytes": la.counts.dram_bytes,
             "compiled_loads_per_run": la.traffic.batch,
             "limits_seconds": {d.label(): la.counts.time(d).limits for d in devices},
@@ -145,7 +144,8 @@ def markdown(sections, skipped, meta, devices) -> str:
              f"{d.ISSUE_EFFICIENCY} (fitted), the ALU and integer FMA pipes half a warp "
              f"instruction per clock and conversions an eighth at a pipe efficiency of "
              f"{d.PIPE_EFFICIENCY} (fitted; the bound names such a pipe where it binds), plus "
-             f"{d.LAUNCH_SECONDS * 1e6:.2f} us per launch (fitted); DRAM at the STREAM triad ({d.DRAM_TRIAD_FRACTION:.3f} of peak: "
+             f"{d.LAUNCH_SECONDS * 1e6:.2f} us per launch (fitted); DRAM at the STREAM triad "
+             f"({d.DRAM_TRIAD_FRACTION:.3f} of peak: "
              f"{devices[0].dram_bandwidth / 1e12:.2f} and {devices[1].dram_bandwidth / 1e12:.2f}"
              f" TB/s). Time = the largest of the DRAM, L2, L1, latency and issue limits, plus "
              f"the fixed cost, per launch (gpumodel/device.py names every constant and its "

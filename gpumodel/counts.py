@@ -2,6 +2,7 @@
 and its time on a device profile (:mod:`gpumodel.device`)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from . import device as devices
@@ -28,13 +29,18 @@ class Counts:
     registers: int | None
     shared: int
 
+    @functools.cached_property
+    def pipe_instructions(self) -> dict[str, float]:
+        """Warp instructions per pipe (:func:`gpumodel.pipes.by_pipe`)."""
+        return pipes.by_pipe(self.opcodes)
+
     def time(self, device: devices.Device) -> devices.LaunchTime:
         return devices.launch_time(
             device, dram_bytes=self.dram_bytes, l2_bytes=self.l2_bytes,
             l1_wavefronts=self.l1_wavefronts, block_rounds=self.block_rounds,
             resident_blocks=min(self.blocks, device.sm_count * self.occupancy.blocks_per_sm),
             warp_instructions=self.warp_instructions,
-            pipe_instructions=pipes.by_pipe(self.opcodes),
+            pipe_instructions=self.pipe_instructions,
             warps_per_scheduler=self.occupancy.warps_per_sm / device.schedulers_per_sm)
 
 

@@ -134,16 +134,17 @@ class ControlFlow:
     instructions (a call costing its subroutine's shortest path), by opcode too."""
 
     blocks: tuple
-    costs: tuple
+    opcodes: tuple  # SassInstruction.name of each; opcode_costs: each block's count of each
+    opcode_costs: np.ndarray = field(compare=False)
     #: per loop level of the load loops, outermost first, the header blocks of that level's
     #: loops (see :func:`load_loop_levels`); the innermost level is left out
     pass_headers: tuple = ()
     #: the branches that compare kernel parameters only (:func:`parameter_branches`)
     parameter_branches: tuple = ()
-    #: the kernel's opcodes (:attr:`SassInstruction.name`) and, per block, how many of each
-    #: its cost holds (rows summing to ``costs``)
-    opcodes: tuple = ()
-    opcode_costs: np.ndarray | None = field(default=None, compare=False)
+
+    @functools.cached_property
+    def costs(self) -> tuple:  # each block's: its instructions of every opcode
+        return tuple(self.opcode_costs.sum(axis=1).tolist())
 
     def edges_not_taken(self, parameters: bytes) -> frozenset:
         """The edges (block, successor) that no thread of a launch with this parameter buffer
@@ -239,8 +240,8 @@ def control_flow(sass: str) -> ControlFlow:
 
     blocks = _blocks(code, labels, 0, end)
     mixes = _fold_convergent_regions(blocks, labels) @ np.array([mix_of(b) for b in blocks])
-    return ControlFlow(tuple(blocks), tuple(mixes.sum(axis=1).tolist()),
-                       load_loop_levels(blocks), parameter_branches(blocks), opcodes, mixes)
+    return ControlFlow(tuple(blocks), opcodes, mixes, load_loop_levels(blocks),
+                       parameter_branches(blocks))
 
 
 #: Offset of a kernel's first parameter in constant bank 0 (sm_90).
@@ -453,9 +454,8 @@ def _solve(blocks, costs, targets, passes=(), not_taken=frozenset()) -> tuple:
     """(instructions, accesses missed, runs of each block) of the cheapest unit flow from
     block 0 to the exit whose global accesses meet ``targets`` ((class, count) pairs; class
     (write, bytes): a count between the flow's unguarded accesses and all of them) and whose
-    loop headers run ``passes`` ((header blocks, count) pairs) times, as nearly as
-    they can (a missed pass costs PASS_MISMATCH_COST), and that takes no edge of
-    ``not_taken``."""
+    loop headers run ``passes`` ((header blocks, count) pairs) times, as nearly as they can
+    (a missed pass costs PASS_MISMATCH_COST), and that takes no edge of ``not_taken``."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     edges = [(b, s) for b, block in enumerate(blocks) for s in block.successors]
     n_edges = len(edges)

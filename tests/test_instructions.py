@@ -8,6 +8,7 @@ sm_90 and traced on the CPU executor; no GPU is needed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 import numpy as np
@@ -296,6 +297,7 @@ COUNTED_BEFORE = {"resnet stem max f16": "the float16 values-only row tiles redu
                                          "as stored (HMNMX2), separably"}
 
 
+@functools.lru_cache(maxsize=None)
 def _issued(count: str = "warp_instructions") -> dict:
     with open(ISSUED) as f:
         return {c["case"]: sum(la[count] for la in c["launches"])

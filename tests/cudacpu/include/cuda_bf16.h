@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cuda_fp16.h"  // cudacpu::max_nan
+
 struct __nv_bfloat16_raw {
   unsigned short x;
 };
@@ -73,11 +75,6 @@ inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) {
   b.__x = u;
   return b;
 }
-// __hmax_nan (max.NaN.bf16): NaN if either is NaN, as 0x7FFF (CUDART_NAN_BF16); of two
-// zeros +0, as float16's (cuda_fp16.h).
 inline __nv_bfloat16 __hmax_nan(__nv_bfloat16 a, __nv_bfloat16 b) {
-  const float x = __bfloat162float(a), y = __bfloat162float(b);
-  if (x != x || y != y) return __ushort_as_bfloat16(0x7fffu);
-  if (x == y) return (a.__x & 0x8000u) ? b : a;
-  return x > y ? a : b;
+  return cudacpu::max_nan(a, b, __bfloat162float(a), __bfloat162float(b));
 }
