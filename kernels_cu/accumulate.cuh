@@ -47,7 +47,8 @@ __device__ __forceinline__ T tap_load(const T* __restrict__ xp, I cs, I pos, boo
 // the first tap holding the max, or the last NaN; -1 (and the lowest value) when no tap is
 // valid (IDX: the position is kept). A tap that is not ok loads nothing and gives the lowest
 // value, which never replaces the max: values only, every slot is taken (skips false); with
-// IDX only the valid taps (skips true: the first valid tap always sets the position).
+// IDX only the valid taps (skips true: the first valid tap always sets the position), or
+// every slot of a row tile (take_slot, then unless_taken).
 // load returns the element as stored and take converts it to A: a conversion next to its load
 // would make the compiler wait for each half tap before it starts the next. FLAT (values only):
 // take tests max_takes without its short circuit, the form after which ptxas starts all of a
@@ -81,14 +82,23 @@ struct MaxOfTaps {
       m = v;
     }
   }
-  // With IDX: take() of the tap if ok, by selects: no branch that a warp's lanes split over
-  // (a tap in range or not, a new max or not), so that the warp runs each tap once.
-  __device__ __forceinline__ void take_if(T raw, I pos, bool ok) {
+  // With IDX, a slot of a row tile: take() by selects, with no branch that a warp's lanes
+  // split over (a new max or not). A slot outside the plane holds the lowest value, which
+  // never takes, so its validity is not tested; a window whose valid taps all hold the lowest
+  // value keeps best -1 until unless_taken() gives it the first of them.
+  __device__ __forceinline__ void take_slot(T raw, I pos) {
     static_assert(IDX, "values only take every slot");
     const A v = Num<T>::load(raw);
-    const bool t = ok & ((best < 0) | (v > m) | Num<A>::is_nan(v));
+    const bool t = (v > m) | Num<A>::is_nan(v);
     m = t ? v : m;
     best = t ? pos : best;
+  }
+  // With IDX, after take_slot() of a window's slots: where none took, the position first()
+  // gives (the window's first valid tap, -1 if none; m, the lowest value, is its value).
+  template <typename First>
+  __device__ __forceinline__ void unless_taken(First first) {
+    static_assert(IDX, "values only take every slot");
+    if (best < 0) best = first();
   }
   // Values only: take() of the window's first tap, m still the lowest value (which the tap
   // replaces unless it is the lowest value too).

@@ -545,12 +545,19 @@ struct RowTaps {
   const Geo<int>& g;
 
   // The pack of VEC elements from x[pos] (pos a multiple of VEC), loaded as one unsigned
-  // word of its size (one load instruction on the GPU and in the CPU executor alike).
+  // word of its size (one load instruction on the GPU and in the CPU executor alike) where
+  // ok, else VEC copies of `none`: the word's registers hold them before the load, whole, so
+  // that 2-byte elements stay paired in their registers.
   template <typename T>
-  static __device__ __forceinline__ Pack<T, VEC> pack(const T* __restrict__ x, int pos) {
+  static __device__ __forceinline__ Pack<T, VEC> pack(const T* __restrict__ x, int pos, bool ok,
+                                                      T none) {
     typedef typename Word<sizeof(Pack<T, VEC>)>::type W;
-    const W w = *reinterpret_cast<const W*>(x + pos);
     Pack<T, VEC> p;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) p.v[e] = none;
+    W w;
+    memcpy(&w, &p, sizeof p);
+    if (ok) w = *reinterpret_cast<const W*>(x + pos);
     memcpy(&p, &w, sizeof p);
     return p;
   }
@@ -571,13 +578,7 @@ struct RowTaps {
       for (int k = 0; k < packs; ++k) {
         const int c0 = k * VEC - LEAD;
         if (c0 >= 0 && c0 + VEC <= span) {
-          Pack<T, VEC> p;
-          if (ok(b, k)) {
-            p = pack(row.xp, c0);
-          } else {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) p.v[e] = f.load(0, false);
-          }
+          const Pack<T, VEC> p = pack(row.xp, c0, ok(b, k), f.load(0, false));
 #pragma unroll
           for (int e = 0; e < VEC; ++e) v[b][c0 + e] = p.v[e];
         } else {
@@ -675,14 +676,14 @@ struct RowTaps {
   }
 
   // f[j].take(v, pos) for the taps of window j < G in row-major order, those of D slice
-  // `slice`: every slot (values-only max: a slot outside the plane loads the lowest value,
-  // which never wins) or the valid ones (F::skips: take_if, the slot's validity its flag,
-  // with no branch). Windows j >= n are taken too and never
-  // stored. WHOLE: these are the windows' every tap (a 1-D or 2-D tile, not one D slice of
-  // DepthRowTaps): a values-only max takes the first slot by f[j].first, and takes 2-byte
-  // values after each way of loading them (load_slices' EACH; in DepthRowTaps' loop over
-  // the slices that spilled); where its type has a StoredMax, it reduces the taps as stored,
-  // separably, and gives f[j].first their max. `inside`: tiles_inside().
+  // `slice`: every slot (a slot outside the plane loads the lowest value, which never wins;
+  // F::skips: by take_slot, then unless_taken with the window's first valid slot). Windows
+  // j >= n are taken too and never stored. WHOLE: these are the windows' every tap (a 1-D or
+  // 2-D tile, not one D slice of DepthRowTaps): a values-only max takes the first slot by
+  // f[j].first, and takes 2-byte values after each way of loading them (load_slices' EACH; in
+  // DepthRowTaps' loop over the slices that spilled); where its type has a StoredMax, it
+  // reduces the taps as stored, separably, and gives f[j].first their max. `inside`:
+  // tiles_inside().
   template <int G, bool WHOLE, typename F>
   __device__ __forceinline__ void batched(const Output<int>* o, F* f, int slice,
                                           bool inside) const {
@@ -719,13 +720,30 @@ struct RowTaps {
             for (int k = 0; k < KW; ++k) {
               const int c = j * SW + k * DW;
               if constexpr (F::skips) {
-                f[j].take_if(v[b][c], base[b] + c, rok[b] && cok[c]);
+                f[j].take_slot(v[b][c], base[b] + c);
               } else if (WHOLE && b == 0 && k == 0) {
                 f[j].first(v[b][c]);
               } else {
                 f[j].take(v[b][c], base[b] + c);
               }
             }
+          }
+        }
+        if constexpr (F::skips) {
+#pragma unroll
+          for (int j = 0; j < G; ++j) {
+            f[j].unless_taken([&] {
+              int first = -1;
+#pragma unroll
+              for (int b = KH - 1; b >= 0; --b) {
+#pragma unroll
+                for (int k = KW - 1; k >= 0; --k) {
+                  const int c = j * SW + k * DW;
+                  if (rok[b] && cok[c]) first = base[b] + c;
+                }
+              }
+              return first;
+            });
           }
         }
       }
