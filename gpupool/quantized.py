@@ -29,11 +29,12 @@ down by its thresholds ``T[v] = min{x : f(x) >= v}``, ``v = 0..LEVELS+1`` (``T[0
 ``c`` with Python integers, e.g. ``T[v] = ceil((2v - 1) * den / (2 * num))`` for
 half-away-from-zero (``c = num/den``), plus one where ``x * c`` is exactly ``v - 1/2`` and
 ``v`` is odd for half-to-even. Per divisor it also computes a TFLite-style fixed-point
-multiplier ``M`` (31 bits, ``2**30 <= M < 2**31``, fewer only for accumulators beyond 2**31)
-and shift ``sh`` with ``M / 2**sh ~= c``. Each output then costs::
+multiplier ``M`` and shift ``sh`` with ``M / 2**sh ~= c``: as many bits as keep ``x * M`` below
+2**31 and ``sh`` at most 30 (32-bit arithmetic on the GPU) where that leaves 11 or more, else
+31 bits (fewer only for accumulators beyond 2**31). Each output then costs::
 
     x  = min(|acc|, xcap)                     # xcap = T[LEVELS]: f is LEVELS from there on
-    v  = clamp((x * M + 2**(sh-1)) >> sh, 0, LEVELS)   # int64, x * M < 2**62
+    v  = clamp((x * M + 2**(sh-1)) >> sh, 0, LEVELS)   # x * M < 2**62 (int64)
     v += (x >= T[v + 1]) - (x < T[v])         # the exact correction
     q  = saturate(zp_out + sign(acc) * v)
 

@@ -21,6 +21,7 @@ QDTYPES = ("int8", "uint8")
 ROUNDINGS = ("half_away_from_zero", "half_to_even")
 LEVELS = 256  # |round(acc * c)| is clamped here: zp_out +- 256 saturates for every zp
 HEAD = 3  # table columns before the thresholds: M, sh, xcap
+MIN_BITS = 11  # the fewest bits of M that keep the candidate within one of f(x)
 RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
 SCALE_MIN = 5e-324  # the smallest float64 > 0
 
@@ -113,14 +114,19 @@ def requant_row(num: int, den: int, rounding: str, divisor: int, amax: int) -> t
             t += 1  # an exact tie at v - 1/2 rounds down to the even v - 1
         thresholds.append(min(t, big))
     thresholds.append(big)
+    if thresholds[1] == big:  # every |acc| rounds to 0: v = 0, no correction takes
+        return (0, 0, 0) + tuple(thresholds)
     xcap = min(amax, thresholds[LEVELS])
     c = Fraction(num, d)
     if c >= LEVELS + 1:  # every x >= 1 gives LEVELS: v = x * LEVELS, clamped
         return (LEVELS, 0, xcap) + tuple(thresholds)
-    nbits = min(31, 62 - max(xcap.bit_length(), 1))
     e = c.numerator.bit_length() - c.denominator.bit_length()  # 2**(e-1) <= c < 2**(e+1)
     if c >= Fraction(2) ** e:
         e += 1  # now 2**(e-1) <= c < 2**e
+    # narrow where 11 bits or more allow it: x * M < 2**31 and sh <= 30 (32-bit arithmetic)
+    nbits = min(31 - max(xcap.bit_length(), 1), 30 + e)
+    if nbits < MIN_BITS:
+        nbits = min(31, 62 - max(xcap.bit_length(), 1))
     sh = nbits - e
     if sh > 62:  # c < 2**(nbits-62): x * c < 1/2 for every x <= xcap < 2**(62-nbits)
         sh = 62
@@ -129,6 +135,14 @@ def requant_row(num: int, den: int, rounding: str, divisor: int, amax: int) -> t
         m //= 2
         sh -= 1
     return (m, sh, xcap) + tuple(thresholds)
+
+
+def narrow_table(table: np.ndarray) -> bool:
+    """Whether every row of ``table`` requantizes in 32-bit unsigned arithmetic:
+    ``xcap * M + 2**(sh-1) < 2**32``, ``sh < 32`` and every threshold below ``2**31``."""
+    return all(int(sh) < 32 and int(xcap) * int(m) + ((1 << int(sh)) >> 1) < 2 ** 32
+               and int(row[HEAD:].max()) < 2 ** 31
+               for row in table for m, sh, xcap in [row[:HEAD]])
 
 
 def requant_table(scale: float, out_scale: float, rounding: str, divisors: Sequence[int],
@@ -153,7 +167,7 @@ class AvgPlan:
     row of the table and its valid taps (for ``acc = sum(q) - zp_in * count``), kept apart in
     a byte-bounded memo (:func:`output_rows`), so that whatever keeps a plan keeps nothing per
     output; ``max_count``: the most valid taps of a window; ``acc_dtype``: int32 unless a
-    window could overflow it."""
+    window could overflow it; ``narrow``: whether the table requantizes in 32 bits."""
 
     key: tuple
     zp_in: int
@@ -163,6 +177,11 @@ class AvgPlan:
     acc_dtype: str
     max_count: int
     table: np.ndarray
+
+    @functools.cached_property
+    def narrow(self) -> bool:
+        """:func:`narrow_table` of the table."""
+        return narrow_table(self.table)
 
     def rows_and_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """:func:`output_rows` of the plan's spec (built again once the memo let it go)."""

@@ -29,17 +29,29 @@ namespace gpq {
 // saturate(zp_out + sign(acc) * f(|acc|)) with f given by one table row: M = m, sh, xcap and
 // the thresholds t = row + GPQ_HEAD. `checks`: the threshold corrections to make, bit 0 up
 // (x >= t[v + 1]), bit 1 down (x < t[v]); the host leaves out one only where it found that it
-// changes no result of the table (gpupool.cuda.quantized._corrections).
-template <typename A>
+// changes no result of the table (gpupool.cuda.quantized._corrections). NARROW: in 32-bit
+// unsigned arithmetic, for a table the host found narrow (quantized_spec.narrow_table:
+// xcap * M + 2**(sh-1) < 2**32, sh < 32, every threshold below 2**31, read as its low word).
+template <typename A, bool NARROW = false>
 __device__ __forceinline__ int requantize_with(A acc, long long m, int sh, long long xcap,
                                                const long long* __restrict__ t, int checks,
                                                int zp_out, int qmin, int qmax) {
-  long long x = acc < 0 ? -(long long)acc : (long long)acc;
-  x = min(x, xcap);
-  long long v = (x * m + ((1LL << sh) >> 1)) >> sh;  // x * M < 2**62 (host invariant)
-  v = min(max(v, 0LL), (long long)GPQ_LEVELS);
-  v += ((checks & 1) && x >= t[v + 1] ? 1 : 0) - ((checks & 2) && x < t[v] ? 1 : 0);
-  const int q = zp_out + (acc < 0 ? -(int)v : (int)v);
+  int v;
+  if constexpr (NARROW) {
+    const unsigned x = min((unsigned)(acc < 0 ? -acc : acc), (unsigned)xcap);
+    const unsigned u = min((x * (unsigned)m + ((1u << sh) >> 1)) >> sh, (unsigned)GPQ_LEVELS);
+    const int* __restrict__ low = reinterpret_cast<const int*>(t);  // little-endian
+    v = (int)u + ((checks & 1) && (int)x >= low[2 * (u + 1)] ? 1 : 0) -
+        ((checks & 2) && (int)x < low[2 * u] ? 1 : 0);
+  } else {
+    long long x = acc < 0 ? -(long long)acc : (long long)acc;
+    x = min(x, xcap);
+    long long w = (x * m + ((1LL << sh) >> 1)) >> sh;  // x * M < 2**62 (host invariant)
+    w = min(max(w, 0LL), (long long)GPQ_LEVELS);
+    w += ((checks & 1) && x >= t[w + 1] ? 1 : 0) - ((checks & 2) && x < t[w] ? 1 : 0);
+    v = (int)w;
+  }
+  const int q = zp_out + (acc < 0 ? -v : v);
   return min(max(q, qmin), qmax);
 }
 
@@ -279,10 +291,13 @@ struct ByteMax {
   }
 };
 
-// Sums of (q - zp) of 4 outputs (a padding tap reads zp: adds 0).
+// Sums of (q - zp) of 4 outputs (a padding tap reads zp: adds 0). Taps one at a time
+// (operator()) or, for 2-wide windows side by side, a row's 8 bytes at once (pairs: output
+// o's bytes 2o and 2o + 1 by one 4-byte dot product, __dp4a).
 template <typename T, typename A>
 struct ByteSum {
-  static constexpr bool takes_pairs = false;
+  static constexpr bool SIGNED = (T)-1 < (T)0;
+  static constexpr bool takes_pairs = true;
   A s[4];
   int zp;
   __device__ __forceinline__ explicit ByteSum(int zp_) : zp(zp_) {
@@ -290,6 +305,16 @@ struct ByteSum {
     for (int o = 0; o < 4; ++o) s[o] = 0;
   }
   __device__ __forceinline__ void operator()(int o, unsigned b) { s[o] += (A)(code_of<T>(b) - zp); }
+  __device__ __forceinline__ void pairs(unsigned long long bytes) {
+#pragma unroll
+    for (int o = 0; o < 4; ++o) {
+      const unsigned w = (unsigned)(bytes >> (32 * (o >> 1)));
+      const unsigned ones = (o & 1) ? 0x01010000u : 0x00000101u;
+      const int sum = SIGNED ? __dp4a((int)w, (int)ones, -2 * zp)
+                             : (int)__dp4a(w, ones, (unsigned)(-2 * zp));
+      s[o] += (A)sum;
+    }
+  }
 };
 
 }  // namespace gpq
@@ -390,9 +415,47 @@ __global__ void __launch_bounds__(GP_BLOCK_THREADS, (gpq::word_blocks<int, I, K>
   });
 }
 
-// Average of codes, requantized, NCHW with OW % 4 == 0; geometry as qmax_pool_words. With
-// `uniform` every output has table row 0, whose head is given as rm, rsh, rxcap (M, sh, xcap);
-// otherwise row row_of[output position] per output. `checks`: see gpq::requantize_with.
+namespace gpq {
+
+// The outputs of qavg_pool_words; CORRECTED false: with no correction, compiled so.
+template <bool CORRECTED, typename T, typename A, typename I, int K>
+__device__ __forceinline__ void average_words(const gp::Geo<I>& g, const unsigned* __restrict__ x,
+                                              unsigned* __restrict__ out, int unit,
+                                              const int* __restrict__ row_of,
+                                              const long long* __restrict__ table, long long rm,
+                                              int rsh, long long rxcap, int uniform, int checks,
+                                              int zp_in, int zp_out, int qmin, int qmax) {
+  const unsigned fill = (unsigned)(unsigned char)zp_in * 0x01010101u;
+  const bool one_row = uniform;
+  const int made = CORRECTED ? checks : 0;
+  gp::for_outputs_nchw<I>(word_geo(g), x, [&](const unsigned* __restrict__ xp, I, I o_d, I o_h,
+                                              I q, I oi) {
+    ByteSum<T, A> acc(zp_in);
+    word_taps<K>(g, xp, o_d, o_h, q, unit, fill, acc);
+    const I pos = (o_d * g.oh + o_h) * g.ow + (I)4 * q;
+    unsigned word = 0;
+#pragma unroll
+    for (int o = 0; o < 4; ++o) {
+      const long long* __restrict__ row =
+          one_row ? nullptr : table + (long long)row_of[pos + o] * GPQ_ROW;
+      const int c = one_row
+          ? requantize_with<A, true>(acc.s[o], rm, rsh, rxcap, table + GPQ_HEAD, made, zp_out,
+                                     qmin, qmax)
+          : requantize_with<A, true>(acc.s[o], row[0], (int)row[1], row[2], row + GPQ_HEAD,
+                                     made, zp_out, qmin, qmax);
+      word |= (unsigned)(c & 0xff) << (8 * o);
+    }
+    out[oi] = word;
+  });
+}
+
+}  // namespace gpq
+
+// Average of codes, requantized in 32 bits (the host launches it with a narrow table only),
+// NCHW with OW % 4 == 0; geometry as qmax_pool_words. With `uniform` every output has table
+// row 0, whose head is given as rm, rsh, rxcap (M, sh, xcap); otherwise row row_of[output
+// position] per output. `checks`: see gpq::requantize_with; with none (the default scales),
+// compiled apart, so that no correction is issued.
 template <typename T, typename A, typename I, int K>
 __global__ void __launch_bounds__(GP_BLOCK_THREADS, (gpq::word_blocks<A, I, K>()))
     qavg_pool_words(const T* __restrict__ codes, T* __restrict__ out_codes, GP_GEO_PARAMS(I),
@@ -402,24 +465,11 @@ __global__ void __launch_bounds__(GP_BLOCK_THREADS, (gpq::word_blocks<A, I, K>()
   GP_GEO(I);
   const unsigned* __restrict__ x = reinterpret_cast<const unsigned*>(codes);
   unsigned* __restrict__ out = reinterpret_cast<unsigned*>(out_codes);
-  const unsigned fill = (unsigned)(unsigned char)zp_in * 0x01010101u;
-  gp::for_outputs_nchw<I>(gpq::word_geo(g), x, [&](const unsigned* __restrict__ xp, I, I o_d,
-                                                   I o_h, I q, I oi) {
-    gpq::ByteSum<T, A> acc(zp_in);
-    gpq::word_taps<K>(g, xp, o_d, o_h, q, unit, fill, acc);
-    const I pos = (o_d * g.oh + o_h) * g.ow + (I)4 * q;
-    unsigned word = 0;
-#pragma unroll
-    for (int o = 0; o < 4; ++o) {
-      const long long* __restrict__ row =
-          uniform ? nullptr : table + (long long)row_of[pos + o] * GPQ_ROW;
-      const int c = uniform
-          ? gpq::requantize_with<A>(acc.s[o], rm, rsh, rxcap, table + GPQ_HEAD, checks, zp_out,
-                                    qmin, qmax)
-          : gpq::requantize_with<A>(acc.s[o], row[0], (int)row[1], row[2], row + GPQ_HEAD,
-                                    checks, zp_out, qmin, qmax);
-      word |= (unsigned)(c & 0xff) << (8 * o);
-    }
-    out[oi] = word;
-  });
+  if (checks) {
+    gpq::average_words<true, T, A, I, K>(g, x, out, unit, row_of, table, rm, rsh, rxcap, uniform,
+                                         checks, zp_in, zp_out, qmin, qmax);
+  } else {
+    gpq::average_words<false, T, A, I, K>(g, x, out, unit, row_of, table, rm, rsh, rxcap,
+                                          uniform, checks, zp_in, zp_out, qmin, qmax);
+  }
 }

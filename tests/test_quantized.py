@@ -312,10 +312,21 @@ def test_large_accumulators_take_int64_and_stay_exact():
             assert_array_equal(got, expected)
 
 
-def test_fixed_point_multiplier_is_tflite_shaped():
+def test_the_multiplier_is_as_wide_as_32_bit_products_allow():
+    """Windows' accumulators: M as wide as keeps x * M below 2**31 and sh at most 30, 11 bits
+    at least, so the table is narrow (32-bit arithmetic on the GPU); accumulators past 2**20
+    keep 31 bits, fewer past 2**31 (int64 arithmetic). A ratio that rounds every accumulator
+    to 0 gives M = 0."""
     table = Q.requant_table(0.05, 0.07, "half_away_from_zero", [1, 4, 9, 25], 255 * 25)
-    assert ((table[:, 0] >= 2 ** 30) & (table[:, 0] < 2 ** 31)).all()
-    assert (table[:, 1] > 0).all()
+    m, sh, xcap = table[:, 0], table[:, 1], table[:, 2]
+    assert ((m >= 2 ** 10) & (m * xcap < 2 ** 31) & (2 * m * (2 * xcap) >= 2 ** 31)).all()
+    assert ((sh > 0) & (sh <= 30)).all() and QS.narrow_table(table)
+    wide = Q.requant_table(0.05, 0.07, "half_away_from_zero", [1 << 21], 255 << 21)
+    assert wide[0, 0] >= 2 ** 30 and not QS.narrow_table(wide)
+    huge = Q.requant_table(1.0, 1.0, "half_away_from_zero", [1 << 24], 255 << 24)
+    assert 2 ** 28 <= huge[0, 0] < 2 ** 30
+    zero = Q.requant_table(1e-12, 3e-3, "half_to_even", [1, 4], 255 * 4)
+    assert (zero[:, :3] == 0).all() and QS.narrow_table(zero)
 
 
 # ----------------------------------------------------------------------------- examples
@@ -458,6 +469,31 @@ def test_gpu_matches_cpu_bit_for_bit(dtype, layout):
             rng.bit_generator.state = state
             gpu = f(Q.QArray(cupy.asarray(x), scale, zp)).data
             assert_array_equal(cupy.asnumpy(gpu), cpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("zp_in", [0, 128])
+def test_gpu_word_average_requantizes_every_sum_exactly(rounding, zp_in, monkeypatch):
+    """The word kernel's 32-bit requantization, over every sum of a 2x2 window of uint8 codes
+    and every ratio of HARD_SCALES, equals the exact rational rounding, saturated."""
+    import cupy
+    from gpupool.cuda import quantized as QC
+    launched = []
+    steps = QC.row_average_steps
+    monkeypatch.setattr(QC, "row_average_steps", lambda *a: launched.append(1) or steps(*a))
+    sums = np.resize(np.arange(4 * 255 + 1), 1024)  # each window's sum of codes
+    taps = np.clip(sums[:, None] - 255 * np.arange(4), 0, 255)  # 4 codes of that sum
+    x = taps.reshape(1024, 2, 2).transpose(1, 0, 2).reshape(1, 1, 2, 2048).astype(np.uint8)
+    acc = sums - 4 * zp_in
+    for scale, out_scale in HARD_SCALES:
+        out_scale = scale if out_scale is None else out_scale
+        got = Q.avg_pool(Q.QArray(cupy.asarray(x), scale, zp_in), 2, out_scale=out_scale,
+                         out_zero_point=128, rounding=rounding)
+        c = Fraction(scale) / Fraction(out_scale) / 4
+        want = [min(255, max(0, 128 + exact_round(a * c, rounding))) for a in acc.tolist()]
+        assert_array_equal(cupy.asnumpy(got.data).ravel(), want, err_msg=f"{scale}/{out_scale}")
+    assert len(launched) == len(HARD_SCALES)
 
 
 @pytest.mark.gpu

@@ -12,7 +12,8 @@ prepared launches take them at each call.
 * max and window average, NCHW with ``OW % 4 == 0``, rows of whole words and windows of 4
   outputs spanning at most 16 input bytes (:func:`_row_units`): ``qmax_pool_words`` /
   ``qavg_pool_words``, one thread per output word (4 outputs along W) from aligned 8- or
-  4-byte loads of the input rows.
+  4-byte loads of the input rows; the average where its table requantizes in 32 bits
+  (:func:`gpupool.quantized_spec.narrow_table`: every window small enough).
 * otherwise max runs the float backend's integer ``max_pool`` kernel (one code per thread),
   and averages ``qavg_pool`` (window) and ``qavg_adaptive``; int32 accumulation (int64 where a
   window could overflow it); global: ``qavg_global_lanes`` / ``_block`` / ``_channels``, the
@@ -277,8 +278,8 @@ def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
 @functools.lru_cache(maxsize=256)
 def prepare_qavg_window(spec: WindowSpec):
     """:func:`qavg_window` for ``spec``, its kernel family chosen once: the host round trip
-    (more than 3 spatial dims), ``qavg_pool_words`` (on an input aligned to its words) or
-    ``qavg_pool``."""
+    (more than 3 spatial dims), ``qavg_pool_words`` (on an input aligned to its words, with a
+    table that requantizes in 32 bits) or ``qavg_pool``."""
     if spec.geom.nd > 3:
         return functools.partial(on_host, cpu_quantized.qavg_window)
     units = _row_units(spec)[0]
@@ -286,7 +287,7 @@ def prepare_qavg_window(spec: WindowSpec):
     def run(x, spec, out, plan) -> None:
         x = contiguous(x)
         device = cupy.cuda.runtime.getDevice()
-        unit = _aligned_unit(x, units) if units else 0
+        unit = _aligned_unit(x, units) if units and plan.narrow else 0
         steps, scratch = (row_average_steps(spec, plan, device, unit) if unit
                           else average_steps(spec, plan, device))
         _launch_averages(steps, scratch, x, out, plan, device)

@@ -155,6 +155,19 @@ inline unsigned __vmaxu4(unsigned a, unsigned b) { return simd_max<unsigned char
 inline unsigned __vmaxs2(unsigned a, unsigned b) { return simd_max<short>(a, b); }
 inline unsigned __vmaxu2(unsigned a, unsigned b) { return simd_max<unsigned short>(a, b); }
 
+// c plus the dot product of the 4 byte lanes of a and b (signed: int, unsigned: unsigned),
+// wrapping as the GPU's IDP.4A does.
+template <typename L, typename C>
+inline C dot4(unsigned a, unsigned b, C c) {
+  unsigned r = (unsigned)c;
+  for (int i = 0; i < 4; ++i) r += (unsigned)((int)(L)(a >> (8 * i)) * (int)(L)(b >> (8 * i)));
+  return (C)r;
+}
+inline int __dp4a(int a, int b, int c) { return dot4<signed char>((unsigned)a, (unsigned)b, c); }
+inline unsigned __dp4a(unsigned a, unsigned b, unsigned c) {
+  return dot4<unsigned char>(a, b, c);
+}
+
 // The high 32 bits of the 64-bit product.
 inline unsigned __umulhi(unsigned a, unsigned b) {
   return (unsigned)(((unsigned long long)a * b) >> 32);
