@@ -294,7 +294,11 @@ ISSUED_EXACT = ("resnet stem max 3x3 s2 p1", "vgg max 2x2 s2", "1d max 3 s2 p1",
                 "seed [64,56,56] max 2x2 s2")
 #: Cases whose kernels changed since ncu counted them: a GPU must count them again.
 COUNTED_BEFORE = {"resnet stem max f16": "the float16 values-only row tiles reduce their taps "
-                                         "as stored (HMNMX2), separably"}
+                                         "as stored (HMNMX2), separably",
+                  "resnet stem max + indices": "the row tiles' max with indices takes each slot "
+                                               "without testing its validity",
+                  "int8 avg 2x2 s2": "the word kernel requantizes in 32 bits, without "
+                                     "corrections where none is needed, and sums by __dp4a"}
 
 
 @functools.lru_cache(maxsize=None)
