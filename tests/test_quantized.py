@@ -497,6 +497,26 @@ def test_gpu_word_average_requantizes_every_sum_exactly(rounding, zp_in, monkeyp
 
 
 @pytest.mark.gpu
+def test_gpu_word_geometry_with_a_wide_table_takes_the_general_kernel(monkeypatch):
+    """A window of 2 x 2100 codes (sums past 2**19: a table that does not requantize in 32
+    bits) on rows the word kernel could take runs qavg_pool instead, exactly."""
+    import cupy
+    from gpupool.cuda import quantized as QC
+    launched = []
+    steps = QC.row_average_steps
+    monkeypatch.setattr(QC, "row_average_steps", lambda *a: launched.append(1) or steps(*a))
+    x = codes((1, 1, 2100, 8), "uint8", 12)
+    spec = QS.window_spec("avg_pool", "avg", x.shape, "uint8", (2100, 2), 2, 0, 1, False, "NCHW")
+    assert not QS.avg_plan(spec, "uint8", 0.05, 3, 0.07, 5, "half_to_even").narrow
+    got = Q.avg_pool(Q.QArray(cupy.asarray(x), 0.05, 3), (2100, 2), 2, out_scale=0.07,
+                     out_zero_point=5, rounding="half_to_even")
+    want = ref_avg_pool(x, (2100, 2), (2, 2), (0, 0), False, False, "NCHW", 0.05, 3, 0.07, 5,
+                        "half_to_even")
+    assert_array_equal(cupy.asnumpy(got.data), want)
+    assert launched == []
+
+
+@pytest.mark.gpu
 def test_gpu_global_pool_large_plane_and_views():
     import cupy
     x = codes((2, 3, 300, 301), "int8", 9)
