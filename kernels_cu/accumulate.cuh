@@ -85,11 +85,12 @@ struct MaxOfTaps {
   // With IDX, a slot of a row tile: take() by selects, with no branch that a warp's lanes
   // split over (a new max or not). A slot outside the plane holds the lowest value, which
   // never takes, so its validity is not tested; a window whose valid taps all hold the lowest
-  // value keeps best -1 until unless_taken() gives it the first of them.
-  __device__ __forceinline__ void take_slot(T raw, I pos) {
+  // value keeps best -1 until unless_taken() gives it the first of them, or takes it here
+  // (`first`: the slot is the window's first valid tap, and best is still -1).
+  __device__ __forceinline__ void take_slot(T raw, I pos, bool first) {
     static_assert(IDX, "values only take every slot");
     const A v = Num<T>::load(raw);
-    const bool t = (v > m) | Num<A>::is_nan(v);
+    const bool t = first | (v > m) | Num<A>::is_nan(v);
     m = t ? v : m;
     best = t ? pos : best;
   }

@@ -677,7 +677,8 @@ struct RowTaps {
 
   // f[j].take(v, pos) for the taps of window j < G in row-major order, those of D slice
   // `slice`: every slot (a slot outside the plane loads the lowest value, which never wins;
-  // F::skips: by take_slot, then unless_taken with the window's first valid slot). Windows
+  // F::skips: by take_slot, then, in a tile not inside the plane, unless_taken with the
+  // window's first valid slot). Windows
   // j >= n are taken too and never stored. WHOLE: these are the windows' every tap (a 1-D or
   // 2-D tile, not one D slice of DepthRowTaps): a values-only max takes the first slot by
   // f[j].first, and takes 2-byte values after each way of loading them (load_slices' EACH; in
@@ -720,7 +721,9 @@ struct RowTaps {
             for (int k = 0; k < KW; ++k) {
               const int c = j * SW + k * DW;
               if constexpr (F::skips) {
-                f[j].take_slot(v[b][c], base[b] + c);
+                // a tile inside the plane: every slot valid, the first the window's first
+                const bool first = b == 0 && k == 0 && inside && f[j].best < 0;
+                f[j].take_slot(v[b][c], base[b] + c, first);
               } else if (WHOLE && b == 0 && k == 0) {
                 f[j].first(v[b][c]);
               } else {
@@ -730,20 +733,22 @@ struct RowTaps {
           }
         }
         if constexpr (F::skips) {
+          if (!inside) {
 #pragma unroll
-          for (int j = 0; j < G; ++j) {
-            f[j].unless_taken([&] {
-              int first = -1;
+            for (int j = 0; j < G; ++j) {
+              f[j].unless_taken([&] {
+                int first = -1;
 #pragma unroll
-              for (int b = KH - 1; b >= 0; --b) {
+                for (int b = KH - 1; b >= 0; --b) {
 #pragma unroll
-                for (int k = KW - 1; k >= 0; --k) {
-                  const int c = j * SW + k * DW;
-                  if (rok[b] && cok[c]) first = base[b] + c;
+                  for (int k = KW - 1; k >= 0; --k) {
+                    const int c = j * SW + k * DW;
+                    if (rok[b] && cok[c]) first = base[b] + c;
+                  }
                 }
-              }
-              return first;
-            });
+                return first;
+              });
+            }
           }
         }
       }
