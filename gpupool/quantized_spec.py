@@ -140,9 +140,11 @@ def requant_row(num: int, den: int, rounding: str, divisor: int, amax: int) -> t
 def narrow_table(table: np.ndarray) -> bool:
     """Whether every row of ``table`` requantizes in 32-bit unsigned arithmetic:
     ``xcap * M + 2**(sh-1) < 2**32``, ``sh < 32`` and every threshold below ``2**31``."""
-    return all(int(sh) < 32 and int(xcap) * int(m) + ((1 << int(sh)) >> 1) < 2 ** 32
-               and int(row[HEAD:].max()) < 2 ** 31
-               for row in table for m, sh, xcap in [row[:HEAD]])
+    for row in table.tolist():
+        m, sh, xcap = row[:HEAD]
+        if sh >= 32 or xcap * m + ((1 << sh) >> 1) >= 2 ** 32 or max(row[HEAD:]) >= 2 ** 31:
+            return False
+    return True
 
 
 def requant_table(scale: float, out_scale: float, rounding: str, divisors: Sequence[int],
