@@ -11,58 +11,63 @@
 
 namespace gp {
 
-// The lane-group launches (NCHW): grid x = ceil(outputs / (GP_BLOCK_THREADS / L)), block (L,
-// GP_BLOCK_THREADS / L), L a power of two from 4 to 32: threadIdx.x is the lane, threadIdx.y
-// the group's output within the block. Calls f(xp, d, h, w, oi, live) once per thread: xp the
-// output's plane, d, h, w its window's lines, live false for a group past the last output,
-// which walks output 0 and stores nothing (every lane of a warp takes part in its shuffles).
+// The lane-group launches (NCHW, one D tap): grid x = ceil(outputs / (GP_BLOCK_THREADS /
+// L)), block (L, GP_BLOCK_THREADS / L), L a power of two from 2 to 32: threadIdx.x is the
+// lane, threadIdx.y the group's output within the block. The plane's output count, od, oh
+// and ow divide by gp::Divider (by_*: their magic numbers from the host). Calls f(xp, h, w,
+// oi, live) once per thread: xp the output's plane, h, w its window's lines, live false for a
+// group past the last output, which walks output 0 and stores nothing (every lane of a warp
+// takes part in its shuffles).
+template <typename I>
+struct LaneDividers {
+  Divider<I> outputs, oh, ow;
+};
+
 template <typename I, typename T, typename F>
-__device__ __forceinline__ void for_lane_groups(const Geo<I>& g, const T* __restrict__ x, F f) {
-  const I plane_outputs = g.od * g.oh * g.ow;
+__device__ __forceinline__ void for_lane_groups(const Geo<I>& g, const LaneDividers<I>& by,
+                                                const T* __restrict__ x, F f) {
   const I oi = (I)blockIdx.x * (I)blockDim.y + (I)threadIdx.y;
-  const bool live = oi < g.planes * plane_outputs;
+  const bool live = oi < g.planes * by.outputs.d;
   const I o = live ? oi : (I)0;
-  const I plane = o / plane_outputs;
-  const I o_dhw = o - plane * plane_outputs;
-  const I o_dh = o_dhw / g.ow;
-  const I o_d = o_dh / g.oh;
-  TapLine<I> d, h, w;
-  AdaptiveTaps<I>{g}.lines(o_d, o_dh - o_d * g.oh, o_dhw - o_dh * g.ow, d, h, w);
-  f(x + plane * (g.id * g.ih * g.iw), d, h, w, oi, live);
+  const I plane = by.outputs.div(o);
+  const I o_hw = o - plane * by.outputs.d;
+  const I o_h = by.ow.div(o_hw);
+  f(x + plane * (g.ih * g.iw), adaptive_line<I>(o_h, g.ih, by.oh),
+    adaptive_line<I>(o_hw - o_h * g.ow, g.iw, by.ow), oi, live);
 }
 
-// The passes of a lane group over its window's columns: lane l takes column c0 + l of the
-// pass from column c0 (none past the window's last), every lane of the warp in every pass
-// (as many as the widest window of its groups needs). pass(c, on) per pass, c the lane's
-// column, on whether the window has it.
+// The passes of a lane group over its window's columns, two per lane: lane l takes columns
+// c0 + 2l and c0 + 2l + 1 of the pass from column c0, every lane of the warp in every pass (as
+// many as the widest window of its groups needs). pass(c) per pass, c the lane's first column.
 template <typename I, typename P>
 __device__ __forceinline__ void column_passes(const TapLine<I>& w, P pass) {
-  for (I c0 = 0; __any_sync(0xffffffffu, c0 < w.n); c0 += (I)blockDim.x) {
-    const I c = c0 + (I)threadIdx.x;
-    pass(c, c < w.n);
+  for (I c0 = 0; __any_sync(0xffffffffu, c0 < w.n); c0 += 2 * (I)blockDim.x) {
+    pass(c0 + 2 * (I)threadIdx.x);
   }
 }
 
-// Adaptive max over a lane group: each lane the max of its columns (each walked in row-major
-// order, 8 rows' loads at a time, then merged by position), then a shuffle tree over the group's lanes merging by
-// position, so that every lane holds the max of one row-major walk over the window (the last
-// NaN, else the first tap holding the max) and its plane position.
-template <typename T, typename I, bool IDX>
+// Adaptive max over a lane group: each lane the max of each of its columns (R rows at a time,
+// gp::AdaptiveTaps::column_pair), merged by position, then a shuffle tree over the group's
+// lanes merging by position, so that every lane holds the max of one row-major walk over the
+// window (the last NaN, else the first tap holding the max) and its plane position.
+template <typename T, typename I, bool IDX, int R>
 __device__ __forceinline__ void max_lanes(const T* __restrict__ x, T* __restrict__ out,
-                                          long long* __restrict__ indices, const Geo<I>& g) {
+                                          long long* __restrict__ indices, const Geo<I>& g,
+                                          const LaneDividers<I>& by) {
   typedef MaxOfTaps<T, I, true> Acc;
   const AdaptiveTaps<I> taps{g};
-  for_lane_groups<I>(g, x, [&](const T* __restrict__ xp, const TapLine<I>& d,
-                               const TapLine<I>& h, const TapLine<I>& w, I oi, bool live) {
+  const T lowest = Num<T>::store(Num<T>::lowest());
+  for_lane_groups<I>(g, by, x, [&](const T* __restrict__ xp, const TapLine<I>& h,
+                                   const TapLine<I>& w, I oi, bool live) {
     Acc best(xp, (I)1);
-    column_passes<I>(w, [&](I c, bool on) {
-      if (!on) return;
-      const I col = w.first + c;
-      TapLine<I> lines[3];
-      taps.column(d, h, lines);
-      Acc acc(xp + col, g.iw);
-      walk_row_major_batched<1, 0, 0, 8>(&lines[0], &lines[1], &lines[2], &acc, 1);
-      best.merge(acc.m, acc.best * g.iw + col);
+    const I row1 = (h.first + 1) * g.iw;  // a column's first tap lies before it
+    column_passes<I>(w, [&](I c) {
+      Acc acc[2] = {Acc(xp, (I)1), Acc(xp, (I)1)};
+      taps.template column_pair<R>(xp, h, w, c, lowest, [&](int k, T v, I pos, bool ok) {
+        acc[k].take_slot(v, pos, ok && pos < row1);
+      });
+      best.merge(acc[0].m, acc[0].best);
+      best.merge(acc[1].m, acc[1].best);
     });
 #pragma unroll 1
     for (int off = (int)blockDim.x / 2; off > 0; off /= 2) {
@@ -96,20 +101,30 @@ __global__ void adaptive_max_indices(const T* __restrict__ x, T* __restrict__ ou
   gp::max_outputs<T, I, true, NHWC>(x, out, indices, gp::AdaptiveTaps<I>{g}, g);
 }
 
-// Adaptive max over lane groups, values only (geometry: gp::for_lane_groups).
-template <typename T, typename I>
+// The lane-group kernels' parameters after the geometry: gp::Divider magic numbers of the
+// plane's output count, oh and ow (gp::for_lane_groups).
+#define GP_LANE_PARAMS long long by_outputs, long long by_oh, long long by_ow
+#define GP_LANE_DIVIDERS(I)                                                                    \
+  const gp::LaneDividers<I> by = {{od * oh * ow, by_outputs}, {oh, by_oh}, {ow, by_ow}}
+
+// Adaptive max over lane groups, values only (geometry: gp::for_lane_groups; R rows of a
+// column loaded at a time).
+template <typename T, typename I, int R>
 __global__ void adaptive_max_lanes(const T* __restrict__ x, T* __restrict__ out,
-                                   GP_GEO_PARAMS(I)) {
+                                   GP_GEO_PARAMS(I), GP_LANE_PARAMS) {
   GP_GEO(I);
-  gp::max_lanes<T, I, false>(x, out, nullptr, g);
+  GP_LANE_DIVIDERS(I);
+  gp::max_lanes<T, I, false, R>(x, out, nullptr, g, by);
 }
 
-// Adaptive max over lane groups, with int64 indices (geometry: gp::for_lane_groups).
-template <typename T, typename I>
+// Adaptive max over lane groups, with int64 indices (as adaptive_max_lanes).
+template <typename T, typename I, int R>
 __global__ void adaptive_max_indices_lanes(const T* __restrict__ x, T* __restrict__ out,
-                                           long long* __restrict__ indices, GP_GEO_PARAMS(I)) {
+                                           long long* __restrict__ indices, GP_GEO_PARAMS(I),
+                                           GP_LANE_PARAMS) {
   GP_GEO(I);
-  gp::max_lanes<T, I, true>(x, out, indices, g);
+  GP_LANE_DIVIDERS(I);
+  gp::max_lanes<T, I, true, R>(x, out, indices, g, by);
 }
 
 // Adaptive average of the window (gp::AdaptiveTaps::sum) over its tap
@@ -126,34 +141,31 @@ __global__ void adaptive_avg(const T* __restrict__ x, T* __restrict__ out, GP_GE
   });
 }
 
-// Adaptive average over lane groups (geometry: gp::for_lane_groups): each lane sums its
-// column (gp::AdaptiveTaps::column, 8 rows' loads at a time), then the group adds the column sums in column order, as
-// gp::sum_separable adds them (a lane without a column adds -0, which changes no sum).
-template <typename T, typename I>
+// Adaptive average over lane groups (as adaptive_max_lanes): each lane sums each of its
+// columns over the rows (gp::AdaptiveTaps::column_pair), then the group adds the column sums
+// in column order, as gp::sum_separable adds them (a column past the window's last adds -0,
+// which changes no sum).
+template <typename T, typename I, int R>
 __global__ void adaptive_avg_lanes(const T* __restrict__ x, T* __restrict__ out,
-                                   GP_GEO_PARAMS(I)) {
+                                   GP_GEO_PARAMS(I), GP_LANE_PARAMS) {
   GP_GEO(I);
+  GP_LANE_DIVIDERS(I);
   typedef typename gp::Num<T>::acc A;
   const gp::AdaptiveTaps<I> taps{g};
-  gp::for_lane_groups<I>(g, x, [&](const T* __restrict__ xp, const gp::TapLine<I>& d,
-                                   const gp::TapLine<I>& h, const gp::TapLine<I>& w, I oi,
-                                   bool live) {
+  gp::for_lane_groups<I>(g, by, x, [&](const T* __restrict__ xp, const gp::TapLine<I>& h,
+                                       const gp::TapLine<I>& w, I oi, bool live) {
     A sum = (A)-0.0;
-    gp::column_passes<I>(w, [&](I c, bool on) {
-      A col = (A)-0.0;
-      if (on) {
-        gp::TapLine<I> lines[3];
-        taps.column(d, h, lines);
-        long long taken;
-        col = gp::sum_separable<0, 0, 8>(lines[0], lines[1], lines[2],
-                                      gp::TapTerm<T, I, false>{xp + w.first + c, g.iw, (A)1},
-                                      (A)-0.0, taken);
-      }
-#pragma unroll 1
+    gp::column_passes<I>(w, [&](I c) {
+      A col[2] = {(A)-0.0, (A)-0.0};
+      taps.template column_pair<R>(xp, h, w, c, T(-0.0f), [&](int k, T v, I, bool) {
+        col[k] += gp::Num<T>::load(v);
+      });
+#pragma unroll 2
       for (int j = 0; j < (int)blockDim.x; ++j) {
-        sum += __shfl_sync(0xffffffffu, col, j, (int)blockDim.x);
+        sum += __shfl_sync(0xffffffffu, col[0], j, (int)blockDim.x);
+        sum += __shfl_sync(0xffffffffu, col[1], j, (int)blockDim.x);
       }
     });
-    if (live && threadIdx.x == 0) out[oi] = gp::Num<T>::store(sum / (A)(d.n * h.n * w.n));
+    if (live && threadIdx.x == 0) out[oi] = gp::Num<T>::store(sum / (A)(h.n * w.n));
   });
 }

@@ -931,6 +931,14 @@ __device__ __forceinline__ TapLine<I> adaptive_line(I o, I n, I m) {
   return {start, end - start, (I)1, n};
 }
 
+// adaptive_line with m given as its gp::Divider (no division instruction with 32-bit I).
+template <typename I>
+__device__ __forceinline__ TapLine<I> adaptive_line(I o, I n, const Divider<I>& m) {
+  if (m.d == (I)1) return {(I)0, n, (I)1, n};
+  const I start = m.div(o * n);
+  return {start, m.div((o + 1) * n + m.d - 1) - start, (I)1, n};
+}
+
 // The lines of output (a_d, a_h, a_w)'s adaptive window (COVERS false), or of the outputs
 // whose windows cover input position (a_d, a_h, a_w) (COVERS true: input i of a dim of size n
 // pooled to m is covered by the o with start(o) <= i < end(o), that is [floor(i*m/n),
@@ -977,16 +985,36 @@ struct AdaptiveTaps {
     lines(o_d, o_h, o_w, d, h, w);
     return sum_separable<0, 0>(d, h, w, term, zero, count);
   }
-  // Column w.first + c of a window (lines d, h, w; c < w.n) as a window of its own, for
-  // the lane that walks it: lines (one tap, d, h), over positions pos = pd * ih + ph whose
-  // taps lie at plane position pos * iw + w.first + c. Walked in row-major order they are the
-  // column's taps in the window's row-major order; summed separably, the column's sum over
-  // its H taps of the sums over its D taps, as sum_separable adds it for the window.
-  __device__ __forceinline__ void column(const TapLine<I>& d, const TapLine<I>& h,
-                                         TapLine<I> (&c_lines)[3]) const {
-    c_lines[0] = {(I)0, (I)1, (I)1, (I)1};
-    c_lines[1] = d;
-    c_lines[2] = h;
+  // Columns w.first + c and w.first + c + 1 of a window of one D tap (lines h, w), for the
+  // lane that walks them: R rows of both at a time, every load of a batch started before any
+  // is used, then f(k, v, pos, ok) per slot, row by row, column k = 0 then 1 (pos: the tap's
+  // plane position). A slot past the window's last row or column is not ok: it loads nothing
+  // and gives `none`. Each column's taps come in row-major order.
+  template <int R, typename T, typename F>
+  __device__ __forceinline__ void column_pair(const T* __restrict__ xp, const TapLine<I>& h,
+                                              const TapLine<I>& w, I c, T none, F f) const {
+    const bool on[2] = {c < w.n, c + 1 < w.n};
+    const I top = h.first * g.iw + w.first + c;
+    const T* __restrict__ p = xp + top;
+    for (I b0 = 0; b0 < h.n; b0 += R) {
+      T v[R][2];
+      bool ok[R][2];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const bool row = b0 + (I)r < h.n;
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          ok[r][k] = row && on[k];
+          v[r][k] = ok[r][k] ? p[(I)r * g.iw + k] : none;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) f(k, v[r][k], top + (b0 + (I)r) * g.iw + k, ok[r][k]);
+      }
+      p += (I)R * g.iw;
+    }
   }
 };
 

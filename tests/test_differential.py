@@ -335,12 +335,16 @@ ADAPTIVES = [  # id, lead, spatial, output size
     ("2d-6x7to1x1", (2, 3), (6, 7), (1, 1)),
     ("3d-5x6x7to2x3x4", (1, 3), (5, 6, 7), (2, 3, 4)),
     ("3d-4x4x4to2x2x2-divides", (1, 3), (4, 4, 4), (2, 2, 2)),
-    ("2d-3x70to2x2-two-passes", (1, 2), (3, 70), (2, 2)),  # 35 columns: 32 lanes, 2 passes
+    # lane groups: 70 columns, two per lane: 32 lanes, 2 passes
+    ("2d-3x140to2x2-two-passes", (1, 2), (3, 140), (2, 2)),
+    ("2d-40x9to2x2-tall", (1, 2), (40, 9), (2, 2)),  # 20 rows: batches of 16, 2 of them
+    ("2d-12x13to2x3-odd", (2, 3), (12, 13), (2, 3)),  # 5 columns: a lane with 1 of its 2
     # uniform windows the row tiles cover (2x2 s2; 4 s4): the window pooling's kernels
     ("2d-16x16to8x8-row-tiles", (2, 3), (16, 16), (8, 8)),
     ("1d-32to8-row-tiles", (2, 3), (32,), (8,)),
 ]
-WIDE_ADAPTIVES = ("1d-10to3", "2d-7x9to3x4", "3d-5x6x7to2x3x4")
+WIDE_ADAPTIVES = ("1d-10to3", "2d-7x9to3x4", "3d-5x6x7to2x3x4", "2d-40x9to2x2-tall",
+                  "2d-12x13to2x3-odd")
 ADAPTIVE_OPS = {
     "amax": (FLOATS + INTS, "max", True,
              lambda x, o, L: gpupool.adaptive_max_pool(x, o, layout=L)),
@@ -1022,17 +1026,18 @@ def test_16_bit_row_tiles_give_an_equal_value_of_tied_zeros(dtype, cupy, monkeyp
 
 
 def lane_tie_input(kind: str) -> np.ndarray:
-    """A (1, 1, 3, 40) float32 plane whose max over each adaptive window to (1, 1) is decided
-    across window columns and column passes of the lane-group kernels (40 columns: 32 lanes,
-    2 passes): ``signed-zeros``, the first zero in row-major order is -0 in a column of the
-    second pass, +0 in earlier columns of later rows; ``nan-payloads``, three NaNs whose last
-    in row-major order lies in the first column."""
-    x = np.full((1, 1, 3, 40), -1.0, np.float32)
+    """A (1, 1, 3, 72) float32 plane whose max over each adaptive window to (1, 1) is decided
+    across window columns and column passes of the lane-group kernels (72 columns: 32 lanes
+    of 2, 2 passes): ``signed-zeros``, the first zero in row-major order is -0 in a column of
+    the second pass, +0 in earlier columns of later rows; ``nan-payloads``, three NaNs whose
+    last in row-major order lies in the first column; ``-inf``, every element -inf (the
+    first tap, whose value never beats the lowest)."""
+    x = np.full((1, 1, 3, 72), -np.inf if kind == "-inf" else -1.0, np.float32)
     if kind == "signed-zeros":
-        x[0, 0, 0, 35], x[0, 0, 1, 2], x[0, 0, 2, 0] = -0.0, 0.0, 0.0
-    else:
+        x[0, 0, 0, 67], x[0, 0, 1, 2], x[0, 0, 2, 0] = -0.0, 0.0, 0.0
+    elif kind == "nan-payloads":
         bits = x.view(np.uint32)
-        bits[0, 0, 0, 33], bits[0, 0, 1, 20], bits[0, 0, 2, 1] = 0x7FC00001, 0x7FC00002, 0xFFC00003
+        bits[0, 0, 0, 65], bits[0, 0, 1, 20], bits[0, 0, 2, 1] = 0x7FC00001, 0x7FC00002, 0xFFC00003
     return x
 
 
@@ -1055,7 +1060,7 @@ def test_adaptive_max_with_indices_keeps_the_row_major_winner(backend, kind, lay
         assert cupy.asnumpy(values).view(np.uint32).tolist() == flat_x[want].tolist()
 
 
-@pytest.mark.parametrize("kind", ["signed-zeros", "nan-payloads"])
+@pytest.mark.parametrize("kind", ["signed-zeros", "nan-payloads", "-inf"])
 def test_adaptive_max_lane_groups_keep_the_row_major_winner(kind, cupy):
     """The lane-group kernels merge their lanes' maxima by position: a window's max is the
     first tied tap in row-major order (the last NaN), not the first of the lanes' order."""

@@ -480,16 +480,18 @@ def test_global_with_indices_takes_the_adaptive_kernels():
         assert pl.family == "adaptive" and pl.launches[0].kernel == kernel
 
 
-@pytest.mark.parametrize("op, dtype, shape, out, layout, lanes", [
-    ("avg", "float16", (8, 2048, 7, 7), (1, 1), "NCHW", 8),  # 7 columns
-    ("avg", "float16", (2, 128, 56, 56), (6, 6), "NCHW", 16),  # up to 10 columns, bound 11
-    ("max", "float32", (1, 2, 3, 80), (1, 2), "NCHW", 32),  # 40 columns: two passes
-    ("max", "int8", (2, 3, 12), (3,), "NCHW", 4),  # 4 columns
-    ("avg", "float32", (4, 512, 14, 14), (7, 7), "NCHW", 0),  # 2 columns: the tiled walk
-    ("max", "float32", (2, 9, 9, 64), (2, 2), "NHWC", 0),  # threads along channels instead
-    ("avg", "int8", (2, 3, 7, 9), (3, 2), "NCHW", 0),  # the quantized average's own kernel
+@pytest.mark.parametrize("op, dtype, shape, out, layout, lanes, rows", [
+    ("avg", "float16", (8, 2048, 7, 7), (1, 1), "NCHW", 4, 8),  # 7 columns, two per lane
+    ("avg", "float16", (2, 128, 56, 56), (6, 6), "NCHW", 8, 16),  # up to 10 columns, bound 11
+    ("max", "float32", (1, 2, 3, 160), (1, 2), "NCHW", 32, 4),  # 80 columns: two passes
+    ("max", "float32", (1, 2, 40, 9), (2, 2), "NCHW", 4, 16),  # 20 rows: two batches
+    ("max", "int8", (2, 3, 12), (3,), "NCHW", 2, 1),  # 4 columns of one row
+    ("avg", "float32", (4, 512, 14, 14), (7, 7), "NCHW", 0, 0),  # 2 columns: the tiled walk
+    ("max", "float32", (1, 2, 4, 4, 40), (1, 1, 1), "NCHW", 0, 0),  # 3-D: the tiled walk
+    ("max", "float32", (2, 9, 9, 64), (2, 2), "NHWC", 0, 0),  # threads along channels instead
+    ("avg", "int8", (2, 3, 7, 9), (3, 2), "NCHW", 0, 0),  # the quantized average's own kernel
 ])
-def test_adaptive_lane_groups(op, dtype, shape, out, layout, lanes):
+def test_adaptive_lane_groups(op, dtype, shape, out, layout, lanes, rows):
     sp = S.adaptive_spec(f"adaptive_{op}_pool", op, shape, dtype, out, layout,
                          integers="int" in dtype)
     assert planner.adaptive_lanes(sp) == lanes
@@ -497,6 +499,7 @@ def test_adaptive_lane_groups(op, dtype, shape, out, layout, lanes):
         (la,) = plan(sp, H100).launches
         assert la.kernel == f"adaptive_{op}_lanes" and la.block == (lanes, 256 // lanes, 1)
         assert la.grid[0] * la.block[1] >= math.prod(sp.out_shape)
+        assert la.get("batch_rows") == planner.lane_rows(sp) == rows
 
 
 def test_unpool_plan():

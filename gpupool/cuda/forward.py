@@ -16,6 +16,7 @@ import numpy as np
 from . import index_check, kernels, launching, planner
 from .names import (acc_dtype, adaptive_name, global_name, packs_name, partial_dtype,
                     rows_name, unpool_name, window_name)
+from .grid import divider
 from .launching import (Step, alignment, contiguous, geo_args, global_passes, itype_scalar,
                         launch, launch_cache, on_host, reduction_args)
 from .row_tiles import ROW_TILE_PARAMS
@@ -50,6 +51,11 @@ def prepared(spec, device_id: int, indices_dtype: str = "int64", scatter: bool =
             else:
                 name = window_name(la.kernel, g.dtype, itype, planner.static_window(spec), nhwc)
             extra = reduction_args(spec)
+        elif la.kernel.endswith("_lanes"):
+            name = adaptive_name(la.kernel, g.dtype, itype, nhwc, la.get("batch_rows"))
+            extra = tuple(np.int64(divider(v)) for v in (
+                math.prod(spec.out_spatial), spec.out_spatial[-2] if g.nd > 1 else 1,
+                spec.out_spatial[-1]))
         else:
             name = adaptive_name(la.kernel, g.dtype, itype, nhwc)
             extra = ()

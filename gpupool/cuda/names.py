@@ -125,10 +125,11 @@ def row_tile_shapes(op: str, dtype: str) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(s for s in shapes if s))
 
 
-def adaptive_name(kernel_base: str, dtype: str, itype: str, nhwc: bool) -> str:
-    """The lane-group kernels (``*_lanes``) take NCHW only and have no layout parameter."""
+def adaptive_name(kernel_base: str, dtype: str, itype: str, nhwc: bool, rows: int = 0) -> str:
+    """The lane-group kernels (``*_lanes``) take NCHW only: no layout parameter, their rows
+    loaded at a time (``rows``, :func:`gpupool.cuda.planner.lane_rows`) instead."""
     if kernel_base.endswith("_lanes"):
-        return f"{kernel_base}<{ctype(dtype)}, {itype}>"
+        return f"{kernel_base}<{ctype(dtype)}, {itype}, {rows}>"
     return f"{kernel_base}<{ctype(dtype)}, {itype}, {cbool(nhwc)}>"
 
 
@@ -217,17 +218,21 @@ def _forward_names(itype: str) -> list[str]:
         for dtype in CTYPES:
             for base in ("max_pool", "max_pool_indices"):
                 out += [window_name(base, dtype, itype, k, nhwc) for k in ks]
-            for base in ("adaptive_max", "adaptive_max_indices") + (
-                    () if nhwc else ("adaptive_max_lanes", "adaptive_max_indices_lanes")):
+            for base in ("adaptive_max", "adaptive_max_indices"):
                 out.append(adaptive_name(base, dtype, itype, nhwc))
+            if not nhwc:
+                out += [adaptive_name(base, dtype, itype, nhwc, rows) for rows in planner.LANE_ROWS
+                        for base in ("adaptive_max_lanes", "adaptive_max_indices_lanes")]
         for dtype in FLOAT_DTYPES:
             for base in ("avg_pool", "lp_pool"):
                 out += [window_name(base, dtype, itype, k, nhwc) for k in ks]
             if nhwc:
                 out += [packs_name(f"{op}_pool_packs", dtype, itype, k)
                         for op in planner.CHANNEL_PACK_OPS for k in ks]
-            for base in ("adaptive_avg",) + (() if nhwc else ("adaptive_avg_lanes",)):
-                out.append(adaptive_name(base, dtype, itype, nhwc))
+            out.append(adaptive_name("adaptive_avg", dtype, itype, nhwc))
+            if not nhwc:
+                out += [adaptive_name("adaptive_avg_lanes", dtype, itype, nhwc, rows)
+                        for rows in planner.LANE_ROWS]
     for op in ("max", "avg"):
         if itype == "int":
             for base in (f"{op}_pool",) + (("max_pool_indices",) if op == "max" else ()):

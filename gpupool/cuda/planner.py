@@ -49,6 +49,7 @@ MAX_ROWS = 4  # outputs per thread along rows (several independent loads in flig
 SPECIALISED_K = (2, 3)  # window sizes compiled as template constants (H and W equal)
 LANE_WIDTHS = (4, 8, 16, 32)  # lanes per segment of the small-plane global reduction
 MIN_LANES = 4  # adaptive windows this many columns wide and wider: a group of lanes per output
+LANE_ROWS = (1, 4, 8, 16)  # rows a lane of those groups loads at a time (lane_rows)
 SMALL_SEGMENT = 1024  # global: planes up to this many elements use lane groups
 MIN_CHUNK = 4096  # global: smallest chunk of a split plane (elements)
 MAX_CHUNKS = 1024  # global: most chunks per plane (the second pass is one warp per plane)
@@ -244,31 +245,51 @@ def _tiled(spec, device: DeviceInfo, family: str, kernel: str, words: list,
 
 def adaptive_lanes(spec: S.AdaptiveSpec) -> int:
     """Lanes per output of the adaptive lane-group kernels (``*_lanes``: a max of any dtype, a
-    float average; not the quantized average's kernel), 0 where they do not apply: NCHW, and
-    a bound on the widest window (ceil(n / m) columns, plus 1 where m does not divide n) of
-    MIN_LANES or more; a lane per column up to that bound, a power of two from MIN_LANES to 32
-    (wider windows take several passes)."""
+    float average; not the quantized average's kernel), 0 where they do not apply: NCHW of
+    1 or 2 spatial dims, and a bound on the widest window (ceil(n / m) columns, plus 1 where m
+    does not divide n) of MIN_LANES or more; two columns per lane up to that bound, a power of
+    two from 2 to 32 (wider windows take several passes)."""
     g = spec.geom
-    if g.layout != "NCHW" or (spec.op == "avg" and g.dtype not in S.FLOAT_DTYPES):
+    if (g.layout != "NCHW" or g.nd > 2
+            or (spec.op == "avg" and g.dtype not in S.FLOAT_DTYPES)):
         return 0
-    n, m = g.spatial[-1], spec.out_spatial[-1]
-    widest = cdiv(n, m) + (1 if n % m else 0)
-    return min(32, pow2ceil(widest)) if widest >= MIN_LANES else 0
+    widest = _widest(g.spatial[-1], spec.out_spatial[-1])
+    return min(32, max(2, pow2ceil(cdiv(widest, 2)))) if widest >= MIN_LANES else 0
+
+
+def _widest(n: int, m: int) -> int:
+    """A bound on the taps of the widest adaptive window of a dim of n pooled to m."""
+    return cdiv(n, m) + (1 if n % m else 0)
+
+
+def lane_rows(spec: S.AdaptiveSpec) -> int:
+    """Rows of a column that a lane of the lane-group kernels loads at a time (their R): 1
+    for 1-D windows, else the least of LANE_ROWS at or above the tallest window's rows, at
+    most the last (a taller window takes several batches). Powers of two: ptxas then issues
+    a batch's loads together (with 12 rows it waited between them)."""
+    if spec.geom.nd < 2:
+        return 1
+    tallest = _widest(spec.geom.spatial[-2], spec.out_spatial[-2])
+    return next((r for r in LANE_ROWS if r >= tallest), LANE_ROWS[-1])
 
 
 def _lane_groups(spec: S.AdaptiveSpec, lanes: int, kernel: str, words: list) -> Plan:
     """One output per group of ``lanes`` lanes (adaptive_pool.cu gp::for_lane_groups): lane l
-    walks the window columns l, l + lanes, ...; the group combines its lanes with shuffles."""
+    walks the window columns 2l and 2l + 1, 2l + 2 * lanes, ...; the group combines them with
+    shuffles."""
     outputs = math.prod(spec.out_shape)
     per_block = BLOCK_THREADS // lanes
     blocks = cdiv(outputs, per_block)
     if blocks > INT32_LIMIT:
         raise ValueError(f"gpupool: grid x {blocks} exceeds the CUDA limit")
-    words.append(f"lane groups: {lanes} lanes per output, lane l walking window columns l, "
-                 f"l + {lanes}, ... (each in row-major order); the group combines them with "
-                 f"warp shuffles; {per_block} outputs per block of {BLOCK_THREADS}")
+    rows = lane_rows(spec)
+    words.append(f"lane groups: {lanes} lanes per output, lane l walking window columns 2l "
+                 f"and 2l + 1, 2l + {2 * lanes}, ... ({rows} rows at a time); the group "
+                 f"combines them with warp shuffles; {per_block} outputs per block of "
+                 f"{BLOCK_THREADS}")
     return Plan("adaptive", index_type(spec),
-                (Launch(kernel, (blocks, 1, 1), (lanes, per_block, 1), 1),), tuple(words))
+                (Launch(kernel, (blocks, 1, 1), (lanes, per_block, 1), 1,
+                        (("batch_rows", rows),)),), tuple(words))
 
 
 def _global(spec: S.AdaptiveSpec | S.WindowSpec, device: DeviceInfo, words: list) -> Plan:
