@@ -370,10 +370,10 @@ def global_cases():
     for (gid, shape, nd, layout, _, _), dtype in itertools.product(GLOBALS, FLOATS):
         tags = frozenset({"idx64"} if gid in IDX64_GLOBALS else ())
         inputs, run = _gmax(shape, nd, layout, dtype)
-        # the forward max with indices of more than 3 dims runs on the host; NCHW planes 4 or
-        # more columns wide take a group of lanes each
+        # the forward max with indices of more than 3 dims runs on the host; NCHW planes of 1
+        # or 2 dims 4 or more columns wide take a group of lanes each
         forward = "adaptive_max_indices" + (
-            "_lanes" if layout == "NCHW" and shape[-1] >= 4 else "")
+            "_lanes" if layout == "NCHW" and nd <= 2 and shape[-1] >= 4 else "")
         requests = (() if nd > 3 else (forward,)) + ("max_adaptive_backward",)
         yield Case(f"bw-gmax-{dtype}-{layout}-{gid}", inputs, run, True, requests=requests,
                    tags=tags)
