@@ -28,10 +28,14 @@ __device__ __forceinline__ void avg_outputs(const T* __restrict__ x, T* __restri
     if (divisor_override > 0) {
       d = divisor_override;
     } else if (include_pad) {
-      d = (long long)gp::count_taps<I, Taps::kd>(o.o_d, g.sd, g.pd, g.kd, g.dd, -(I)g.pd,
-                                                 g.id + (I)ped) *
+      // the row tiles count D and W taps by overlaps (H by tests: a 5x5 window's overlaps
+      // spill; the other walks hold their registers bound)
+      constexpr bool overlap = Taps::row_tile;
+      d = (long long)gp::count_taps<I, Taps::kd, overlap>(o.o_d, g.sd, g.pd, g.kd, g.dd,
+                                                          -(I)g.pd, g.id + (I)ped) *
           gp::count_taps<I, Taps::kh>(o.o_h, g.sh, g.ph, g.kh, g.dh, -(I)g.ph, g.ih + (I)peh) *
-          gp::count_taps<I, Taps::kw>(o.o_w, g.sw, g.pw, g.kw, g.dw, -(I)g.pw, g.iw + (I)pew);
+          gp::count_taps<I, Taps::kw, overlap>(o.o_w, g.sw, g.pw, g.kw, g.dw, -(I)g.pw,
+                                               g.iw + (I)pew);
     }
     return d;
   };

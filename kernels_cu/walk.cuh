@@ -444,10 +444,17 @@ __device__ __forceinline__ A sum_separable(const TapLine<I>& d, const TapLine<I>
 }
 
 // Number of taps t in [0, k) of output o whose position o*s - pb + t*d lies in [lo, hi); K:
-// k when compiled in (0: run time).
-template <typename I, int K = 0>
+// k when compiled in (0: run time). OVERLAP, dilation 1 and k at run time or over 3: the
+// overlap of [first, first + k) with [lo, hi), no tap tested (up to 3 taps compiled in,
+// testing each is as cheap).
+template <typename I, int K = 0, bool OVERLAP = false>
 __device__ __forceinline__ int count_taps(I o, int s, int pb, int k, int d, I lo, I hi) {
   const I first = o * (I)s - (I)pb;
+  if (OVERLAP && (K == 0 || K > 3) && d == 1) {
+    const I span = (I)(K > 0 ? K : k);
+    const I begin = max(lo - first, (I)0), end = min(hi - first, span);
+    return end > begin ? (int)(end - begin) : 0;
+  }
   const auto inside = [&](int t) {
     const I pos = first + (I)t * (I)d;
     return (pos >= lo && pos < hi) ? 1 : 0;
