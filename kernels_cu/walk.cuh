@@ -536,9 +536,16 @@ struct WindowTaps {
 // aligned: the input's start on VEC elements, VEC dividing the row length (so a pack lies
 // wholly inside a row or wholly outside it) and GP_ROW_TILE * SW (so every tile's first
 // column lies LEAD past a pack's start, LEAD = -(W pad) mod VEC). VEC 1: one load per column.
+// LEAD -1 (shifted packs): rows that start anywhere in a pack. Each row's span is loaded as
+// the aligned packs that cover it, from the pack holding the tile's first column, and moved
+// into place by that column's place in its pack, at run time; the host launches this only
+// where the input's start and end lie on a pack, so that a pack holding any element of the
+// input lies inside it.
 template <int KH, int KW, int SW, int DW, int VEC, int LEAD>
 struct RowTaps {
-  static_assert((GP_ROW_TILE * SW) % VEC == 0 && LEAD < VEC, "packs aligned in every tile");
+  static constexpr bool shifted = LEAD < 0;
+  static_assert((shifted || (GP_ROW_TILE * SW) % VEC == 0) && LEAD < VEC,
+                "packs aligned in every tile");
   static constexpr int joint = GP_ROW_TILE;
   static constexpr bool flat_max = true;
   static constexpr bool row_tile = true;
@@ -548,7 +555,7 @@ struct RowTaps {
   // input columns the windows of a tile cover
   static constexpr int span = (GP_ROW_TILE - 1) * SW + (KW - 1) * DW + 1;
   // packs per row that cover them
-  static constexpr int packs = (LEAD + span + VEC - 1) / VEC;
+  static constexpr int packs = ((shifted ? VEC - 1 : LEAD) + span + VEC - 1) / VEC;
   const Geo<int>& g;
 
   // The pack of VEC elements from x[pos] (pos a multiple of VEC), loaded as one unsigned
@@ -567,6 +574,28 @@ struct RowTaps {
     if (ok) w = *reinterpret_cast<const W*>(x + pos);
     memcpy(&p, &w, sizeof p);
     return p;
+  }
+
+  // 32-bit words of a row's shifted packs: `packs` aligned packs of 16 bytes, then words
+  static constexpr int shifted_words = packs * 4;
+
+  // w[i] = word i of the packs' elements from element s on (s < VEC, at run time): shifted
+  // down by 2 words, then 1, each a select per word, and for 2-byte elements by 1 element, a
+  // byte permute of each pair of words.
+  template <typename T>
+  static __device__ __forceinline__ void shift(unsigned (&w)[shifted_words], int s) {
+    constexpr int per = 4 / sizeof(T);
+    static_assert(VEC / per == 4, "shifted packs of 16 bytes");
+    const int ws = s / per;
+#pragma unroll
+    for (int i = 0; i + 2 < shifted_words; ++i) w[i] = ws & 2 ? w[i + 2] : w[i];
+#pragma unroll
+    for (int i = 0; i + 1 < shifted_words; ++i) w[i] = ws & 1 ? w[i + 1] : w[i];
+    if constexpr (per == 2) {
+      const unsigned odd = s & 1 ? 0x5432u : 0x3210u;
+#pragma unroll
+      for (int i = 0; i + 1 < shifted_words; ++i) w[i] = __byte_perm(w[i], w[i + 1], odd);
+    }
   }
 
   // v[r][c] for the columns c of pack k of row r < R (c = k * VEC - LEAD + e, e < VEC, within
@@ -606,9 +635,12 @@ struct RowTaps {
   // row's first tile, ran 1.4x faster testing every tile's slots than split).
   __device__ __forceinline__ bool tiles_inside() const {
     const int last_w0 = (g.ow - 1) / joint * (joint * SW) - g.pw;
-    const bool columns = VEC > 1 ? last_w0 - LEAD + (packs - 1) * VEC < g.iw
-                                 : last_w0 + span <= g.iw;
-    return g.ph == 0 && g.pw == 0 && LEAD == 0 && columns &&
+    // shifted packs: every stored window inside its row; the packs past a row's end that a
+    // last tile loads lie inside the input
+    const bool columns = shifted   ? (g.ow - 1) * SW + (KW - 1) * DW < g.iw
+                         : VEC > 1 ? last_w0 - LEAD + (packs - 1) * VEC < g.iw
+                                   : last_w0 + span <= g.iw;
+    return g.ph == 0 && g.pw == 0 && LEAD <= 0 && columns &&
            (g.oh - 1) * g.sh + (KH - 1) * g.dh < g.ih;
   }
 
@@ -641,7 +673,64 @@ struct RowTaps {
     const auto loaded = [&] {
       if constexpr (EACH) then();
     };
-    if constexpr (VEC > 1) {
+    if constexpr (shifted) {
+      typedef typename F::value T;
+      constexpr int per = 4 / sizeof(T);
+      // the words of `none` and, outside the row's columns, the bits of each word kept
+      unsigned fill, keep[shifted_words];
+      {
+        T n[per];
+#pragma unroll
+        for (int e = 0; e < per; ++e) n[e] = f.load(0, false);
+        memcpy(&fill, n, sizeof fill);
+      }
+      if (!inside) {
+#pragma unroll
+        for (int i = 0; i * per < span; ++i) {
+          keep[i] = 0;
+#pragma unroll
+          for (int e = 0; e < per; ++e) {
+            if (i * per + e < span && cok[i * per + e])
+              keep[i] |= 0xffffffffu >> (32 - 8 * sizeof(T)) << (8 * sizeof(T) * e);
+          }
+        }
+      }
+      // the place of the plane's first element in its pack
+      const int lead = (int)(reinterpret_cast<size_t>(f.xp) / sizeof(T)) & (VEC - 1);
+#pragma unroll
+      for (int r = 0; r < S * KH; ++r) {
+        const int s = (lead + base[r]) & (VEC - 1);
+        typedef Word<16>::type Q;
+        const Q* at = reinterpret_cast<const Q*>(f.xp + (base[r] - s));
+        unsigned w[shifted_words];
+#pragma unroll
+        for (int k = 0; k < packs; ++k) {
+          // a pack that holds a column of the row (inside: every pack that starts before the
+          // row's end)
+          const int c = w0 - s + k * VEC;
+          const unsigned fills[4] = {fill, fill, fill, fill};
+          Q q;
+          memcpy(&q, fills, sizeof q);
+          if (rok[r % KH] && (unsigned)(c + VEC - 1) < (unsigned)(g.iw + VEC - 1)) q = at[k];
+          memcpy(&w[4 * k], &q, sizeof q);
+        }
+        shift<T>(w, s);
+        if (!inside) {
+#pragma unroll
+          for (int i = 0; i * per < span; ++i) w[i] = (w[i] & keep[i]) | (fill & ~keep[i]);
+        }
+#pragma unroll
+        for (int c = 0; c < span; c += per) {
+          T two[per];
+          memcpy(two, &w[c / per], sizeof two);
+#pragma unroll
+          for (int e = 0; e < per; ++e) {
+            if (c + e < span) v[r][c + e] = two[e];
+          }
+        }
+      }
+      loaded();
+    } else if constexpr (VEC > 1) {
       // pack k starts at column w0 - LEAD + k * VEC; a column outside the row lies in a pack
       // outside it (pok false)
       bool pok[packs];

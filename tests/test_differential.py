@@ -653,10 +653,11 @@ def row_tile_cases():
     """Each row-tile kernel (row_tiles.ROW_TILE_WINDOWS: windows, W strides and W dilations; W
     pads up to half the window): max values, max values and indices, and averages of rows of
     64 elements (aligned packs, from every lead a pad gives) and of 37 (a load per column; a
-    2-D max then takes the general walk); and inputs one element past an aligned start, which
-    load a column at a time or take the general walk; 3-D max, with D taps and with one D tap
-    per slice (values: the slices as planes; with indices, which count the slices, the D taps
-    at run time)."""
+    2-D max then takes the general walk), and of 37 and 38 in an input that ends on a pack
+    (shifted packs); and inputs one element past an aligned start, which load a column at a
+    time or take the general walk; 3-D max, with D taps (also in shifted packs) and with one D
+    tap per slice (values: the slices as planes; with indices, which count the slices, the D
+    taps at run time)."""
     maxes = (("max", _max(False), "max_pool"), ("max-idx", _max(True), "max_pool_indices"))
     for (kh, kw, sw, dw), dtype in itertools.product(row_tiles.ROW_TILE_WINDOWS,
                                                      row_tiles.ROW_TILE_DTYPES):
@@ -671,6 +672,19 @@ def row_tile_cases():
             for op, values, call, kernels in ops:
                 w = Window(name, lead[:2], shape[2:], kernel, stride, pad, dilation)
                 yield Case(f"{op}-{name}-p{pad}-w{width}", random_input(shape, dtype, values),
+                           lambda x, w=w, f=call: f(x, w, "NCHW"), True, requests=kernels)
+        # rows off the packs in an input that ends on one: shifted packs (2-D max and
+        # average, 1-D of 4-byte elements), at each W pad and with a window past the row's end
+        # (ceil mode); rows of 37 and 38, 4 planes of them
+        ahead = (2, 4) + lead[2:]
+        for pad, width, ceil in [(p, 37, False) for p in range(kw // 2 + 1)] + [(0, 38, True)]:
+            shape = ahead + (width,)
+            ops = [(op, "max", call, (f"{base}_rows",)) for op, call, base in maxes]
+            ops.append(("avg-cip", "sum", _avg(cip=True), ("avg_pool_rows",)))
+            for op, values, call, kernels in ops:
+                w = Window(name, ahead[:2], shape[2:], kernel, stride, pad, dilation, ceil)
+                yield Case(f"{op}-{name}-p{pad}-w{width}-shifted" + ("-ceil" if ceil else ""),
+                           random_input(shape, dtype, values),
                            lambda x, w=w, f=call: f(x, w, "NCHW"), True, requests=kernels)
         shape = lead + (64,)
         w = Window(name, lead[:2], shape[2:], kernel, stride, 1, dilation)
@@ -693,6 +707,13 @@ def row_tile_cases():
                            random_input(lead[:2] + spatial3, dtype, values),
                            lambda x, w=w, f=call: f(x, w, "NCHW"), True,
                            requests=(f"{base}_depth_rows" if kh > 1 else base,))
+            if kh > 1:  # rows off the packs: shifted packs, the D taps at run time
+                w = Window(name, (2, 4), spatial3[:2] + (37,), kernel3, stride3,
+                           (1, kh // 2, kw // 2), (1, 1, dw), True)
+                yield Case(f"{op}-3d-{name}-shifted",
+                           random_input((2, 4) + spatial3[:2] + (37,), dtype, values),
+                           lambda x, w=w, f=call: f(x, w, "NCHW"), True,
+                           requests=(f"{base}_depth_rows",))
             w = Window(name, lead[:2], spatial3, (1,) + kernel3[1:], stride3,
                        (0, kh // 2, kw // 2), (1, 1, dw))
             yield Case(f"{op}-3d-slices-{name}", random_input(lead[:2] + spatial3, dtype, values),

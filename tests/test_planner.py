@@ -151,15 +151,15 @@ def test_explain_reports_traffic_and_the_roofline_floor():
     assert "unknown" in explain("global_max_pool", (2, 3, 4, 4), device=DeviceInfo(dram_gbps=0))
 
 
+# float64 in the tests of the general window launch: float16 and float32 take the row tiles
 def test_many_planes_split_across_planes_only():
-    sp = window((512, 512, 14, 14), 2, 2)
+    sp = window((512, 512, 14, 14), 2, 2, dtype="float64")
     pl = plan(sp, H100)
     la = pl.launches[0]
     assert la.grid[0] == 1  # one block column per plane
     assert any("across the 262144 planes only" in w for w in pl.words)
 
 
-# float64 in the tests of the general window launch: float16 and float32 take the row tiles
 def test_few_planes_split_spatial_dims():
     sp = window((1, 2, 512, 512), 3, 1, 1, dtype="float64")
     pl = plan(sp, H100)
@@ -254,18 +254,23 @@ def test_channel_packs(channels, kw, align, expected):
     ((2, 3, 9, 302), 3, 1, 1, 1, dict(op="avg"), (3, 3, 1, 1, 1, 0)),  # rows off the packs
     ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="float16"), (1, 3, 3, 1, 4, 0)),
     ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="bfloat16"), (1, 3, 3, 1, 4, 0)),
-    ((32, 80, 4097), (3,), 3, 0, 1, dict(dtype="float16"), (1, 3, 3, 1, 1, 0)),
+    ((32, 80, 4097), (3,), 3, 0, 1, dict(dtype="float16"), (1, 3, 3, 1, 1, 0)),  # 1-D, 2 bytes
+    ((32, 80, 4097), (3,), 3, 0, 1, {}, (1, 3, 3, 1, 4, -1)),  # shifted packs
+    ((3, 5, 4097), (3,), 3, 0, 1, {}, (1, 3, 3, 1, 1, 0)),  # ... where the input ends on one
     ((32, 80, 4096), (3,), 3, 0, 1, dict(dtype="float16", return_indices=True),
      (1, 3, 3, 1, 4, 0)),
     ((32, 64, 112, 112), 3, 2, 1, 1, dict(return_indices=True), (3, 3, 2, 1, 4, 3)),
-    ((32, 64, 55, 55), 3, 2, 0, 1, dict(return_indices=True), None),  # off the packs
+    ((32, 64, 55, 55), 3, 2, 0, 1, dict(return_indices=True), (3, 3, 2, 1, 4, -1)),
     ((32, 64, 112, 112), 3, 2, 1, 1, {}, (3, 3, 2, 1, 4, 3)),  # a 2-D max, in packs
     ((16, 128, 56, 56), 2, 2, 0, 1, dict(dtype="float16"), (2, 2, 2, 1, 8, 0)),
-    ((32, 64, 55, 55), 3, 2, 0, 1, {}, None),  # a 2-D max whose rows are off the packs
+    ((32, 64, 55, 55), 3, 2, 0, 1, {}, (3, 3, 2, 1, 4, -1)),  # rows off the packs: shifted
+    ((3, 5, 55, 55), 3, 2, 0, 1, {}, None),  # ... where the input ends on a pack
+    ((32, 64, 35, 35), 3, 1, 1, 1, {}, (3, 3, 1, 1, 4, -1)),  # a 2-D max, whatever its stride
+    ((32, 64, 35, 35), 3, 1, 1, 1, dict(op="avg"), (3, 3, 1, 1, 1, 0)),  # an average of stride 1
     ((2, 256, 32000), (5,), 4, 2, 1, dict(op="avg", count_include_pad=True), (1, 5, 4, 1, 4, 2)),
     ((2, 128, 56, 56), 5, 2, 2, 1, dict(op="avg", dtype="float16"), (5, 5, 2, 1, 8, 6)),
     ((3, 96, 55, 57), (3, 5), 2, (1, 2), 1, dict(op="avg", dtype="bfloat16", divisor_override=7),
-     (3, 5, 2, 1, 1, 0)),  # rows off the packs
+     (3, 5, 2, 1, 8, -1)),  # rows off the packs
     ((64, 8192), (4,), 4, 0, 1, dict(op="avg"), (1, 4, 4, 1, 4, 0)),
     ((32, 64, 112, 112), 3, 2, 1, 1, dict(op="avg", layout="NHWC"), None),  # NHWC
     ((32, 64, 112, 112), 3, 2, 1, 1, dict(op="avg", dtype="float64"), None),
@@ -275,9 +280,11 @@ def test_channel_packs(channels, kw, align, expected):
     ((16, 128, 2048), (5,), 2, 2, 2, dict(return_indices=True), (1, 5, 2, 2, 4, 2)),
     ((16, 128, 2048), (5,), 2, 2, 2, dict(op="avg", dtype="bfloat16"), (1, 5, 2, 2, 8, 6)),
     ((16, 128, 2045), (5,), 2, 2, 2, dict(dtype="float16"), (1, 5, 2, 2, 1, 0)),
+    ((16, 128, 2045), (5,), 2, 2, 2, {}, (1, 5, 2, 2, 4, -1)),
     ((16, 128, 2048), (5,), 2, 2, 3, dict(dtype="float16"), None),
     ((32, 64, 112, 112), 3, 3, 1, 1, dict(op="avg"), None),  # a stride not compiled in
-    ((2, 3, 10, 10, 10), (2, 2, 2), 2, 0, 1, dict(op="avg"), None),  # 3-D, off the packs
+    ((2, 3, 10, 10, 10), (2, 2, 2), 2, 0, 1, dict(op="avg"), (2, 2, 2, 1, 4, -1)),  # shifted
+    ((1, 1, 3, 10, 9), (2, 2, 2), 2, 0, 1, dict(op="avg"), None),  # ... ends off a pack
     # a 3-D max with one D tap per window at its own slice: the 2-D pooling of its slices
     ((8, 64, 16, 112, 112), (1, 2, 2), (1, 2, 2), 0, 1, dict(dtype="float16"), (2, 2, 2, 1, 8, 0)),
     ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1, {}, (3, 3, 2, 1, 4, 3)),
@@ -287,7 +294,7 @@ def test_channel_packs(channels, kw, align, expected):
     ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), 1, 1, {}, (3, 3, 2, 1, 4, 3)),  # D padding
     ((2, 3, 5, 64, 64), (1, 3, 3), (2, 2, 2), (0, 1, 1), 1, {}, (3, 3, 2, 1, 4, 3)),  # D stride
     ((4, 128, 16, 56, 56), (2, 2, 2), 2, 0, 1, dict(dtype="float16"), (2, 2, 2, 1, 8, 0)),
-    ((2, 3, 10, 10, 10), (2, 2, 2), 2, 0, 1, {}, None),  # rows off the packs
+    ((2, 3, 10, 10, 10), (2, 2, 2), 2, 0, 1, {}, (2, 2, 2, 1, 4, -1)),  # rows off the packs
     ((2, 3, 5, 64, 64), (3, 3, 3), (1, 2, 2), 1, 2, {}, None),  # dilation
     ((2, 3, 5, 64, 64), (1, 3, 3), (1, 2, 2), (0, 1, 1), 1, dict(op="avg"), (3, 3, 2, 1, 4, 3)),
     ((1, 32, 16, 56, 56), (2, 2, 2), 2, 0, 1, dict(op="avg", dtype="float16"), (2, 2, 2, 1, 8, 0)),
@@ -298,12 +305,14 @@ def test_channel_packs(channels, kw, align, expected):
 ])
 def test_row_tiles_take_the_compiled_in_nchw_windows(shape, k, s, p, d, kw, expected):
     """1-D and 2-D NCHW averages and max pooling (values, or values and indices) of
-    ROW_TILE_DTYPES with a window, W stride and W dilation of ROW_TILE_WINDOWS (D and H
-    dilation 1) take the row-tile kernels, ROW_TILE outputs per thread, in packs of 16 bytes
-    (8 where 16 do not divide ROW_TILE * SW) where the packs divide the rows; a 2-D or 3-D max
-    only in packs; 3-D as 2-D planes where each window takes one D tap at its own slice (not a
-    max with indices), else the D taps at run time, in packs only and for windows over 1
-    high; the rest the general window walk."""
+    ROW_TILE_DTYPES with a window, W stride and W dilation of ROW_TILE_WINDOWS (D and H dilation
+    1) take the row-tile kernels, ROW_TILE outputs per thread, in packs of 16 bytes (8 where 16
+    do not divide ROW_TILE * SW) where the packs divide the rows, else in shifted packs of 16
+    bytes where the input ends on one (but for windows of W stride 1 and 1-D ones of 2-byte
+    elements that may load a column at a time); a 2-D or 3-D max only in packs; 3-D as 2-D
+    planes where each window takes one D tap at its own slice (not a max with indices), else the
+    D taps at run time, in packs only and for windows over 1 high; the rest the general window
+    walk."""
     sp = window(shape, k, s, p, d, **kw)
     assert row_tiles.row_tile(sp) == expected
     (la,) = plan(sp, H100).launches

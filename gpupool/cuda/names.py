@@ -110,16 +110,23 @@ def rows_name(kernel_base: str, dtype: str, shape: tuple[int, ...]) -> str:
     return f"{kernel_base}<{ctype(dtype)}, {', '.join(map(str, shape))}>"
 
 
-def row_tile_shapes(op: str, dtype: str) -> list[tuple[int, ...]]:
+def row_tile_shapes(op: str, dtype: str, depth: bool = False) -> list[tuple[int, ...]]:
     """Every (KH, KW, SW, DW, VEC, LEAD) :func:`gpupool.cuda.row_tiles.row_tile` gives ``op``
     ("max" or "avg") on ``dtype``: each window of ROW_TILE_WINDOWS with each W pad up to half
-    the window, on rows of 64 elements (packs where the window takes them) and of 37 (none)."""
+    the window, on rows of 64 elements (packs where the window takes them) and of 37, 8 of
+    them (shifted packs) or 7 (none: the input ends off a pack); ``depth``: those of 3-D
+    windows of 2 D taps (the ``*_depth_rows`` kernels), windows over 1 high only."""
     shapes = []
     for kh, kw, sw, dw in row_tiles.ROW_TILE_WINDOWS:
-        spatial, kernel, stride, dilation = (((8,), (kh, kw), (1, sw), (1, dw)) if kh > 1
-                                             else ((), (kw,), (sw,), (dw,)))
-        for pad, width in itertools.product(range(kw // 2 + 1), (64, 37)):
-            spec = window_spec(f"{op}_pool", op, (1, 1) + spatial + (width,), dtype, kernel,
+        lead, kernel, stride, dilation = (((1, 1), (kh, kw), (1, sw), (1, dw)) if kh > 1
+                                          else ((1,), (kw,), (sw,), (dw,)))
+        if depth:
+            if kh == 1:
+                continue
+            lead, kernel, stride, dilation = ((1, 1, 2), (2,) + kernel, (1,) + stride,
+                                              (1,) + dilation)
+        for pad, width, rows in itertools.product(range(kw // 2 + 1), (64, 37), (8, 7)):
+            spec = window_spec(f"{op}_pool", op, lead + (rows, width), dtype, kernel,
                                stride, pad, dilation, False, "NCHW")
             shapes.append(row_tiles.row_tile(spec))
     return list(dict.fromkeys(s for s in shapes if s))
@@ -242,8 +249,7 @@ def _forward_names(itype: str) -> list[str]:
                 # 3-D windows: H windows over 1, in packs only
                 out += [rows_name(f"{base}_depth_rows", dtype, shape)
                         for dtype in row_tiles.ROW_TILE_DTYPES
-                        for shape in row_tile_shapes(op, dtype)
-                        if shape[0] > 1 and shape[-2] > 1]
+                        for shape in row_tile_shapes(op, dtype, depth=True)]
         for dtype in (CTYPES if op == "max" else FLOAT_DTYPES):
             one, first, second = global_type_pairs(op, dtype)
             pairs = {"global_block": (one, first), "global_channels": (one, first, second)}

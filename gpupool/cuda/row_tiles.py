@@ -1,8 +1,10 @@
 """Row tiles (the ``*_rows`` kernels, walk.cuh ``RowTaps``): which window poolings they cover
 and their launch. A thread computes ROW_TILE outputs side by side along W, loading each input
-row of their windows once into registers, in aligned packs where the row allows them.
+row of their windows once into registers, in aligned packs where the input allows them.
 Pure Python, like the planner that calls it."""
 from __future__ import annotations
+
+import math
 
 from .. import spec as S
 from .grid import (BLOCK_THREADS, BLOCK_Z_MAX, GRID_YZ_MAX, MIN_BLOCK_THREADS, block_shape,
@@ -42,9 +44,10 @@ def row_tile(spec, align: int = 16) -> tuple[int, ...] | None:
     output rows within a grid dim; else None.
     Input rows load in packs of VEC elements from LEAD = -(W pad) mod VEC columns before a
     tile's first: 16 bytes, or 8 where 16 do not divide ROW_TILE * SW, if VEC divides the row
-    length and ``align`` (the input start's alignment, bytes) holds a pack; else VEC 1. A 2-D
-    or 3-D max and the ``*_depth_rows`` kernels take them only in packs (a load per column:
-    L1-bound in the calibrated model)."""
+    length and ``align`` (the input start's alignment, bytes) holds a pack; else in shifted
+    packs of 16 bytes (LEAD -1: each row moved into place at run time) where the input's end
+    lies on one too; else VEC 1, a load per column. A 2-D or 3-D max and the ``*_depth_rows``
+    kernels take them only in packs (a load per column: L1-bound in the calibrated model)."""
     g = spec.geom
     if (not isinstance(spec, S.WindowSpec) or spec.op not in ("max", "avg")
             or g.layout != "NCHW"
@@ -60,10 +63,18 @@ def row_tile(spec, align: int = 16) -> tuple[int, ...] | None:
         return None
     item = S.ITEMSIZE[g.dtype]
     vec = 16 // item if ROW_TILE * shape[2] % (16 // item) == 0 else 8 // item
-    if vec * item > align or g.spatial[-1] % vec:
-        vec = 1
+    lead = -spec.pads[-1][0] % vec
     per_column = spec.op == "max" and g.nd > 1 or not depth_slices(spec)
-    return None if per_column and vec == 1 else shape + (vec, -spec.pads[-1][0] % vec)
+    if g.spatial[-1] % vec:
+        # rows off the packs: shifted packs where the input ends on one, but for windows that
+        # may load a column at a time where the shift's selects cost more than the loads they
+        # save (modeled): of W stride 1 (a narrow span), and 1-D ones of 2-byte elements
+        shifted = (per_column or shape[2] > 1 and (shape[0] > 1 or item == 4)) and not (
+            g.planes * math.prod(g.spatial) * item % 16)
+        vec, lead = (16 // item, -1) if shifted else (1, 0)
+    if vec * item > align:
+        vec, lead = 1, 0
+    return None if per_column and vec == 1 else shape + (vec, lead)
 
 
 def _grid(spec: S.WindowSpec) -> tuple[int, int]:
@@ -141,7 +152,8 @@ def plan_row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, ...
             else (cdiv(ow, tx * ROW_TILE), cdiv(rows, ty), cdiv(planes, tz)))
     kernel = ("max_pool_indices" if spec.return_indices else f"{spec.op}_pool") + (
         "_depth_rows" if depth else "_rows")
-    packs = f" (aligned packs of {vec * S.ITEMSIZE[spec.geom.dtype]} bytes)" if vec > 1 else ""
+    packs = (f" ({'shifted' if lead < 0 else 'aligned'} packs of "
+             f"{vec * S.ITEMSIZE[spec.geom.dtype]} bytes)" if vec > 1 else "")
     windows = f"{kh}x{kw} windows of W stride {sw}" + (f" and W dilation {dw}" if dw > 1 else "")
     words.append(f"row tiles: {ROW_TILE} outputs per thread side by side along W, their "
                  f"{windows} compiled in; each input row of a tile loaded once into "
