@@ -224,6 +224,9 @@ __device__ __forceinline__ void walk_lines_batched(const TapLine<I>* d, const Ta
   }
 }
 
+// W taps per batch of the batched walks where the W taps are counted at run time (NW 0)
+constexpr int kRunTimeWTaps = 4;
+
 // Row-major order (D, then H, then W) as walk_row_major, for the windows of G outputs at
 // once (lines d[j], h[j], w[j] and visitor f[j] of output j < n; every output's lines have
 // the counts of output 0's), with the loads of a batch of taps started before any is used:
@@ -232,13 +235,13 @@ __device__ __forceinline__ void walk_lines_batched(const TapLine<I>* d, const Ta
 // f[j].take(v, pos) per output in row-major order, for the valid slots (F::skips) or for
 // every slot (a slot that is not ok then loads a value take leaves without effect). A batch: BD D
 // positions x BH H taps x BW W taps, BH and BW the compiled-in counts NH and NW (0: 1 H tap,
-// W taps RW at a time), BD 2 when both are compiled in and a batch holds at most 4 (H, W) taps
-// (a batch then covers whole D slices, so row-major order holds), else 1.
-template <int G, int NH, int NW, int RW = 4, typename I, typename F>
+// W taps kRunTimeWTaps at a time), BD 2 when both are compiled in and a batch holds at most 4
+// (H, W) taps (a batch then covers whole D slices, so row-major order holds), else 1.
+template <int G, int NH, int NW, typename I, typename F>
 __device__ __forceinline__ void walk_row_major_batched(const TapLine<I>* d, const TapLine<I>* h,
                                                        const TapLine<I>* w, F* f, int n) {
   constexpr int BH = NH ? NH : 1;
-  constexpr int BW = NW ? NW : RW;
+  constexpr int BW = NW ? NW : kRunTimeWTaps;
   constexpr int BD = NH && NW && NH * NW <= 4 ? 2 : 1;
   typedef typename F::value V;
   for (I a0 = 0; a0 < d[0].n; a0 += BD) {
@@ -295,7 +298,8 @@ __device__ __forceinline__ void walk_row_major_batched(const TapLine<I>* d, cons
 // its term.
 //
 // Loads start in batches before any is summed: with one D tap (d.n == 1), every tap slot of
-// BH H taps x BW W taps of every output (BH, BW: NH and NW when compiled in, else 1 and RW);
+// BH H taps x BW W taps of every output (BH, BW: NH and NW when compiled in, else 1 and
+// kRunTimeWTaps);
 // with several and run-time W taps (NW 0), per D tap the BW W taps of one H tap of one
 // output, each W tap summed over the D taps in a sum of its own (a batch's loads feed separate
 // sums, so all start before the first add); with compiled-in W taps, the D taps of one (W, H)
@@ -303,13 +307,13 @@ __device__ __forceinline__ void walk_row_major_batched(const TapLine<I>* d, cons
 // outermost, each partial sum from `zero`, skipping the taps outside the input), in their
 // order, with the zero added where they skip a tap (no change to any sum: x + zero is x for
 // every sum of these terms).
-template <int G, int NH, int NW, int RW = 4, typename A, typename I, typename F>
+template <int G, int NH, int NW, typename A, typename I, typename F>
 __device__ __forceinline__ void sum_separable_batched(const TapLine<I>* d, const TapLine<I>* h,
                                                       const TapLine<I>* w, const F& term,
                                                       A zero, int n, A* sum,
                                                       long long* count) {
   constexpr int BH = NH ? NH : 1;
-  constexpr int BW = NW ? NW : RW;
+  constexpr int BW = NW ? NW : kRunTimeWTaps;
   typedef typename F::value V;
   I pd0[G];
   bool d0ok[G];
@@ -434,12 +438,12 @@ __device__ __forceinline__ void sum_separable_batched(const TapLine<I>* d, const
 }
 
 // The separable sum of one window (sum_separable_batched with G = 1).
-template <int NH, int NW, int RW = 4, typename A, typename I, typename F>
+template <int NH, int NW, typename A, typename I, typename F>
 __device__ __forceinline__ A sum_separable(const TapLine<I>& d, const TapLine<I>& h,
                                            const TapLine<I>& w, const F& term, A zero,
                                            long long& count) {
   A sum;
-  sum_separable_batched<1, NH, NW, RW>(&d, &h, &w, term, zero, 1, &sum, &count);
+  sum_separable_batched<1, NH, NW>(&d, &h, &w, term, zero, 1, &sum, &count);
   return sum;
 }
 
