@@ -224,8 +224,9 @@ __device__ __forceinline__ void walk_lines_batched(const TapLine<I>* d, const Ta
   }
 }
 
-// W taps per batch of the batched walks where the W taps are counted at run time (NW 0)
-constexpr int kRunTimeWTaps = 4;
+// W taps per batch of the batched walks where the W taps are counted at run time (NW 0); an
+// enumerator, which a translation unit that never uses it does not warn about
+enum : int { kRunTimeWTaps = 4 };
 
 // Row-major order (D, then H, then W) as walk_row_major, for the windows of G outputs at
 // once (lines d[j], h[j], w[j] and visitor f[j] of output j < n; every output's lines have

@@ -286,7 +286,7 @@ ISSUED = conftest.ISSUED
 #: and stores alone (the max row tiles).
 ISSUED_AT_LEAST = {
     "resnet stem max NHWC": 0.78, "inception avg 3x3 s1 p1": 0.68, "inception avg NHWC": 0.80,
-    "global avg NHWC": 0.75, "adaptive avg 14->7": 0.35, "3d max 2x2x2": 0.71,
+    "global avg NHWC": 0.75, "3d max 2x2x2": 0.71,
     "int8 max 2x2 s2": 0.34, "int8 avg 2x2 s2": 0.42, "resnet stem max 3x3 s2 p1 backward": 0.59,
     "densenet avg 2x2 s2 backward": 0.84, "resnet50 head global avg backward": 0.61,
 }
@@ -299,6 +299,8 @@ COUNTED_BEFORE = {"resnet stem max f16": "the float16 values-only row tiles redu
                                                "without testing its validity",
                   "int8 avg 2x2 s2": "the word kernel requantizes in 32 bits, without "
                                      "corrections where none is needed, and sums by __dp4a",
+                  "adaptive avg 14->7": "it runs as its window pooling, on row tiles in "
+                                        "shifted packs",
                   **dict.fromkeys(("resnet50 head global avg f16", "global avg N=64 f16"),
                                   "float16 sums are scaled once")}
 
