@@ -581,7 +581,7 @@ struct RowTaps {
     return p;
   }
 
-  // 32-bit words of a row's shifted packs: `packs` aligned packs of 16 bytes, then words
+  // the 32-bit words of a row's `packs` shifted packs of 16 bytes
   static constexpr int shifted_words = packs * 4;
 
   // w[i] = word i of the packs' elements from element s on (s < VEC, at run time): shifted
@@ -701,17 +701,16 @@ struct RowTaps {
         }
       }
       // the place of the plane's first element in its pack
-      const int lead = (int)(reinterpret_cast<size_t>(f.xp) / sizeof(T)) & (VEC - 1);
+      const int plane_at = (int)(reinterpret_cast<size_t>(f.xp) / sizeof(T)) & (VEC - 1);
+      typedef Word<16>::type Q;
 #pragma unroll
       for (int r = 0; r < S * KH; ++r) {
-        const int s = (lead + base[r]) & (VEC - 1);
-        typedef Word<16>::type Q;
+        const int s = (plane_at + base[r]) & (VEC - 1);
         const Q* at = reinterpret_cast<const Q*>(f.xp + (base[r] - s));
         unsigned w[shifted_words];
 #pragma unroll
         for (int k = 0; k < packs; ++k) {
-          // a pack that holds a column of the row (inside: every pack that starts before the
-          // row's end)
+          // a pack that holds a column of the row
           const int c = w0 - s + k * VEC;
           const unsigned fills[4] = {fill, fill, fill, fill};
           Q q;

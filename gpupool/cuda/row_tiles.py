@@ -69,9 +69,9 @@ def row_tile(spec, align: int = 16) -> tuple[int, ...] | None:
         # rows off the packs: shifted packs where the input ends on one, but for windows that
         # may load a column at a time where the shift's selects cost more than the loads they
         # save (modeled): of W stride 1 (a narrow span), and 1-D ones of 2-byte elements
-        shifted = (per_column or shape[2] > 1 and (shape[0] > 1 or item == 4)) and not (
-            g.planes * math.prod(g.spatial) * item % 16)
-        vec, lead = (16 // item, -1) if shifted else (1, 0)
+        shift_pays = per_column or shape[2] > 1 and (shape[0] > 1 or item == 4)
+        ends_on_pack = g.planes * math.prod(g.spatial) * item % 16 == 0
+        vec, lead = (16 // item, -1) if shift_pays and ends_on_pack else (1, 0)
     if vec * item > align:
         vec, lead = 1, 0
     return None if per_column and vec == 1 else shape + (vec, lead)
