@@ -54,11 +54,13 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--measured", default=str(calibration.calibration_file("measured.json")),
                         metavar="FILE", help="measured rows (default: %(default)s)")
-    issued = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "results",
-                                           "issued-h200-*.json")))
+    issued = [path for path in sorted(glob.glob(os.path.join(
+        os.path.dirname(__file__), "results", "issued-h200-*.json")))
+        if json.loads(open(path).read()).get("sm_clock_mhz") == 1500]
     parser.add_argument("--issued", default=issued[-1] if issued else None, metavar="FILE",
                         help="Nsight Compute's per-pipe counts of gpupool's kernels on an H200 "
-                             "at 1500 MHz (default: %(default)s)")
+                             "at 1500 MHz (default: the newest taken at that clock, "
+                             "%(default)s)")
     args = parser.parse_args(argv)
     results = calibration.torch_rows(calibration.load(args.measured))
     shipped = devices.h200()

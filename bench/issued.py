@@ -7,7 +7,7 @@ On a machine with an NVIDIA GPU, CuPy and Nsight Compute (``.ci/gpu LOGDIR issue
 
   ncu --profile-from-start off --clock-control none --csv --page details \\
       --metrics "$(python bench/issued.py metrics)" --log-file ncu.csv python bench/issued.py run
-  python bench/issued.py parse ncu.csv    # writes bench/results/issued-<gpu>-<date>.json
+  python bench/issued.py parse ncu.csv --sm-clock 1500   # bench/results/issued-<gpu>-<date>.json
 
 and anywhere, the model's count beside the GPU's, launch by launch (in all and on the ALU):
 
@@ -25,6 +25,7 @@ import csv
 import datetime
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -71,14 +72,21 @@ def run() -> int:
     return 0
 
 
-def parse(path: str, gpu: str) -> dict:
-    """The launches of ncu's CSV (``--csv --page details``) on ``gpu`` grouped by case."""
+def kernel_name(signature: str) -> str:
+    """The kernel's name in ncu's signature, as the model and CUPTI write it: without
+    ``void``, its parameter list and the casts of negative template arguments (``(int)-1``)."""
+    return re.sub(r"\([^()]*\)$", "", signature.removeprefix("void ")).replace("(int)", "")
+
+
+def parse(path: str, gpu: str, sm_clock_mhz: float | None = None) -> dict:
+    """The launches of ncu's CSV (``--csv --page details``) on ``gpu`` grouped by case, and
+    the SM clock their times were taken at (None: not locked)."""
     with open(path) as f:
         rows = list(csv.DictReader(line for line in f if line.startswith('"')))
     launches: dict[str, dict] = {}
     for r in rows:
         launch = launches.setdefault(r["ID"], {
-            "kernel": r["Kernel Name"].removeprefix("void ").split("(")[0],
+            "kernel": kernel_name(r["Kernel Name"]),
             "grid": [int(v) for v in r["Grid Size"].strip("()").split(",")],
             "block": [int(v) for v in r["Block Size"].strip("()").split(",")]})
         if r["Metric Name"] in METRICS:
@@ -91,7 +99,8 @@ def parse(path: str, gpu: str) -> dict:
         elif cases:
             cases[-1]["launches"].append(launch)
     return {"date": datetime.date.today().isoformat(), "gpu": gpu,
-            "source": "Nsight Compute, smsp__inst_executed.sum per launch", "cases": cases}
+            "source": "Nsight Compute, smsp__inst_executed.sum per launch",
+            "sm_clock_mhz": sm_clock_mhz, "cases": cases}
 
 
 def _key(kernel: str, grid) -> tuple:
@@ -130,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("csv")
     p.add_argument("--gpu", help="the GPU's name (default: the current GPU's, from CuPy)")
     p.add_argument("--results-dir", default=measure.RESULTS, metavar="DIR")
+    p.add_argument("--sm-clock", type=float, metavar="MHZ",
+                   help="the SM clock the GPU was locked at while ncu ran (default: not locked)")
     p = sub.add_parser("compare", help="the model's counts beside the GPU's")
     p.add_argument("issued")
     p.add_argument("models", nargs="+")
@@ -140,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         print(",".join(METRICS))
         return 0
     if args.command == "parse":
-        result = parse(args.csv, args.gpu or measure.gpu_name())
+        result = parse(args.csv, args.gpu or measure.gpu_name(), args.sm_clock)
         words = result["gpu"].split()
         short = (words[1] if len(words) > 1 else "gpu").lower()
         path = os.path.join(args.results_dir, f"issued-{short}-{result['date']}.json")

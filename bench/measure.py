@@ -41,15 +41,16 @@ FLUSH_BYTES = 256 << 20
 
 
 def cases(beyond: bool) -> list:
-    """The modeled cases, in bench/model.py's order."""
+    """The modeled cases, in bench/model.py's order; the suite's come with the published
+    workloads, which must be in the calibration folder."""
     from gpumodel import benchmodel, calibration
     if beyond:
         return benchmodel.beyond_suite_cases()
-    found = benchmodel.modeled_cases()
     workloads = calibration.calibration_file("workloads.json")
-    if workloads.is_file():
-        found += benchmodel.workload_cases(workloads)
-    return found
+    if not workloads.is_file():  # a run without them would not be the whole set, unsaid
+        raise SystemExit(f"bench/measure.py: no published workloads at {workloads}; set "
+                         f"GPUPOOL_CALIBRATION to the calibration folder")
+    return benchmodel.modeled_cases() + benchmodel.workload_cases(workloads)
 
 
 def full_input(case):

@@ -29,11 +29,13 @@ OTHER_PIPES = ("fma", "lsu", "adu", "cbu", "uniform", "other")
 PIPES = tuple(RATES) + OTHER_PIPES
 
 _BY_BASE = {
-    # integer add, compare, select, logic, shifts, min/max, predicates, fp32->fp16 packing
+    # integer add, compare, select, logic, shifts, min/max (paired float16 too, VHMNMX as
+    # ncu counts it), predicates, fp32->fp16 packing
     **dict.fromkeys((
         "IADD3", "IABS", "ISETP", "FSETP", "HSETP2", "ISET", "FSET", "SEL", "FSEL", "LOP3",
-        "SHF", "LEA", "PRMT", "IMNMX", "VIMNMX", "FMNMX", "HMNMX2", "PLOP3", "P2R", "R2P",
-        "BMSK", "SGXT", "F2FP", "FCHK", "VOTE", "CS2R", "MOV", "BREV", "FLO", "POPC"), "alu"),
+        "SHF", "LEA", "PRMT", "IMNMX", "VIMNMX", "VHMNMX", "FMNMX", "HMNMX2", "PLOP3", "P2R",
+        "R2P", "BMSK", "SGXT", "F2FP", "FCHK", "VOTE", "CS2R", "MOV", "BREV", "FLO", "POPC"),
+        "alu"),
     # integer multiply(-add), and the add NVCC issues there to spare the ALU: the heavy FMA
     # pipe only
     **dict.fromkeys(("IMAD", "IMUL", "IDP", "VIADD"), "fmaheavy"),

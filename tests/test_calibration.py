@@ -81,7 +81,9 @@ def test_the_shipped_constants_are_the_calibration_fit(results):
 
 
 def test_the_shipped_pipe_efficiency_is_the_fit_on_gpupools_alu_bound_launches():
-    fills = calibration.pipe_efficiency(json.loads(conftest.ISSUED.read_text()), device.h200())
+    issued = json.loads(conftest.ISSUED_AT_1500_MHZ.read_text())
+    assert issued["sm_clock_mhz"] == 1500
+    fills = calibration.pipe_efficiency(issued, device.h200())
     assert len(fills) >= 5
     assert statistics.median(fills) == pytest.approx(device.PIPE_EFFICIENCY, abs=0.002)
     assert max(fills) - min(fills) < 0.05  # one efficiency fits them all

@@ -662,19 +662,23 @@ def test_issued_script_names_each_launch_by_the_marker_before_it(tmp_path, monke
                 + row(1, "void k<1, float>(const float *)", 8,
                       "smsp__inst_executed_pipe_alu.sum", 600)
                 + row(2, "case_marker", 1, "smsp__inst_executed.sum", 5)
-                + row(3, "void j(int)", 2, "smsp__inst_executed.sum", 30))
+                + row(3, "void j(int)", 2, "smsp__inst_executed.sum", 30)
+                + row(4, "void r<float, (int)-1>(const T1 *, int)", 4,
+                      "smsp__inst_executed.sum", 7))
     (tmp_path / "ncu.csv").write_text(csv_text)
     assert issued.main(["parse", str(tmp_path / "ncu.csv"), "--gpu", "NVIDIA H200",
-                        "--results-dir", str(tmp_path)]) == 0
+                        "--results-dir", str(tmp_path), "--sm-clock", "1500"]) == 0
     (path,) = tmp_path.glob("issued-h200-*.json")
     result = json.loads(path.read_text())
-    assert result["gpu"] == "NVIDIA H200"
+    assert result["gpu"] == "NVIDIA H200" and result["sm_clock_mhz"] == 1500
     assert result["cases"] == [
         {"case": "c", "launches": [{"kernel": "k<1, float>", "grid": [8, 1, 1],
                                     "block": [32, 1, 1], "warp_instructions": 1200.0,
                                     "dram_bytes": 64.0, "alu_warp_instructions": 600.0}]},
         {"case": "a", "launches": [{"kernel": "j", "grid": [2, 1, 1], "block": [32, 1, 1],
-                                    "warp_instructions": 30.0}]}]
+                                    "warp_instructions": 30.0},
+                                   {"kernel": "r<float, -1>", "grid": [4, 1, 1],
+                                    "block": [32, 1, 1], "warp_instructions": 7.0}]}]
     model = {"cases": [{"case": "c", "launches": [
         {"kernel": "k<true, float>", "grid": [8, 1, 1], "warp_instructions": 600.0,
          "pipe_warp_instructions": {"alu": 300.0}}]},
@@ -698,6 +702,17 @@ def test_measure_script_refuses_to_run_without_a_gpu(capsys):
     done = subprocess.run([sys.executable, str(script), "--compile-workers", "0"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "no usable GPU" in done.stderr, done.stderr
+
+
+def test_measure_script_refuses_to_leave_out_the_published_workloads(tmp_path, monkeypatch):
+    """Without the calibration folder's workloads a run would time the suite alone under the
+    name of the whole set: it stops instead and says where they were looked for."""
+    from gpumodel import calibration
+    measure = _bench_script("measure.py")
+    monkeypatch.setattr(calibration, "CALIBRATION_DIR", tmp_path)
+    with pytest.raises(SystemExit, match="no published workloads at .*GPUPOOL_CALIBRATION"):
+        measure.cases(False)
+    assert measure.cases(True)  # the cases beyond the suite need none
 
 def test_gpu_job_checks_its_stages_first_and_refuses_a_machine_without_a_gpu(tmp_path):
     """.ci/gpu: an unknown stage stops it before anything runs; the GPU stages refuse to run

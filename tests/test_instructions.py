@@ -287,22 +287,14 @@ ISSUED = conftest.ISSUED
 ISSUED_AT_LEAST = {
     "resnet stem max NHWC": 0.78, "inception avg 3x3 s1 p1": 0.68, "inception avg NHWC": 0.80,
     "global avg NHWC": 0.75, "3d max 2x2x2": 0.71,
-    "int8 max 2x2 s2": 0.34, "int8 avg 2x2 s2": 0.42, "resnet stem max 3x3 s2 p1 backward": 0.59,
+    "int8 max 2x2 s2": 0.34, "int8 avg 2x2 s2": 0.39, "resnet stem max 3x3 s2 p1 backward": 0.59,
     "densenet avg 2x2 s2 backward": 0.84, "resnet50 head global avg backward": 0.61,
 }
-ISSUED_EXACT = ("resnet stem max 3x3 s2 p1", "vgg max 2x2 s2", "1d max 3 s2 p1",
-                "seed [64,56,56] max 2x2 s2")
-#: Cases whose kernels changed since ncu counted them: a GPU must count them again.
-COUNTED_BEFORE = {"resnet stem max f16": "the float16 values-only row tiles reduce their taps "
-                                         "as stored (HMNMX2), separably",
-                  "resnet stem max + indices": "the row tiles' max with indices takes each slot "
-                                               "without testing its validity",
-                  "int8 avg 2x2 s2": "the word kernel requantizes in 32 bits, without "
-                                     "corrections where none is needed, and sums by __dp4a",
-                  "adaptive avg 14->7": "it runs as its window pooling, on row tiles in "
-                                        "shifted packs",
-                  **dict.fromkeys(("resnet50 head global avg f16", "global avg N=64 f16"),
-                                  "float16 sums are scaled once")}
+ISSUED_EXACT = ("resnet stem max 3x3 s2 p1", "resnet stem max f16", "vgg max 2x2 s2",
+                "1d max 3 s2 p1", "seed [64,56,56] max 2x2 s2")
+#: The model's count over ncu's, at most, where it is over 1.1: a region charged whole where
+#: the lanes agree (0.05 over what it was when counted).
+ISSUED_AT_MOST = {"resnet stem max + indices": 1.21}
 
 
 @functools.lru_cache(maxsize=None)
@@ -316,12 +308,10 @@ def _issued(count: str = "warp_instructions") -> dict:
                     reason="traces gpupool on the CPU executor's stand-in CuPy (a GPU is in use)")
 @pytest.mark.parametrize("name", [c.name for c in benchmodel.modeled_cases()])
 def test_the_count_of_gpupools_kernels_against_ncu(modeled_suite, name):
-    if name in COUNTED_BEFORE:
-        pytest.skip(f"counted before its kernel changed: {COUNTED_BEFORE[name]}")
     ratio = modeled_suite[name].warp_instructions / _issued()[name]
     if name in ISSUED_EXACT:
         assert ratio == pytest.approx(1, abs=0.005)
-    assert ISSUED_AT_LEAST.get(name, 0.9) <= ratio <= 1.1, ratio
+    assert ISSUED_AT_LEAST.get(name, 0.9) <= ratio <= ISSUED_AT_MOST.get(name, 1.1), ratio
 
 
 @pytest.mark.skipif(conftest.GPU_RUNTIME != "executor",
