@@ -230,8 +230,8 @@ PLANE_WINDOWS = [Window("1d-k40-s40-p2-plane", (2, 5), (37,), (40,), (40,), 2),
 def whole_plane_cases():
     for w, layout, idx, dtype in itertools.product(PLANE_WINDOWS, ("NCHW", "NHWC"),
                                                    (False, True), FLOATS):
-        kernel = ("max_pool_indices" if idx else
-                  "global_lanes" if layout == "NCHW" else "global_channels")
+        kernel = ({"NCHW": "adaptive_max_indices_lanes", "NHWC": "adaptive_max_indices"}
+                  if idx else {"NCHW": "global_lanes", "NHWC": "global_channels"})[layout]
         yield Case(f"max{'-idx' if idx else ''}-{dtype}-{layout}-{w.id}",
                    random_input(shaped(w.lead, w.spatial, layout), dtype, "max"),
                    lambda x, w=w, L=layout, f=_max(idx): f(x, w, L), True, launches=(kernel,))

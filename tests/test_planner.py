@@ -461,7 +461,10 @@ def test_global_nhwc_split():
     ((2, 3, 37), (40,), 40, 2, 1, {}, "global_lanes"),  # padding around the plane
     ((2, 5, 6, 3), (5, 6), None, 0, 1, dict(layout="NHWC"), "global_channels"),
     ((2, 3, 100, 100), 100, None, 0, 1, {}, "global_block"),
-    ((2, 3, 37), (37,), 1, 0, 1, dict(return_indices=True), "max_pool_indices"),
+    ((2, 3, 37), (37,), 1, 0, 1, dict(return_indices=True), "adaptive_max_indices_lanes"),
+    ((2, 5, 6, 3), (5, 6), None, 0, 1, dict(return_indices=True, layout="NHWC"),
+     "adaptive_max_indices"),
+    ((2, 3, 37), (37,), 1, 0, 1, dict(return_indices=True, dtype="int8"), "max_pool_indices"),
     ((2, 3, 37), (36,), 2, 0, 1, {}, "max_pool"),  # the last element in no window
     ((2, 3, 37), (19,), 1, 0, 2, {}, "max_pool"),  # dilation: every other element
     ((2, 3, 37), (37,), 1, 0, 1, dict(op="avg"), "avg_pool"),
@@ -469,9 +472,9 @@ def test_global_nhwc_split():
 ])
 def test_max_windows_covering_their_planes_run_as_the_global_max(shape, k, s, p, d, kw, kernel):
     """A values-only float max whose one window per plane covers the plane runs as the global
-    max's segmented reduction; with indices, another op, an integer dtype (the quantized word
-    kernels plan integer windows as window launches) or a window that misses an element, the
-    window kernels."""
+    max's segmented reduction, and with indices as the adaptive max to size 1 (the global
+    kernels have none); another op, an integer dtype (the quantized word kernels plan integer
+    windows as window launches) or a window that misses an element, the window kernels."""
     sp = window(shape, k, s, p, d, **kw)
     pl = plan(sp, H100)
     assert pl.launches[0].kernel == kernel

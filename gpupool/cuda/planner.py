@@ -480,12 +480,17 @@ def _gather(spec: GradSpec, device: DeviceInfo, words: list) -> Plan:
 def kernel_spec(spec, align: int = 16):
     """The spec whose kernels run ``spec``: a non-global adaptive pooling of uniform windows
     (:attr:`~gpupool.spec.AdaptiveSpec.uniform_window`) that the row tiles cover in packs runs
-    as that window pooling, as the NumPy backend pools it (so the bits agree); else ``spec``."""
+    as that window pooling, as the NumPy backend pools it (so the bits agree); a float max
+    with indices whose one window per plane covers the plane, as the adaptive max to size 1
+    (the same taps in the same order, each index a position in the plane); else ``spec``."""
     if isinstance(spec, S.AdaptiveSpec) and not spec.is_global:
         window = spec.uniform_window
         shape = window and row_tile(window, align)
         if shape and shape[-2] > 1:
             return window
+    if (isinstance(spec, S.WindowSpec) and spec.op == "max" and spec.return_indices
+            and spec.geom.dtype in S.FLOAT_DTYPES and spec.covers_planes):
+        return S.AdaptiveSpec(spec.geom, "max", spec.out_spatial, return_indices=True)
     return spec
 
 
@@ -500,10 +505,12 @@ def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align
     words = [f"device: {device.name} ({device.sm_count} SMs)",
              f"input: {g.shape} {g.dtype} {g.layout}, {g.planes} planes of {g.spatial}"
              + (" (channels innermost)" if g.layout == "NHWC" else "")]
-    if run is not spec:
+    if isinstance(run, S.WindowSpec) and run is not spec:
         words.append(f"adaptive windows all {run.kernel} with stride {run.stride}: pooled as "
                      "that window pooling")
-        spec = run
+    elif run is not spec:
+        words.append("one window covers each whole plane: the adaptive max to size 1")
+    spec = run
     if isinstance(spec, GradSpec):
         p = _gather(spec, device, words)
     elif isinstance(spec, S.UnpoolSpec):
