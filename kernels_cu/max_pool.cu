@@ -103,9 +103,11 @@ __global__ void GP_WINDOW_BOUNDS(T, int, KH * KW <= 9 ? 4 : 1)
 }
 
 // max_pool_indices_rows of 3-D NCHW planes (as max_pool_depth_rows, every D slice's row
-// tiles at their flat positions (d*IH + h)*IW + w of the plane).
+// tiles at their flat positions (d*IH + h)*IW + w of the plane). Bound: 256 threads, 3 blocks
+// for float and half windows of at most 9 taps (ptxas took 81 registers of its own for a
+// 3 x 3 float16 window, 2 blocks; held to 3 blocks it takes 54 and spills nothing), else 1.
 template <typename T, int KH, int KW, int SW, int DW, int VEC, int LEAD>
-__global__ void __launch_bounds__(GP_BLOCK_THREADS, 1)
+__global__ void GP_WINDOW_BOUNDS(T, int, KH * KW <= 9 ? 3 : 1)
     max_pool_indices_depth_rows(const T* __restrict__ x, T* __restrict__ out,
                                 long long* __restrict__ indices, GP_GEO_PARAMS(int)) {
   GP_GEO(int);
