@@ -49,14 +49,19 @@ def report(results, shipped, refit) -> list[str]:
     return lines
 
 
+def _clock(path: str) -> float | None:
+    """The SM clock in MHz that an issued-*.json file's times were taken at (None: unlocked)."""
+    with open(path) as f:
+        return json.load(f).get("sm_clock_mhz")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bench/calibrate.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--measured", default=str(calibration.calibration_file("measured.json")),
                         metavar="FILE", help="measured rows (default: %(default)s)")
     issued = [path for path in sorted(glob.glob(os.path.join(
-        os.path.dirname(__file__), "results", "issued-h200-*.json")))
-        if json.loads(open(path).read()).get("sm_clock_mhz") == 1500]
+        os.path.dirname(__file__), "results", "issued-h200-*.json"))) if _clock(path) == 1500]
     parser.add_argument("--issued", default=issued[-1] if issued else None, metavar="FILE",
                         help="Nsight Compute's per-pipe counts of gpupool's kernels on an H200 "
                              "at 1500 MHz (default: the newest taken at that clock, "
