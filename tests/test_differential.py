@@ -221,8 +221,8 @@ def pack_cases():
                        tags=frozenset({"idx64"} if w.id in WIDE_WINDOWS else ()))
 
 
-# One window per plane covering it (its taps reach past the plane, padding included): values
-# only, a max runs as the global max's reduction; with indices, the window walk.
+# One window per plane covering it (its taps reach past the plane, padding included): a max
+# runs as the adaptive max to size 1, values only the global max's reduction.
 PLANE_WINDOWS = [Window("1d-k40-s40-p2-plane", (2, 5), (37,), (40,), (40,), 2),
                  Window("2d-k5x6-plane", (2, 3), (5, 6), (5, 6))]
 

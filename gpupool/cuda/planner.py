@@ -292,7 +292,7 @@ def _lane_groups(spec: S.AdaptiveSpec, lanes: int, kernel: str, words: list) -> 
                         (("batch_rows", rows),)),), tuple(words))
 
 
-def _global(spec: S.AdaptiveSpec | S.WindowSpec, device: DeviceInfo, words: list) -> Plan:
+def _global(spec: S.AdaptiveSpec, device: DeviceInfo, words: list) -> Plan:
     g = spec.geom
     seglen = math.prod(g.spatial)
     launches = []
@@ -356,14 +356,6 @@ def _global(spec: S.AdaptiveSpec | S.WindowSpec, device: DeviceInfo, words: list
                                        (BLOCK_THREADS, 1, 1), 1,
                                        (("lanes", 32), ("second", 1), ("seglen", nchunks))))
     return Plan("global", index_type(spec), tuple(launches), tuple(words))
-
-
-def _window_is_global(spec) -> bool:
-    """Whether a window pooling runs as the global max (:func:`_global`): a values-only max
-    of a float dtype whose one window per plane covers the plane (the quantized word kernels
-    plan their integer windows as window launches)."""
-    return (isinstance(spec, S.WindowSpec) and spec.op == "max" and not spec.return_indices
-            and spec.geom.dtype in S.FLOAT_DTYPES and spec.covers_planes)
 
 
 def unpool_gathers(spec: S.UnpoolSpec) -> bool:
@@ -481,16 +473,19 @@ def kernel_spec(spec, align: int = 16):
     """The spec whose kernels run ``spec``: a non-global adaptive pooling of uniform windows
     (:attr:`~gpupool.spec.AdaptiveSpec.uniform_window`) that the row tiles cover in packs runs
     as that window pooling, as the NumPy backend pools it (so the bits agree); a float max
-    with indices whose one window per plane covers the plane, as the adaptive max to size 1
-    (the same taps in the same order, each index a position in the plane); else ``spec``."""
+    whose one window per plane covers the plane, as the adaptive max to size 1 (the same taps
+    in the same order, each index a position in the plane): values only the global max's
+    segmented reduction (the quantized word kernels plan their integer windows as window
+    launches); else ``spec``."""
     if isinstance(spec, S.AdaptiveSpec) and not spec.is_global:
         window = spec.uniform_window
         shape = window and row_tile(window, align)
         if shape and shape[-2] > 1:
             return window
-    if (isinstance(spec, S.WindowSpec) and spec.op == "max" and spec.return_indices
+    if (isinstance(spec, S.WindowSpec) and spec.op == "max"
             and spec.geom.dtype in S.FLOAT_DTYPES and spec.covers_planes):
-        return S.AdaptiveSpec(spec.geom, "max", spec.out_spatial, return_indices=True)
+        return S.AdaptiveSpec(spec.geom, "max", spec.out_spatial,
+                              return_indices=spec.return_indices)
     return spec
 
 
@@ -516,9 +511,6 @@ def plan(spec, device: DeviceInfo | None = None, *, scatter: bool = False, align
     elif isinstance(spec, S.UnpoolSpec):
         p = _unpool(spec, device, words, scatter)
     elif isinstance(spec, S.AdaptiveSpec) and spec.is_global and not spec.return_indices:
-        p = _global(spec, device, words)
-    elif _window_is_global(spec):
-        words.append("one window covers each whole plane: the global max's reduction")
         p = _global(spec, device, words)
     elif g.nd > 3:
         raise ValueError(f"gpupool: the CUDA window kernels take 1-3 spatial dims, got {g.nd}")
