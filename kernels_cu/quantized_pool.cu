@@ -473,3 +473,93 @@ __global__ void __launch_bounds__(GP_BLOCK_THREADS, (gpq::word_blocks<A, I, K>()
                                           uniform, checks, zp_in, zp_out, qmin, qmax);
   }
 }
+
+// Pair kernels: 2 x 2 windows of stride 2 with no padding or dilation over 2-D NCHW planes
+// whose rows are whole 16-byte packs (the host checks the input's start, IW % 16 == 0, and
+// 2 * OH <= IH). A thread's 8 outputs lie side by side along W; their windows span one
+// 16-byte pack of each of its two input rows, loaded once, output o taking bytes 2o and
+// 2o + 1 of both. Geometry: gp::outputs_rows<8> (grid x = W chunks, y = row groups, z =
+// plane groups; OW % 8 == 0, so every tile is whole).
+namespace gpq {
+
+template <typename T, typename H>
+__device__ __forceinline__ void pair_tiles(const gp::Geo<int>& g, const T* __restrict__ x, H h) {
+  gp::outputs_rows<8>(g, x, [&](const T* __restrict__ xp, int, const gp::Output<int>* o, int) {
+    typedef gp::Word<16>::type W;
+    const W* __restrict__ top = reinterpret_cast<const W*>(xp + 2 * (o[0].o_h * g.iw + o[0].o_w));
+    const W w[2] = {top[0], top[g.iw >> 4]};
+    unsigned rows[2][4];
+    memcpy(rows, w, sizeof rows);
+    h(rows, o[0].oi);
+  });
+}
+
+template <bool CORRECTED, typename T>
+__device__ __forceinline__ void average_pairs(const gp::Geo<int>& g, const T* __restrict__ x,
+                                              T* __restrict__ out,
+                                              const long long* __restrict__ table, long long rm,
+                                              int rsh, long long rxcap, int checks, int zp_in,
+                                              int zp_out, int qmin, int qmax) {
+  constexpr bool SIGNED = (T)-1 < (T)0;
+  const int made = CORRECTED ? checks : 0;
+  pair_tiles(g, x, [&](const unsigned (&rows)[2][4], int oi) {
+    unsigned word[2] = {0u, 0u};
+#pragma unroll
+    for (int o = 0; o < 8; ++o) {
+      const unsigned ones = (o & 1) ? 0x01010000u : 0x00000101u;
+      const unsigned top = rows[0][o >> 1], bottom = rows[1][o >> 1];
+      const int sum = SIGNED ? __dp4a((int)top, (int)ones, __dp4a((int)bottom, (int)ones,
+                                                                  -4 * zp_in))
+                             : (int)__dp4a(top, ones, __dp4a(bottom, ones,
+                                                             (unsigned)(-4 * zp_in)));
+      const int c = requantize_with<int, true>(sum, rm, rsh, rxcap, table + GPQ_HEAD, made,
+                                               zp_out, qmin, qmax);
+      word[o >> 2] |= (unsigned)(c & 0xff) << (8 * (o & 3));
+    }
+    *reinterpret_cast<unsigned long long*>(out + oi) =
+        ((unsigned long long)word[1] << 32) | word[0];
+  });
+}
+
+}  // namespace gpq
+
+// Max over codes of the pair kernels: each row's 4 words maxed bytewise with the other row's
+// (__vmaxs4 / __vmaxu4), then each output's two bytes, gathered by __byte_perm.
+template <typename T>
+__global__ void __launch_bounds__(GP_BLOCK_THREADS)
+    qmax_pool_pairs(const T* __restrict__ codes, T* __restrict__ out, GP_GEO_PARAMS(int)) {
+  GP_GEO(int);
+  constexpr bool SIGNED = (T)-1 < (T)0;
+  gpq::pair_tiles(g, codes, [&](const unsigned (&rows)[2][4], int oi) {
+    unsigned v[4], word[2];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      v[k] = SIGNED ? __vmaxs4(rows[0][k], rows[1][k]) : __vmaxu4(rows[0][k], rows[1][k]);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const unsigned even = __byte_perm(v[2 * j], v[2 * j + 1], 0x6420);
+      const unsigned odd = __byte_perm(v[2 * j], v[2 * j + 1], 0x7531);
+      word[j] = SIGNED ? __vmaxs4(even, odd) : __vmaxu4(even, odd);
+    }
+    *reinterpret_cast<unsigned long long*>(out + oi) =
+        ((unsigned long long)word[1] << 32) | word[0];
+  });
+}
+
+// Average of codes of the pair kernels, requantized in 32 bits by one table row for every
+// output (the host launches it with a narrow table of one row), its head given as rm, rsh,
+// rxcap; `checks` as qavg_pool_words.
+template <typename T>
+__global__ void __launch_bounds__(GP_BLOCK_THREADS)
+    qavg_pool_pairs(const T* __restrict__ codes, T* __restrict__ out, GP_GEO_PARAMS(int),
+                    const long long* __restrict__ table, long long rm, int rsh, long long rxcap,
+                    int checks, int zp_in, int zp_out, int qmin, int qmax) {
+  GP_GEO(int);
+  if (checks) {
+    gpq::average_pairs<true, T>(g, codes, out, table, rm, rsh, rxcap, checks, zp_in, zp_out,
+                                qmin, qmax);
+  } else {
+    gpq::average_pairs<false, T>(g, codes, out, table, rm, rsh, rxcap, checks, zp_in, zp_out,
+                                 qmin, qmax);
+  }
+}

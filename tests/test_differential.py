@@ -484,7 +484,8 @@ def quantized_cases():
 #: NCHW windows with OW % 4 == 0 (the word kernels qmax_pool_words / qavg_pool_words): id,
 #: lead, spatial, kernel, stride, padding, dilation, ceil mode; IW % 8 == 0 loads 8 bytes.
 QWORD_WINDOWS = [
-    ("2d-k2", (2, 3), (8, 16), 2, None, 0, 1, False),
+    ("2d-k2", (2, 3), (8, 24), 2, None, 0, 1, False),
+    ("2d-k2-ceil-odd-rows", (2, 3), (7, 16), 2, None, 0, 1, True),
     ("2d-k3-s2-p1", (2, 3), (9, 16), 3, 2, 1, 1, False),
     ("2d-k3-s2-ceil", (2, 3), (7, 16), 3, 2, 0, 1, True),
     ("2d-k3-s3-odd-stride", (2, 3), (6, 24), 3, 3, 0, 1, False),
@@ -513,6 +514,23 @@ def quantized_word_cases():
         yield Case(f"{op}-{dtype}-NCHW-words-{wid}", qinputs(lead + spatial, dtype),
                    quantized(dtype, lambda q, w=w, f=call: f(q, w, "NCHW")), True,
                    requests=(kernel,), tags=frozenset(tags))
+
+
+#: 2-D NCHW 2 x 2 windows of stride 2 over rows of whole 16-byte packs (the pair kernels
+#: qmax_pool_pairs / qavg_pool_pairs, 8 outputs per thread): id, shape, ceil mode. Floor mode
+#: drops an odd last row; planes of one tile row pack several per block.
+QPAIR_SHAPES = [("rows-of-2-tiles", (2, 3, 8, 32), False), ("odd-rows", (3, 2, 7, 48), False),
+                ("ceil-even", (1, 5, 6, 16), True), ("many-small-planes", (2, 40, 2, 16), False)]
+
+
+def quantized_pair_cases():
+    for (pid, shape, ceil), (op, call), dtype in itertools.product(
+            QPAIR_SHAPES, QWORD_OPS.items(), QDTYPES):
+        w = Window(pid, shape[:2], shape[2:], 2, None, 0, 1, ceil)
+        kernel = "qmax_pool_pairs" if op == "qmax" else "qavg_pool_pairs"
+        yield Case(f"{op}-{dtype}-NCHW-pairs-{pid}", qinputs(shape, dtype),
+                   quantized(dtype, lambda q, w=w, f=call: f(q, w, "NCHW")), True,
+                   requests=(kernel,))
 
 
 def natural_int64_accumulator_cases():
@@ -635,8 +653,10 @@ def strided_cases():
     yield Case("qmax-int8-NHWC-C8-misaligned", qinputs((2, 9, 8, 8), "int8"),
                quantized("int8", lambda q: Q.max_pool(q, 3, 2, 1, layout="NHWC")), True,
                view=misaligned, requests=("max_pool",))
-    # NCHW word kernels: 4 bytes off an 8-byte boundary loads words; 1 byte off, one code each
-    for offset, (qmax, qavg) in ((4, ("qmax_pool_words", "qavg_pool_words")),
+    # NCHW word and pair kernels: 8 bytes off a 16-byte boundary loads 8 bytes, 4 off an 8-byte
+    # boundary words; 1 byte off, one code each
+    for offset, (qmax, qavg) in ((8, ("qmax_pool_words", "qavg_pool_words")),
+                                 (4, ("qmax_pool_words", "qavg_pool_words")),
                                  (1, ("max_pool", "qavg_pool"))):
         view = lambda a, o=offset: misaligned(a, o)  # noqa: E731
         yield Case(f"qmax-int8-NCHW-words-k3s2p1-offset{offset}", qinputs((2, 3, 9, 16), "int8"),
@@ -790,6 +810,7 @@ def exact_row_tile_cases():
 
 CASES = (list(window_cases()) + list(pack_cases()) + list(whole_plane_cases()) + list(unpool_cases()) + list(adaptive_cases())
          + list(global_cases()) + list(quantized_cases()) + list(quantized_word_cases())
+         + list(quantized_pair_cases())
          + list(many_plane_cases()) + list(row_tile_cases())
          + list(strided_cases()) + list(natural_int64_accumulator_cases()))
 HOOKED = ([("idx64", c) for c in CASES if "idx64" in c.tags]

@@ -39,7 +39,8 @@ FAMILY_FILES = {
                      "avg_tiles_backward", "avg_channel_tiles_backward",
                      "max_cells_backward", "max_cells_checked_backward", "avg_cells_backward"),
                     "pool_backward.cu"),
-    **dict.fromkeys(("qmax_pool_nhwc4", "qmax_pool_words", "qavg_pool_words", "qavg_pool",
+    **dict.fromkeys(("qmax_pool_nhwc4", "qmax_pool_words", "qavg_pool_words", "qmax_pool_pairs",
+                     "qavg_pool_pairs", "qavg_pool",
                      "qavg_adaptive", "qavg_global_lanes", "qavg_global_block",
                      "qavg_global_channels"), "quantized_pool.cu"),
 }
@@ -216,6 +217,14 @@ def qavg_words_name(dtype, acc, itype, k):
     return f"qavg_pool_words<{ctype(dtype)}, {ctype(acc)}, {itype}, {k}>"
 
 
+def qmax_pairs_name(dtype):
+    return f"qmax_pool_pairs<{ctype(dtype)}>"
+
+
+def qavg_pairs_name(dtype):
+    return f"qavg_pool_pairs<{ctype(dtype)}>"
+
+
 # ----------------------------------------------------------------- every instantiation
 def _forward_names(itype: str) -> list[str]:
     """The float forward kernels' name expressions with index type ``itype``."""
@@ -288,6 +297,8 @@ def _quantized_names(itype: str) -> list[str]:
     for dtype in CODE_DTYPES:
         out += [qmax_nhwc4_name(dtype, itype, k) for k in ks]
         out += [qmax_words_name(dtype, itype, k) for k in ks]
+        if itype == "int":  # 32-bit offsets only
+            out += [qmax_pairs_name(dtype), qavg_pairs_name(dtype)]
         for acc in QUANTIZED_ACC_DTYPES:
             out += [qavg_words_name(dtype, acc, itype, k) for k in ks]
             for nhwc in (False, True):

@@ -9,11 +9,17 @@ prepared launches take them at each call.
 
 * max, NHWC with ``C % 4 == 0`` (and a 4-byte aligned buffer): ``qmax_pool_nhwc4``, 4 channels
   per 32-bit word with ``__vmaxs4`` / ``__vmaxu4``.
-* max and window average, NCHW with ``OW % 4 == 0``, rows of whole words and windows of 4
-  outputs spanning at most 16 input bytes (:func:`_row_units`): ``qmax_pool_words`` /
-  ``qavg_pool_words``, one thread per output word (4 outputs along W) from aligned 8- or
-  4-byte loads of the input rows; the average where its table requantizes in 32 bits
-  (:func:`gpupool.quantized_spec.narrow_table`: every window small enough).
+* max and window average of 2 x 2 windows of stride 2, 2-D NCHW with input rows of whole
+  16-byte packs (:func:`gpupool.cuda.row_tiles.pair_tiles`) on an input aligned to 16 bytes:
+  ``qmax_pool_pairs`` / ``qavg_pool_pairs``, 8 outputs per thread from one 16-byte load of
+  each of their two input rows; the average where its table requantizes in 32 bits with one
+  row.
+* otherwise max and window average, NCHW with ``OW % 4 == 0``, rows of whole words and
+  windows of 4 outputs spanning at most 16 input bytes (:func:`_row_units`):
+  ``qmax_pool_words`` / ``qavg_pool_words``, one thread per output word (4 outputs along W)
+  from aligned 8- or 4-byte loads of the input rows; the average where its table
+  requantizes in 32 bits (:func:`gpupool.quantized_spec.narrow_table`: every window small
+  enough).
 * otherwise max runs the float backend's integer ``max_pool`` kernel (one code per thread),
   and averages ``qavg_pool`` (window) and ``qavg_adaptive``; int32 accumulation (int64 where a
   window could overflow it); global: ``qavg_global_lanes`` / ``_block`` / ``_channels``, the
@@ -31,10 +37,10 @@ import operator
 import cupy
 import numpy as np
 
-from . import kernels, launching, planner
+from . import kernels, launching, planner, row_tiles
 from .forward import window as float_window
-from .names import (qavg_adaptive_name, qavg_global_name, qavg_pool_name, qavg_words_name,
-                    qmax_nhwc4_name, qmax_words_name)
+from .names import (qavg_adaptive_name, qavg_global_name, qavg_pairs_name, qavg_pool_name,
+                    qavg_words_name, qmax_nhwc4_name, qmax_pairs_name, qmax_words_name)
 from .launching import (Step, contiguous, geo_args, global_passes, itype_scalar,
                         launch, launch_cache, on_host)
 from ..cpu import quantized as cpu_quantized
@@ -156,11 +162,28 @@ def _row_words_launch(spec: WindowSpec, device_id: int, unit: int) -> tuple:
 
 @launch_cache
 def row_max_steps(spec: WindowSpec, device_id: int, unit: int) -> tuple:
-    """The launch of ``qmax_pool_words`` for ``spec`` on ``device_id`` (built once)."""
+    """The launch of ``qmax_pool_words`` for ``spec`` on ``device_id`` (built once); with
+    ``unit`` 16, of ``qmax_pool_pairs``."""
+    if unit == 16:
+        la, geo = _pair_launch(spec, device_id, "qmax_pool_pairs")
+        fn = kernels.kernel(qmax_pairs_name(spec.geom.dtype))
+        return (Step(fn, la.grid, la.block, ("x", "out"), geo),), None
     pl, la, geo = _row_words_launch(spec, device_id, unit)
     fn = kernels.kernel(qmax_words_name(spec.geom.dtype, pl.index_type,
                                         planner.static_window(spec)))
     return (Step(fn, la.grid, la.block, ("x", "out"), geo),), None
+
+
+def _pair_launch(spec: WindowSpec, device_id: int, kernel: str) -> tuple:
+    """(launch, geometry scalars with rows) of a pair kernel."""
+    la = row_tiles.plan_pair_tiles(spec, launching.device_info(device_id), kernel).launches[0]
+    return la, geo_args(spec, itype_scalar("int"), True) + (np.int32(la.rows),)
+
+
+def _row_loads(spec: WindowSpec) -> tuple[int, ...]:
+    """The load widths in bytes, widest first, of the NCHW kernels of 4-byte words or more
+    for ``spec``: 16 for the pair kernels, then :func:`_row_units`'s."""
+    return (16,) * row_tiles.pair_tiles(spec) + _row_units(spec)[0]
 
 
 def _float_window(x, spec: WindowSpec, out) -> None:
@@ -171,17 +194,18 @@ def qmax_window(x, spec: WindowSpec, out) -> None:
     prepare_qmax_window(spec)(x, spec, out)
 
 
-@functools.lru_cache(maxsize=256)
+@launch_cache
 def prepare_qmax_window(spec: WindowSpec):
     """:func:`qmax_window` for ``spec``, its kernel family chosen once: the host round trip
-    (more than 3 spatial dims), ``qmax_pool_nhwc4`` or ``qmax_pool_words`` (on an input whose
-    start is aligned to their words), else the float backend's integer ``max_pool``."""
+    (more than 3 spatial dims), ``qmax_pool_nhwc4``, ``qmax_pool_pairs`` or ``qmax_pool_words``
+    (on an input whose start is aligned to their loads), else the float backend's integer
+    ``max_pool``."""
     if spec.geom.nd > 3:
         return functools.partial(on_host, cpu_quantized.qmax_window)
     if _vmax4_applies(spec):
         units, steps_of = (4,), lambda device, unit: word_max_steps(spec, device)
     else:
-        units, steps_of = _row_units(spec)[0], functools.partial(row_max_steps, spec)
+        units, steps_of = _row_loads(spec), functools.partial(row_max_steps, spec)
     if not units:
         return _float_window
 
@@ -259,34 +283,45 @@ def _corrections(plan: AvgPlan) -> int:
 
 @launch_cache
 def row_average_steps(spec: WindowSpec, plan: AvgPlan, device_id: int, unit: int) -> tuple:
-    """The launch of ``qavg_pool_words`` for ``spec`` and ``plan`` on ``device_id``: with one
-    table row for every output, its head goes as scalars (built once)."""
+    """The launch of ``qavg_pool_words`` for ``spec`` and ``plan`` on ``device_id``, or with
+    ``unit`` 16 of ``qavg_pool_pairs`` (one table row): with one table row for every output,
+    its head goes as scalars (built once)."""
+    m, sh, xcap = (int(v) for v in plan.table[0, :3])
+    head = (np.int64(m), np.int32(sh), np.int64(xcap))
+    checks = (np.int32(_corrections(plan)),)
+    if unit == 16:
+        la, geo = _pair_launch(spec, device_id, "qavg_pool_pairs")
+        return (_RequantStep(kernels.kernel(qavg_pairs_name(spec.geom.dtype)), la.grid,
+                             la.block, ("x", "out"), geo, ("table",),
+                             head + checks + _requant_args(plan)),), None
     pl, la, geo = _row_words_launch(spec, device_id, unit)
     name = qavg_words_name(spec.geom.dtype, plan.acc_dtype, pl.index_type,
                            planner.static_window(spec))
-    m, sh, xcap = (int(v) for v in plan.table[0, :3])
-    head = (np.int64(m), np.int32(sh), np.int64(xcap), np.int32(len(plan.table) == 1),
-            np.int32(_corrections(plan)))
     return (_RequantStep(kernels.kernel(name), la.grid, la.block, ("x", "out"), geo,
-                         ("rows", "table"), head + _requant_args(plan)),), None
+                         ("rows", "table"),
+                         head + (np.int32(len(plan.table) == 1),) + checks
+                         + _requant_args(plan)),), None
 
 
 def qavg_window(x, spec: WindowSpec, out, plan: AvgPlan) -> None:
     prepare_qavg_window(spec)(x, spec, out, plan)
 
 
-@functools.lru_cache(maxsize=256)
+@launch_cache
 def prepare_qavg_window(spec: WindowSpec):
     """:func:`qavg_window` for ``spec``, its kernel family chosen once: the host round trip
-    (more than 3 spatial dims), ``qavg_pool_words`` (on an input aligned to its words, with a
-    table that requantizes in 32 bits) or ``qavg_pool``."""
+    (more than 3 spatial dims), ``qavg_pool_pairs`` (int32 sums, a table of one row) or
+    ``qavg_pool_words`` (on an input aligned to their loads, with a table that requantizes in
+    32 bits) or ``qavg_pool``."""
     if spec.geom.nd > 3:
         return functools.partial(on_host, cpu_quantized.qavg_window)
-    units = _row_units(spec)[0]
+    loads = _row_loads(spec)
 
     def run(x, spec, out, plan) -> None:
         x = contiguous(x)
         device = cupy.cuda.runtime.getDevice()
+        one_row = len(plan.table) == 1 and plan.acc_dtype == "int32"
+        units = loads if one_row else _row_units(spec)[0]
         unit = _aligned_unit(x, units) if units and plan.narrow else 0
         steps, scratch = (row_average_steps(spec, plan, device, unit) if unit
                           else average_steps(spec, plan, device))

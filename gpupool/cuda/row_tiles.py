@@ -85,15 +85,15 @@ def _grid(spec: S.WindowSpec) -> tuple[int, int]:
     return (spec.geom.planes * slices, oh) if slices else (spec.geom.planes, od * oh)
 
 
-def _block(spec: S.WindowSpec, exact: bool) -> tuple[int, int, int]:
+def _block(spec: S.WindowSpec, exact: bool, tile: int = ROW_TILE) -> tuple[int, int, int]:
     """(TX, TY, TZ) of a row-tile block before TY halves to fill the GPU. ``exact``: TX one
     thread per tile of a row up to MAX_TX tiles (so that a warp's lanes run on into the next
     row rather than idle past the row's end) and TY the number of output rows, of those that
     make at most BLOCK_THREADS threads, that runs a plane's rows in the fewest warps (ties: the
     larger); else TX and TY powers of two. TZ > 1 planes when a plane's tiles leave a block
-    under MIN_BLOCK_THREADS."""
+    under MIN_BLOCK_THREADS. ``tile``: the outputs of a thread along W."""
     planes, rows = _grid(spec)
-    tiles = cdiv(spec.out_spatial[-1], ROW_TILE)
+    tiles = cdiv(spec.out_spatial[-1], tile)
     if exact and tiles <= MAX_TX:
         tx = tiles
 
@@ -111,14 +111,15 @@ def _block(spec: S.WindowSpec, exact: bool) -> tuple[int, int, int]:
     return tx, ty, tz
 
 
-def _filled(spec: S.WindowSpec, device: DeviceInfo, block: tuple[int, int, int]):
+def _filled(spec: S.WindowSpec, device: DeviceInfo, block: tuple[int, int, int],
+            tile: int = ROW_TILE):
     """``block`` with TY halved while the grid leaves the GPU short of a wave of blocks (down to
     MIN_BLOCK_THREADS), and whether the grid then makes a wave."""
     tx, ty, tz = block
     planes, rows = _grid(spec)
 
     def blocks(ty_):
-        return cdiv(spec.out_spatial[-1], tx * ROW_TILE) * cdiv(rows, ty_) * cdiv(planes, tz)
+        return cdiv(spec.out_spatial[-1], tx * tile) * cdiv(rows, ty_) * cdiv(planes, tz)
 
     while ty > 1 and tx * (ty // 2) * tz >= MIN_BLOCK_THREADS and (
             blocks(ty) < fill_target(device, tx * ty * tz)):
@@ -163,3 +164,41 @@ def plan_row_tiles(spec: S.WindowSpec, device: DeviceInfo, shape: tuple[int, ...
                  f"{cdiv(ow, tx * ROW_TILE)} chunks of {tx * ROW_TILE} outputs along W")
     return Plan("window", "int", (Launch(kernel, grid, (tx, ty, tz), 1, tuple(sorted(zip(
         ROW_TILE_PARAMS, shape)))),), tuple(words))
+
+
+#: outputs per thread of the quantized pair kernels (quantized_pool.cu, gpq::pair_tiles)
+PAIR_TILE = 8
+
+
+def pair_tiles(spec: S.WindowSpec) -> bool:
+    """Whether the quantized pair kernels (``qmax_pool_pairs``, ``qavg_pool_pairs``: PAIR_TILE
+    outputs side by side along W per thread, from one 16-byte pack of each of their two input
+    rows) cover ``spec``: a 2-D NCHW pooling of 2 x 2 windows of stride 2 with no padding or
+    dilation, input rows of whole 16-byte packs (then OW = IW / 2, whole tiles), the last
+    window inside the input's rows (2 * OH <= IH), 32-bit offsets and grid dims within
+    reach. The host checks the input's start."""
+    g = spec.geom
+    if (g.layout != "NCHW" or g.nd != 2 or tuple(spec.kernel) != (2, 2)
+            or tuple(spec.stride) != (2, 2) or any(p != (0, 0) for p in spec.pads)
+            or tuple(spec.dilation) != (1, 1) or g.spatial[1] % 16
+            or 2 * spec.out_spatial[0] > g.spatial[0] or index_type(spec) != "int"):
+        return False
+    planes, rows = _grid(spec)
+    return max(cdiv(planes, _block(spec, True, PAIR_TILE)[2]), rows) <= GRID_YZ_MAX
+
+
+def plan_pair_tiles(spec: S.WindowSpec, device: DeviceInfo, kernel: str) -> Plan:
+    """The launch of pair kernel ``kernel`` (gp::outputs_rows with PAIR_TILE outputs a thread):
+    blocks of :func:`_block`, exact where the grid then makes a wave, halved by
+    :func:`_filled`; grid x = W chunks, y = row groups, z = plane groups."""
+    planes, rows = _grid(spec)
+    ow = spec.out_spatial[-1]
+    (tx, ty, tz), wave = _filled(spec, device, _block(spec, True, PAIR_TILE), PAIR_TILE)
+    if not wave:
+        (tx, ty, tz), _ = _filled(spec, device, _block(spec, False, PAIR_TILE), PAIR_TILE)
+    grid = (cdiv(ow, tx * PAIR_TILE), cdiv(rows, ty), cdiv(planes, tz))
+    words = (f"pair tiles: {PAIR_TILE} outputs per thread side by side along W, from one "
+             f"16-byte load of each of their 2 input rows",
+             f"split: {planes} planes ({grid[2]} groups of {tz}) x {grid[1]} groups of {ty} "
+             f"output rows x {grid[0]} chunks of {tx * PAIR_TILE} outputs along W")
+    return Plan("window", "int", (Launch(kernel, grid, (tx, ty, tz), 1),), words)
