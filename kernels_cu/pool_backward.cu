@@ -852,13 +852,14 @@ __global__ void avg_channel_tiles_backward(const T* __restrict__ grad, T* __rest
 // planes). block: (TX, 1, 1), TX a multiple of 32. thread: M = GP_BROADCAST_PACKS packs of
 // V = 16 / sizeof(T) consecutive elements of its group, packs counted from the V-aligned
 // element at or below the group's first; warp w of the grid takes packs 32 M w + 32 m + lane,
-// m < M, so that each store of a warp is contiguous. Every gradient a thread needs is loaded
-// before any is divided, and a pack inside the group whose address is 16-byte aligned is stored
-// as one vector. Where an NCHW plane holds at least V elements, a pack's elements from the
-// group's first on lie in two planes, k and k + 1 (k found in the group without an integer
-// division), whose gradients alone are loaded and divided; else k is divided out for the
-// pack's first element inside the group and stepped from there (an element before the group's
-// first takes that one's gradient, one past its end the last one's).
+// m < M, so that each store of a warp is contiguous. A pack inside the group whose address is
+// 16-byte aligned is stored as one vector. Where an NCHW plane holds at least V elements, a
+// pack's elements from the group's first on lie in two planes, k and k + 1: the block divides
+// the gradient of each plane its elements lie in once, into shared memory (at most TX * M + 2
+// planes), and a pack finds k in the group from a float quotient one off at most, with no
+// integer division; else k is divided out for the pack's first element inside the group and
+// stepped from there (an element before the group's first takes that one's gradient, one past
+// its end the last one's).
 template <typename T, typename I, bool NHWC>
 __global__ void avg_global_backward(const T* __restrict__ grad, T* __restrict__ out, I planes,
                                     I chans, I size, int group) {
@@ -871,42 +872,70 @@ __global__ void avg_global_backward(const T* __restrict__ grad, T* __restrict__ 
   const I first = p0 * plane_len;
   const I end = (p0 + (I)group < planes ? p0 + (I)group : planes) * plane_len;
   const I lane = (I)(threadIdx.x % 32);
-  const I pk = ((I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x - lane) * (I)M + lane;
-  const I base = first - first % (I)V + pk * (I)V;
-  const bool two_planes = !NHWC && size >= (I)V;
+  const I block_base = first - first % (I)V + (I)blockIdx.x * (I)blockDim.x * (I)(M * V);
+  const I pk = ((I)threadIdx.x - lane) * (I)M + lane;
+  const I base = block_base + pk * (I)V;
+  const A divisor = (A)(long long)size;
+  if (!NHWC && size >= (I)V) {
+    __shared__ T quotient[GP_BLOCK_THREADS * M + 2];
+    // the plane in the group of element first + o (0 <= o < 2**20), from a float quotient
+    const float inverse = 1.0f / (float)size;
+    const auto plane_of = [&](I o) {
+      I q = (I)((float)o * inverse);
+      q -= q * size > o ? (I)1 : (I)0;
+      q += (q + (I)1) * size <= o ? (I)1 : (I)0;
+      return p0 + q;
+    };
+    const I lo = block_base < first ? first : block_base;
+    const I span = (I)blockDim.x * (I)(M * V) - (I)1;  // the block's last element, at most
+    const I hi = end - (I)1 - block_base < span ? end - (I)1 : block_base + span;
+    const I pa = group > 1 ? plane_of(lo - first) : p0;
+    const I pz = group > 1 ? plane_of(hi - first) : p0;
+    for (I t = (I)threadIdx.x; t <= pz - pa; t += (I)blockDim.x) {
+      quotient[t] = gp::Num<T>::store((A)0 + gp::Num<T>::load(grad[pa + t]) / divisor);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const I e0 = base + (I)(32 * V * m);
+      if (e0 >= end) break;
+      const I s0 = e0 < first ? first : e0;
+      const I b = group > 1 ? plane_of(s0 - first) : p0;
+      const I cut = (b + (I)1) * size;
+      const T qa = quotient[b - pa], qb = quotient[(b < pz ? b + (I)1 : b) - pa];
+      gp::Pack<T, V> pack;
+#pragma unroll
+      for (int j = 0; j < V; ++j) pack.v[j] = e0 + (I)j < cut ? qa : qb;
+      T* __restrict__ dst = out + e0;
+      if (e0 >= first && e0 + (I)V <= end && ((unsigned long long)dst % sizeof(pack)) == 0) {
+        *reinterpret_cast<gp::Pack<T, V>*>(dst) = pack;
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          if (e0 + (I)j >= first && e0 + (I)j < end) dst[j] = pack.v[j];
+        }
+      }
+    }
+    return;
+  }
   T gv[M][V];
-  I cut[M];  // two planes: the second plane's first element
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     const I e0 = base + (I)(32 * V * m);
     const I s0 = e0 < first ? first : (e0 < end ? e0 : end - (I)1);
-    if (two_planes) {
-      I b = p0;
-      if (group > 1) {  // the plane in the group, from a float quotient one off at most
-        const I o = s0 - first;
-        I q = (I)((float)o / (float)size);
-        q -= q * size > o ? (I)1 : (I)0;
-        q += (q + (I)1) * size <= o ? (I)1 : (I)0;
-        b += q;
-      }
-      cut[m] = (b + (I)1) * size;
-      gv[m][0] = grad[b];
-      gv[m][1] = grad[b + (I)1 < planes ? b + (I)1 : b];
-    } else {
-      I b = s0 / plane_len;
-      I r = s0 - b * plane_len;
-      I c = NHWC ? r % chans : (I)0;
+    I b = s0 / plane_len;
+    I r = s0 - b * plane_len;
+    I c = NHWC ? r % chans : (I)0;
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        gv[m][j] = grad[b * chans + c];
-        const I e = e0 + (I)j;
-        if (e >= first && e + (I)1 < end) {
-          if (NHWC) c = c + (I)1 == chans ? (I)0 : c + (I)1;
-          r += (I)1;
-          if (r == plane_len) {
-            r = (I)0;
-            b += (I)1;
-          }
+    for (int j = 0; j < V; ++j) {
+      gv[m][j] = grad[b * chans + c];
+      const I e = e0 + (I)j;
+      if (e >= first && e + (I)1 < end) {
+        if (NHWC) c = c + (I)1 == chans ? (I)0 : c + (I)1;
+        r += (I)1;
+        if (r == plane_len) {
+          r = (I)0;
+          b += (I)1;
         }
       }
     }
@@ -914,22 +943,14 @@ __global__ void avg_global_backward(const T* __restrict__ grad, T* __restrict__ 
   // Without this fence the compiler moves each load next to its division, whose slow path is
   // a branch it does not schedule loads across: the loads would then wait one by one.
   asm volatile("" ::: "memory");
-  const A divisor = (A)(long long)size;
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     const I e0 = base + (I)(32 * V * m);
     if (e0 >= end) break;
     gp::Pack<T, V> pack;
-    if (two_planes) {
-      const T qa = gp::Num<T>::store((A)0 + gp::Num<T>::load(gv[m][0]) / divisor);
-      const T qb = gp::Num<T>::store((A)0 + gp::Num<T>::load(gv[m][1]) / divisor);
 #pragma unroll
-      for (int j = 0; j < V; ++j) pack.v[j] = e0 + (I)j < cut[m] ? qa : qb;
-    } else {
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        pack.v[j] = gp::Num<T>::store((A)0 + gp::Num<T>::load(gv[m][j]) / divisor);
-      }
+    for (int j = 0; j < V; ++j) {
+      pack.v[j] = gp::Num<T>::store((A)0 + gp::Num<T>::load(gv[m][j]) / divisor);
     }
     T* __restrict__ dst = out + e0;
     if (e0 >= first && e0 + (I)V <= end && ((unsigned long long)dst % sizeof(pack)) == 0) {

@@ -287,7 +287,7 @@ ISSUED = conftest.ISSUED
 ISSUED_AT_LEAST = {
     "resnet stem max NHWC": 0.78, "inception avg 3x3 s1 p1": 0.68, "inception avg NHWC": 0.80,
     "global avg NHWC": 0.75, "3d max 2x2x2": 0.71, "resnet stem max 3x3 s2 p1 backward": 0.59,
-    "densenet avg 2x2 s2 backward": 0.84, "resnet50 head global avg backward": 0.61,
+    "densenet avg 2x2 s2 backward": 0.84, "resnet50 head global avg backward": 0.56,
 }
 ISSUED_EXACT = ("resnet stem max 3x3 s2 p1", "resnet stem max f16", "vgg max 2x2 s2",
                 "1d max 3 s2 p1", "seed [64,56,56] max 2x2 s2", "int8 max 2x2 s2")
