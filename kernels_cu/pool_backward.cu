@@ -843,6 +843,26 @@ __global__ void avg_channel_tiles_backward(const T* __restrict__ grad, T* __rest
   }
 }
 
+namespace gp {
+
+// A global average backward's pack of V elements from element e0 of `out`: one vector where it
+// lies inside the group [first, end) on 16 bytes, else its elements inside the group one by one.
+template <typename T, typename I, int V>
+__device__ __forceinline__ void store_broadcast_pack(T* __restrict__ out, I e0, I first, I end,
+                                                     const Pack<T, V>& pack) {
+  T* __restrict__ dst = out + e0;
+  if (e0 >= first && e0 + (I)V <= end && ((unsigned long long)dst % sizeof(pack)) == 0) {
+    *reinterpret_cast<Pack<T, V>*>(dst) = pack;
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      if (e0 + (I)j >= first && e0 + (I)j < end) dst[j] = pack.v[j];
+    }
+  }
+}
+
+}  // namespace gp
+
 // The backward of a global average (an adaptive average to size 1 in every dim), a broadcast:
 // element e of `out` (planes x plane_len elements, plane_len = size * chans; chans 1 for NCHW)
 // is (A)0 + grad[k] / size (the nested sum of its one window), k = e / size for NCHW, else
@@ -906,15 +926,7 @@ __global__ void avg_global_backward(const T* __restrict__ grad, T* __restrict__ 
       gp::Pack<T, V> pack;
 #pragma unroll
       for (int j = 0; j < V; ++j) pack.v[j] = e0 + (I)j < cut ? qa : qb;
-      T* __restrict__ dst = out + e0;
-      if (e0 >= first && e0 + (I)V <= end && ((unsigned long long)dst % sizeof(pack)) == 0) {
-        *reinterpret_cast<gp::Pack<T, V>*>(dst) = pack;
-      } else {
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          if (e0 + (I)j >= first && e0 + (I)j < end) dst[j] = pack.v[j];
-        }
-      }
+      gp::store_broadcast_pack(out, e0, first, end, pack);
     }
     return;
   }
@@ -952,14 +964,6 @@ __global__ void avg_global_backward(const T* __restrict__ grad, T* __restrict__ 
     for (int j = 0; j < V; ++j) {
       pack.v[j] = gp::Num<T>::store((A)0 + gp::Num<T>::load(gv[m][j]) / divisor);
     }
-    T* __restrict__ dst = out + e0;
-    if (e0 >= first && e0 + (I)V <= end && ((unsigned long long)dst % sizeof(pack)) == 0) {
-      *reinterpret_cast<gp::Pack<T, V>*>(dst) = pack;
-    } else {
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        if (e0 + (I)j >= first && e0 + (I)j < end) dst[j] = pack.v[j];
-      }
-    }
+    gp::store_broadcast_pack(out, e0, first, end, pack);
   }
 }

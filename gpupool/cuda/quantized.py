@@ -315,13 +315,13 @@ def prepare_qavg_window(spec: WindowSpec):
     32 bits) or ``qavg_pool``."""
     if spec.geom.nd > 3:
         return functools.partial(on_host, cpu_quantized.qavg_window)
-    loads = _row_loads(spec)
+    loads, word_loads = _row_loads(spec), _row_units(spec)[0]
 
     def run(x, spec, out, plan) -> None:
         x = contiguous(x)
         device = cupy.cuda.runtime.getDevice()
         one_row = len(plan.table) == 1 and plan.acc_dtype == "int32"
-        units = loads if one_row else _row_units(spec)[0]
+        units = loads if one_row else word_loads
         unit = _aligned_unit(x, units) if units and plan.narrow else 0
         steps, scratch = (row_average_steps(spec, plan, device, unit) if unit
                           else average_steps(spec, plan, device))
